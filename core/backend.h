@@ -1,0 +1,197 @@
+/*
+ * The backend interface: the one contract between the core and every backend
+ * (cpu built in; cuda, hip, opencl loaded as modules with dlopen).
+ *
+ * A backend implements *stages*. The core validates, plans (all block
+ * arithmetic of the semantics lives in core/plan.c) and walks the plan's stage
+ * list, calling run() once per stage. A backend never re-derives counts or
+ * offsets on the host: it gets them in nsa_bk_plan. Device code computes the
+ * per-query visibility rules (nc(t), eligible blocks, window start) itself.
+ *
+ * This header includes nothing vendor-specific, and no backend includes another
+ * backend.
+ */
+#ifndef NSA_CORE_BACKEND_H
+#define NSA_CORE_BACKEND_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nsa.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever any struct or function below changes. The loader refuses a
+ * module whose nsa_backend_api_version differs (NSA_ERR_VERSION_MISMATCH). */
+#define NSA_BACKEND_API_VERSION 1
+
+/* Every module exports these two symbols. */
+#define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
+#define NSA_BACKEND_VERSION_SYMBOL "nsa_backend_api_version"
+
+/* The stages. Values are fixed. Fused stages are optional: the planner uses
+ * one only when supports() says yes, and falls back to the plain stages. */
+typedef enum nsa_stage {
+    /* reads k[CMP], v[CMP] and (MEAN) nothing else, (LINEAR) w_k, w_v, pe_k, pe_v
+     * (pe may be absent), (EXTERNAL) kc_in, vc_in; writes kc, vc (fp32). Rows of
+     * sequence b are plan->cu_cmp[b] .. plan->cu_cmp[b+1]-1. */
+    NSA_STAGE_COMPRESS = 0,
+    /* reads q, kc, vc; writes o_b[CMP] (fp32) and lse[CMP] (always given). A query
+     * with nc(t) = 0 gets o = 0 and lse = -inf. */
+    NSA_STAGE_CMP_ATTN = 1,
+    /* reads q, kc, lse[CMP]; writes scores[t, g, j] = s(t, g, j) for every
+     * eligible j (0 <= j <= floor(t_local / l_s)); other entries are unspecified. */
+    NSA_STAGE_BLOCK_SCORES = 2,
+    /* reads scores; writes indices (int32 [T, Hkv, n], ascending, -1 padded). */
+    NSA_STAGE_SELECT_TOPN = 3,
+    /* reads q, k[SLC], v[SLC], indices; writes o_b[SLC] and lse[SLC] if given. */
+    NSA_STAGE_SLC_ATTN = 4,
+    /* reads q, k[WIN], v[WIN]; writes o_b[WIN] and lse[WIN] if given. */
+    NSA_STAGE_WIN_ATTN = 5,
+    /* reads gate[b] and o_b[b] for each branch whose o_b[b].buf is not NULL (a
+     * disabled branch has NULL and its gate is not read); writes o (cfg dtype). */
+    NSA_STAGE_COMBINE = 6,
+    /* fused BLOCK_SCORES + SELECT_TOPN: reads q, kc, lse[CMP]; writes indices;
+     * no scores buffer exists. */
+    NSA_STAGE_SCORES_TOPN = 7,
+    NSA_STAGE_COUNT = 8
+} nsa_stage;
+
+/* Stage name for messages and plan info ("cmp_attn"). Defined in core. */
+const char *nsa_stage_name(nsa_stage stage);
+
+/* A tensor as a backend sees it: its own buffer object, element offset and
+ * strides (last dimension contiguous), and the element type. buf == NULL: absent. */
+typedef struct nsa_bk_tensor {
+    void *buf;
+    int64_t offset;
+    int64_t stride_token;
+    int64_t stride_head;
+    nsa_dtype dtype;
+} nsa_bk_tensor;
+
+/* What the planner hands every backend. All counts are computed by the core. */
+typedef struct nsa_bk_plan {
+    nsa_config cfg;          /* validated; cfg.scale resolved (never 0) */
+    int64_t batch;           /* B */
+    int64_t total_tokens;    /* T = cu_seqlens[B] */
+    int64_t total_cmp;       /* cu_cmp[B] */
+    int64_t max_len;         /* longest sequence */
+    int64_t max_nc;          /* most compressed blocks in one sequence */
+    int64_t max_ns;          /* most selection blocks in one sequence (row length of scores) */
+
+    /* host tables, valid for the plan's lifetime */
+    const int64_t *cu_seqlens; /* [B + 1] token offsets */
+    const int64_t *cu_cmp;     /* [B + 1] compressed-row offsets (prefix sums of Nc) */
+    const int64_t *tok_seq;    /* [T] sequence index of each token */
+    int64_t query_tile;        /* = backend->query_tile (0: no tile list) */
+    int64_t num_tiles;         /* query tiles: runs of <= query_tile tokens of one sequence */
+    const int64_t *tiles;      /* [num_tiles][2]: (sequence, first local token) */
+
+    /* the same tables in one backend buffer of int64 elements (NULL for cpu-like
+     * backends that set wants_device_tables = 0) */
+    void *dev_tables;
+    int64_t dev_cu_seqlens;    /* element offset of cu_seqlens in dev_tables */
+    int64_t dev_cu_cmp;
+    int64_t dev_tok_seq;
+    int64_t dev_tiles;
+
+    void *backend_plan;        /* set by plan_prepare, released by plan_release */
+} nsa_bk_plan;
+
+/* Every tensor any stage reads or writes; run() uses those its stage names.
+ * The core fills user tensors and workspace views; dtypes are set. */
+typedef struct nsa_bk_args {
+    const nsa_bk_plan *plan;
+    nsa_bk_tensor q;           /* [T, Hq, Dqk] cfg dtype */
+    nsa_bk_tensor k[3], v[3];  /* [T, Hkv, D] cfg dtype */
+    nsa_bk_tensor gate[3];     /* [T, Hq] f32 */
+    nsa_bk_tensor w_k, w_v;    /* LINEAR weights, contiguous */
+    nsa_bk_tensor pe_k, pe_v;  /* LINEAR position encodings, contiguous, may be absent */
+    nsa_bk_tensor kc_in, vc_in;/* EXTERNAL compressed K/V, cfg dtype */
+    nsa_bk_tensor kc, vc;      /* f32 [total_cmp, Hkv, D], dense (workspace) */
+    nsa_bk_tensor o_b[3];      /* f32 [T, Hq, Dv], dense (workspace); NULL buf: branch off */
+    nsa_bk_tensor lse[3];      /* f32 [T, Hq]; lse[CMP] always given to CMP_ATTN */
+    nsa_bk_tensor scores;      /* f32 [T, Hkv, max_ns], dense (workspace) */
+    nsa_bk_tensor indices;     /* i32 [T, Hkv, n] */
+    nsa_bk_tensor o;           /* [T, Hq, Dv] cfg dtype */
+} nsa_bk_args;
+
+/* Services the core offers a backend (passed to the module's entry). */
+typedef struct nsa_host_api {
+    int api_version;
+    /* Records the calling thread's last-error message and returns status, so a
+     * backend writes: return host->set_error(NSA_ERR_DEVICE, "cudaMalloc: %s", s); */
+    nsa_status (*set_error)(nsa_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+        __attribute__((format(printf, 2, 3)))
+#endif
+        ;
+} nsa_host_api;
+
+typedef struct nsa_backend {
+    int api_version;           /* NSA_BACKEND_API_VERSION */
+    const char *name;          /* "cuda" */
+
+    /* Is the runtime present, and how many devices? Must not fail on a machine
+     * without the vendor driver: it returns NSA_ERR_BACKEND_UNAVAILABLE with a
+     * reason ("libcuda.so.1 not found", "no OpenCL platform"). */
+    nsa_status (*probe)(int *device_count, char *reason, size_t reason_size);
+    nsa_status (*device_name)(int index, char *name, size_t size);
+
+    /* native_stream: the caller's cudaStream_t / hipStream_t / cl_command_queue,
+     * or NULL to create one. */
+    nsa_status (*context_create)(int device, void *native_stream, void **bctx);
+    void (*context_destroy)(void *bctx);
+    nsa_status (*synchronize)(void *bctx);
+
+    nsa_status (*buffer_alloc)(void *bctx, size_t bytes, void **bbuf);
+    nsa_status (*buffer_wrap)(void *bctx, void *handle, size_t offset, size_t bytes, void **bbuf);
+    void (*buffer_free)(void *bctx, void *bbuf);
+    /* blocking copies, ordered after all work already queued on the context's
+     * stream/queue; offsets in bytes */
+    nsa_status (*buffer_write)(void *bctx, void *bbuf, size_t offset, const void *src, size_t bytes);
+    nsa_status (*buffer_read)(void *bctx, void *bbuf, size_t offset, void *dst, size_t bytes);
+    nsa_status (*buffer_fill)(void *bctx, void *bbuf, size_t offset, unsigned char value, size_t bytes);
+
+    /* 1 if run(stage) works for this config (its dtype included), else 0.
+     * A NULL supports means "every plain stage, no fused stage". */
+    int (*supports)(void *bctx, nsa_stage stage, const nsa_config *cfg);
+
+    int64_t query_tile;        /* tile length for plan->tiles; 0: none */
+    int wants_device_tables;   /* 1: the core uploads the tables into dev_tables */
+
+    /* optional: called once per plan after the tables are set (and uploaded) */
+    nsa_status (*plan_prepare)(void *bctx, nsa_bk_plan *plan);
+    void (*plan_release)(void *bctx, nsa_bk_plan *plan);
+
+    /* Queues one stage on the context's stream; must not synchronize or allocate.
+     * Kernels must stay memory-safe on any index tensor content: entries of
+     * `indices` outside [0, floor(t_local / l_s)] (and -1) are skipped. */
+    nsa_status (*run)(void *bctx, nsa_stage stage, const nsa_bk_args *args);
+} nsa_backend;
+
+/* A module's entry: returns its vtable, or NULL (after host->set_error) if it
+ * cannot initialise at all. Modules define:
+ *   NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION;
+ *   NSA_BACKEND_EXPORT const nsa_backend *nsa_backend_entry(const nsa_host_api *host);
+ */
+typedef const nsa_backend *(*nsa_backend_entry_fn)(const nsa_host_api *host);
+
+#if defined(__GNUC__)
+#define NSA_BACKEND_EXPORT __attribute__((visibility("default")))
+#else
+#define NSA_BACKEND_EXPORT
+#endif
+
+/* The built-in reference backend (backends/cpu). */
+const nsa_backend *nsa_cpu_backend(const nsa_host_api *host);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NSA_CORE_BACKEND_H */

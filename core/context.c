@@ -1,0 +1,192 @@
+/* Contexts (one backend, one device, one stream/queue) and buffers. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+nsa_status nsa_registry_choose(const char *request, const nsa_registered **out);
+
+static nsa_status pick_device(int device, int count, const char *backend, int *out)
+{
+    const char *source = "the device argument";
+    if (device < 0) {
+        const char *env = getenv("NSA_DEVICE");
+        device = 0;
+        if (env && *env) {
+            char *end = NULL;
+            errno = 0;
+            long v = strtol(env, &end, 10);
+            if (errno || *end || v < 0 || v > 1 << 20)
+                return nsa_set_error(NSA_ERR_INVALID_VALUE, "NSA_DEVICE = \"%s\" is not a device index (0, 1, ...)",
+                                     env);
+            device = (int)v;
+            source = "NSA_DEVICE";
+        }
+    }
+    if (device >= count)
+        return nsa_set_error(NSA_ERR_DEVICE_NOT_FOUND, "%s selects device %d, but backend %s has %d device(s) (0..%d)",
+                             source, device, backend, count, count - 1);
+    *out = device;
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_context_create_with_stream(const char *backend, int device, void *native_stream, nsa_context **out)
+{
+    nsa_clear_error();
+    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_context_create: out is NULL");
+    *out = NULL;
+    if (device < -1)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_context_create: device = %d (use -1 for NSA_DEVICE or 0)",
+                             device);
+    const nsa_registered *r = NULL;
+    nsa_status s = nsa_registry_choose(backend, &r);
+    if (s != NSA_SUCCESS) return s;
+    int dev = 0;
+    if ((s = pick_device(device, r->device_count, r->name, &dev)) != NSA_SUCCESS) return s;
+
+    nsa_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_context_create: out of host memory");
+    ctx->be = r->be;
+    ctx->device = dev;
+    snprintf(ctx->backend_name, sizeof ctx->backend_name, "%s", r->name);
+    if (!r->be->device_name || r->be->device_name(dev, ctx->device_name, sizeof ctx->device_name) != NSA_SUCCESS)
+        snprintf(ctx->device_name, sizeof ctx->device_name, "%s device %d", r->name, dev);
+    s = r->be->context_create(dev, native_stream, &ctx->bctx);
+    if (s != NSA_SUCCESS) {
+        free(ctx);
+        return s;
+    }
+    nsa_clear_error();
+    *out = ctx;
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_context_create(const char *backend, int device, nsa_context **out)
+{
+    return nsa_context_create_with_stream(backend, device, NULL, out);
+}
+
+nsa_status nsa_context_destroy(nsa_context *ctx)
+{
+    nsa_clear_error();
+    if (!ctx) return NSA_SUCCESS;
+    if (ctx->live_buffers || ctx->live_plans)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE,
+                             "nsa_context_destroy: the context still has %ld buffer(s) and %ld plan(s); free them first",
+                             ctx->live_buffers, ctx->live_plans);
+    ctx->be->context_destroy(ctx->bctx);
+    free(ctx);
+    return NSA_SUCCESS;
+}
+
+const char *nsa_context_backend(const nsa_context *ctx) { return ctx ? ctx->backend_name : ""; }
+const char *nsa_context_device(const nsa_context *ctx) { return ctx ? ctx->device_name : ""; }
+
+nsa_status nsa_context_synchronize(nsa_context *ctx)
+{
+    nsa_clear_error();
+    if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_context_synchronize: ctx is NULL");
+    return ctx->be->synchronize(ctx->bctx);
+}
+
+/* ---- buffers */
+
+static nsa_status new_buffer(nsa_context *ctx, void *bbuf, size_t bytes, nsa_buffer **out)
+{
+    nsa_buffer *b = calloc(1, sizeof *b);
+    if (!b) {
+        ctx->be->buffer_free(ctx->bctx, bbuf);
+        return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "out of host memory for a buffer handle");
+    }
+    b->ctx = ctx;
+    b->bbuf = bbuf;
+    b->size = bytes;
+    ctx->live_buffers++;
+    *out = b;
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_buffer_alloc(nsa_context *ctx, size_t bytes, nsa_buffer **out)
+{
+    nsa_clear_error();
+    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_alloc: out is NULL");
+    *out = NULL;
+    if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_alloc: ctx is NULL");
+    if (bytes == 0) return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_buffer_alloc: bytes is 0");
+    if (bytes > (size_t)INT64_MAX)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_buffer_alloc: bytes = %zu is too large", bytes);
+    void *bbuf = NULL;
+    nsa_status s = ctx->be->buffer_alloc(ctx->bctx, bytes, &bbuf);
+    if (s != NSA_SUCCESS) return s;
+    return new_buffer(ctx, bbuf, bytes, out);
+}
+
+nsa_status nsa_buffer_wrap(nsa_context *ctx, void *handle, size_t offset, size_t bytes, nsa_buffer **out)
+{
+    nsa_clear_error();
+    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_wrap: out is NULL");
+    *out = NULL;
+    if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_wrap: ctx is NULL");
+    if (!handle) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_wrap: handle is NULL");
+    if (bytes == 0) return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_buffer_wrap: bytes is 0");
+    if (bytes > (size_t)INT64_MAX || offset > (size_t)INT64_MAX - bytes)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_buffer_wrap: offset %zu + bytes %zu overflows", offset, bytes);
+    if (!ctx->be->buffer_wrap)
+        return nsa_set_error(NSA_ERR_UNSUPPORTED, "nsa_buffer_wrap: backend %s cannot wrap caller memory",
+                             ctx->backend_name);
+    void *bbuf = NULL;
+    nsa_status s = ctx->be->buffer_wrap(ctx->bctx, handle, offset, bytes, &bbuf);
+    if (s != NSA_SUCCESS) return s;
+    return new_buffer(ctx, bbuf, bytes, out);
+}
+
+static nsa_status check_range(const nsa_buffer *buf, size_t offset, size_t bytes, const char *fn)
+{
+    if (offset > buf->size || bytes > buf->size - offset)
+        return nsa_set_error(NSA_ERR_BUFFER_TOO_SMALL, "%s: offset %zu + bytes %zu exceeds the buffer's %zu bytes", fn,
+                             offset, bytes, buf->size);
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_buffer_write(nsa_buffer *buf, size_t offset, const void *src, size_t bytes)
+{
+    nsa_clear_error();
+    if (!buf) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_write: buf is NULL");
+    if (!src && bytes) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_write: src is NULL");
+    nsa_status s = check_range(buf, offset, bytes, "nsa_buffer_write");
+    if (s != NSA_SUCCESS || bytes == 0) return s;
+    return buf->ctx->be->buffer_write(buf->ctx->bctx, buf->bbuf, offset, src, bytes);
+}
+
+nsa_status nsa_buffer_read(const nsa_buffer *buf, size_t offset, void *dst, size_t bytes)
+{
+    nsa_clear_error();
+    if (!buf) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_read: buf is NULL");
+    if (!dst && bytes) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_read: dst is NULL");
+    nsa_status s = check_range(buf, offset, bytes, "nsa_buffer_read");
+    if (s != NSA_SUCCESS || bytes == 0) return s;
+    return buf->ctx->be->buffer_read(buf->ctx->bctx, buf->bbuf, offset, dst, bytes);
+}
+
+nsa_status nsa_buffer_fill(nsa_buffer *buf, size_t offset, unsigned char value, size_t bytes)
+{
+    nsa_clear_error();
+    if (!buf) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_fill: buf is NULL");
+    nsa_status s = check_range(buf, offset, bytes, "nsa_buffer_fill");
+    if (s != NSA_SUCCESS || bytes == 0) return s;
+    return buf->ctx->be->buffer_fill(buf->ctx->bctx, buf->bbuf, offset, value, bytes);
+}
+
+size_t nsa_buffer_size(const nsa_buffer *buf) { return buf ? buf->size : 0; }
+
+nsa_status nsa_buffer_free(nsa_buffer *buf)
+{
+    nsa_clear_error();
+    if (!buf) return NSA_SUCCESS;
+    buf->ctx->be->buffer_free(buf->ctx->bctx, buf->bbuf);
+    buf->ctx->live_buffers--;
+    free(buf);
+    return NSA_SUCCESS;
+}

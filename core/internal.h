@@ -1,0 +1,85 @@
+/*
+ * Core-private definitions: the objects behind the public handles and the
+ * functions the core's files share. Nothing here is visible to backends
+ * (they see core/backend.h) or to users (include/nsa.h).
+ */
+#ifndef NSA_CORE_INTERNAL_H
+#define NSA_CORE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "nsa.h"
+
+#define NSA_INTERNAL __attribute__((visibility("hidden")))
+
+/* ---- errors (error.c) */
+NSA_INTERNAL nsa_status nsa_set_error(nsa_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+NSA_INTERNAL void nsa_clear_error(void);
+NSA_INTERNAL extern const nsa_host_api nsa_host;
+
+/* ---- registry (registry.c) */
+typedef struct nsa_registered {
+    char name[32];
+    const nsa_backend *be;     /* NULL if the module could not be loaded */
+    nsa_status load_status;    /* why be is NULL */
+    int device_count;          /* 0 when unavailable */
+    char reason[NSA_NAME_MAX]; /* why unavailable, or where it came from */
+} nsa_registered;
+
+/* Finds (loading on first use) backend `name`; never NULL for a valid name,
+ * may have be == NULL or device_count == 0 with a reason. Returns NULL and sets
+ * an error for a malformed name. */
+NSA_INTERNAL const nsa_registered *nsa_registry_get(const char *name);
+
+/* ---- objects */
+struct nsa_context {
+    const nsa_backend *be;
+    void *bctx;
+    int device;
+    long live_buffers;
+    long live_plans;
+    char backend_name[32];
+    char device_name[NSA_NAME_MAX];
+};
+
+struct nsa_buffer {
+    nsa_context *ctx;
+    void *bbuf;
+    size_t size;
+};
+
+/* Workspace layout: byte offsets into the workspace buffer (-1: not used). */
+typedef struct nsa_ws_layout {
+    int64_t kc, vc, lse_cmp, scores, indices, o_b[3];
+    size_t bytes;
+} nsa_ws_layout;
+
+#define NSA_MAX_STAGES 8
+
+struct nsa_plan {
+    nsa_context *ctx;
+    nsa_bk_plan bk;            /* what backends see; points into the arrays below */
+    int64_t *cu_seqlens;       /* [B + 1] */
+    int64_t *cu_cmp;           /* [B + 1] */
+    int64_t *tok_seq;          /* [T] */
+    int64_t *tiles;            /* [num_tiles * 2] */
+    nsa_buffer *tables;        /* device copy, or NULL */
+    nsa_buffer *own_ws;        /* allocated on the first forward without a workspace */
+    nsa_ws_layout ws;
+    int num_stages;
+    nsa_stage stages[NSA_MAX_STAGES];
+    int prepared;              /* backend plan_prepare succeeded */
+};
+
+/* ---- shared helpers */
+NSA_INTERNAL nsa_status nsa_config_check(const nsa_config *cfg, const char *what);
+NSA_INTERNAL int nsa_mul_overflows(int64_t a, int64_t b, int64_t *out);
+
+/* Block arithmetic of the semantics page: the host side's only copy. */
+NSA_INTERNAL int64_t nsa_num_cmp_blocks(int64_t len, int64_t l, int64_t d);
+NSA_INTERNAL int64_t nsa_num_slc_blocks(int64_t len, int64_t ls);
+
+#endif

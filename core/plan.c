@@ -1,0 +1,281 @@
+/*
+ * The planner: everything that depends only on (config, batch shape). It holds
+ * the host side's only copy of the semantics page's block arithmetic, builds
+ * the per-sequence tables every backend receives, the query-tile list, the
+ * ordered stage list and the workspace layout.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Semantics 1: Nc = floor((T - l) / d) + 1 when T >= l, else 0. */
+int64_t nsa_num_cmp_blocks(int64_t len, int64_t l, int64_t d) { return len >= l ? (len - l) / d + 1 : 0; }
+
+/* Semantics 3: Ns = ceil(T / l_s). */
+int64_t nsa_num_slc_blocks(int64_t len, int64_t ls) { return (len + ls - 1) / ls; }
+
+const char *nsa_stage_name(nsa_stage stage)
+{
+    switch (stage) {
+    case NSA_STAGE_COMPRESS: return "compress";
+    case NSA_STAGE_CMP_ATTN: return "cmp_attn";
+    case NSA_STAGE_BLOCK_SCORES: return "block_scores";
+    case NSA_STAGE_SELECT_TOPN: return "select_topn";
+    case NSA_STAGE_SLC_ATTN: return "slc_attn";
+    case NSA_STAGE_WIN_ATTN: return "win_attn";
+    case NSA_STAGE_COMBINE: return "combine";
+    case NSA_STAGE_SCORES_TOPN: return "scores_topn";
+    case NSA_STAGE_COUNT: break;
+    }
+    return "unknown";
+}
+
+/* Largest token count a plan accepts: keeps T * H * D products inside int64. */
+#define MAX_TOKENS (INT64_C(1) << 40)
+#define WS_ALIGN 256
+
+static int supports(const nsa_context *ctx, nsa_stage st, const nsa_config *cfg)
+{
+    if (!ctx->be->supports) return st != NSA_STAGE_SCORES_TOPN;
+    return ctx->be->supports(ctx->bctx, st, cfg);
+}
+
+/* Appends `count` elements of `esize` bytes to the layout; -1 when unused. */
+static nsa_status reserve(nsa_ws_layout *ws, int64_t count, size_t esize, int64_t *at)
+{
+    int64_t bytes;
+    if (nsa_mul_overflows(count, (int64_t)esize, &bytes) || (int64_t)ws->bytes > INT64_MAX - bytes - WS_ALIGN)
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the workspace would exceed 2^63 bytes");
+    *at = (int64_t)ws->bytes;
+    ws->bytes += ((size_t)bytes + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
+    return NSA_SUCCESS;
+}
+
+static nsa_status plan_stages(nsa_plan *p)
+{
+    const nsa_config *c = &p->bk.cfg;
+    nsa_stage want[NSA_MAX_STAGES];
+    int n = 0;
+    if (p->bk.total_tokens == 0) {
+        p->num_stages = 0;
+        return NSA_SUCCESS;
+    }
+    if (p->bk.total_cmp > 0) want[n++] = NSA_STAGE_COMPRESS;
+    want[n++] = NSA_STAGE_CMP_ATTN;
+    if (c->num_selected > 0) {
+        if (supports(p->ctx, NSA_STAGE_SCORES_TOPN, c)) {
+            want[n++] = NSA_STAGE_SCORES_TOPN;
+        } else {
+            want[n++] = NSA_STAGE_BLOCK_SCORES;
+            want[n++] = NSA_STAGE_SELECT_TOPN;
+        }
+        want[n++] = NSA_STAGE_SLC_ATTN;
+    }
+    if (c->window > 0) want[n++] = NSA_STAGE_WIN_ATTN;
+    want[n++] = NSA_STAGE_COMBINE;
+    for (int i = 0; i < n; i++) {
+        if (!supports(p->ctx, want[i], c))
+            return nsa_set_error(NSA_ERR_UNSUPPORTED,
+                                 "nsa_plan_create: backend %s does not support stage %s for dtype %s, Dqk = %lld, "
+                                 "Dv = %lld, G = %lld",
+                                 p->ctx->backend_name, nsa_stage_name(want[i]), nsa_dtype_name(c->dtype),
+                                 (long long)c->head_dim_qk, (long long)c->head_dim_v,
+                                 (long long)(c->num_q_heads / c->num_kv_heads));
+        p->stages[i] = want[i];
+    }
+    p->num_stages = n;
+    return NSA_SUCCESS;
+}
+
+static nsa_status plan_workspace(nsa_plan *p)
+{
+    const nsa_config *c = &p->bk.cfg;
+    const int64_t T = p->bk.total_tokens, hq = c->num_q_heads, hkv = c->num_kv_heads;
+    nsa_ws_layout *ws = &p->ws;
+    nsa_status s;
+    *ws = (nsa_ws_layout){.kc = -1, .vc = -1, .lse_cmp = -1, .scores = -1, .indices = -1, .o_b = {-1, -1, -1}};
+    if (T == 0) return NSA_SUCCESS;
+    int64_t nk, nv, nt, ns, ni, no;
+    if (nsa_mul_overflows(p->bk.total_cmp * hkv, c->head_dim_qk, &nk) ||
+        nsa_mul_overflows(p->bk.total_cmp * hkv, c->head_dim_v, &nv) || nsa_mul_overflows(T, hq, &nt) ||
+        nsa_mul_overflows(T * hkv, p->bk.max_ns, &ns) || nsa_mul_overflows(T * hkv, c->num_selected, &ni) ||
+        nsa_mul_overflows(nt, c->head_dim_v, &no))
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the workspace size overflows 64 bits");
+    if ((s = reserve(ws, nk, 4, &ws->kc)) || (s = reserve(ws, nv, 4, &ws->vc)) ||
+        (s = reserve(ws, nt, 4, &ws->lse_cmp)) || (s = reserve(ws, no, 4, &ws->o_b[NSA_BRANCH_CMP])))
+        return s;
+    if (c->num_selected > 0) {
+        int fused = 0;
+        for (int i = 0; i < p->num_stages; i++) fused |= p->stages[i] == NSA_STAGE_SCORES_TOPN;
+        if (!fused && (s = reserve(ws, ns, 4, &ws->scores))) return s;
+        if ((s = reserve(ws, ni, 4, &ws->indices)) || (s = reserve(ws, no, 4, &ws->o_b[NSA_BRANCH_SLC]))) return s;
+    }
+    if (c->window > 0 && (s = reserve(ws, no, 4, &ws->o_b[NSA_BRANCH_WIN]))) return s;
+    return NSA_SUCCESS;
+}
+
+/* Host tables, and their device copy when the backend wants one. */
+static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
+{
+    const nsa_config *c = &p->bk.cfg;
+    const int64_t T = cu[B];
+    p->cu_seqlens = malloc((size_t)(B + 1) * sizeof(int64_t));
+    p->cu_cmp = malloc((size_t)(B + 1) * sizeof(int64_t));
+    p->tok_seq = malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
+    if (!p->cu_seqlens || !p->cu_cmp || !p->tok_seq)
+        return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory for %lld tokens",
+                             (long long)T);
+    int64_t tile = p->ctx->be->query_tile, ntiles = 0;
+    p->cu_cmp[0] = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t len = cu[b + 1] - cu[b];
+        int64_t nc = nsa_num_cmp_blocks(len, c->cmp_block, c->cmp_stride);
+        int64_t ns = nsa_num_slc_blocks(len, c->slc_block);
+        p->cu_seqlens[b] = cu[b];
+        p->cu_cmp[b + 1] = p->cu_cmp[b] + nc;
+        if (len > p->bk.max_len) p->bk.max_len = len;
+        if (nc > p->bk.max_nc) p->bk.max_nc = nc;
+        if (ns > p->bk.max_ns) p->bk.max_ns = ns;
+        for (int64_t t = cu[b]; t < cu[b + 1]; t++) p->tok_seq[t] = b;
+        if (tile > 0) ntiles += (len + tile - 1) / tile;
+    }
+    p->cu_seqlens[B] = T;
+    if (tile > 0) {
+        p->tiles = malloc((size_t)(ntiles > 0 ? ntiles : 1) * 2 * sizeof(int64_t));
+        if (!p->tiles) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory for tiles");
+        int64_t k = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t0 = 0; t0 < cu[b + 1] - cu[b]; t0 += tile) {
+                p->tiles[2 * k] = b;
+                p->tiles[2 * k + 1] = t0;
+                k++;
+            }
+    }
+    p->bk.batch = B;
+    p->bk.total_tokens = T;
+    p->bk.total_cmp = p->cu_cmp[B];
+    p->bk.cu_seqlens = p->cu_seqlens;
+    p->bk.cu_cmp = p->cu_cmp;
+    p->bk.tok_seq = p->tok_seq;
+    p->bk.query_tile = tile > 0 ? tile : 0;
+    p->bk.num_tiles = ntiles;
+    p->bk.tiles = p->tiles;
+    p->bk.dev_tables = NULL;
+    p->bk.dev_cu_seqlens = p->bk.dev_cu_cmp = p->bk.dev_tok_seq = p->bk.dev_tiles = -1;
+
+    if (!p->ctx->be->wants_device_tables) return NSA_SUCCESS;
+    int64_t n = 2 * (B + 1) + T + 2 * ntiles;
+    nsa_status s = nsa_buffer_alloc(p->ctx, (size_t)n * sizeof(int64_t), &p->tables);
+    if (s != NSA_SUCCESS) return s;
+    int64_t at = 0;
+    size_t e = sizeof(int64_t);
+    p->bk.dev_cu_seqlens = at;
+    if ((s = nsa_buffer_write(p->tables, (size_t)at * e, p->cu_seqlens, (size_t)(B + 1) * e))) return s;
+    at += B + 1;
+    p->bk.dev_cu_cmp = at;
+    if ((s = nsa_buffer_write(p->tables, (size_t)at * e, p->cu_cmp, (size_t)(B + 1) * e))) return s;
+    at += B + 1;
+    p->bk.dev_tok_seq = at;
+    if (T > 0 && (s = nsa_buffer_write(p->tables, (size_t)at * e, p->tok_seq, (size_t)T * e))) return s;
+    at += T;
+    p->bk.dev_tiles = at;
+    if (ntiles > 0 && (s = nsa_buffer_write(p->tables, (size_t)at * e, p->tiles, (size_t)(2 * ntiles) * e)))
+        return s;
+    p->bk.dev_tables = p->tables->bbuf;
+    return NSA_SUCCESS;
+}
+
+static void plan_free(nsa_plan *p)
+{
+    if (p->prepared && p->ctx->be->plan_release) p->ctx->be->plan_release(p->ctx->bctx, &p->bk);
+    nsa_buffer_free(p->tables);
+    nsa_buffer_free(p->own_ws);
+    free(p->cu_seqlens);
+    free(p->cu_cmp);
+    free(p->tok_seq);
+    free(p->tiles);
+    free(p);
+}
+
+nsa_status nsa_plan_create(nsa_context *ctx, const nsa_config *cfg, const int64_t *cu_seqlens, int64_t batch,
+                           nsa_plan **out)
+{
+    nsa_clear_error();
+    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: out is NULL");
+    *out = NULL;
+    if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: ctx is NULL");
+    if (!cfg) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: cfg is NULL");
+    if (!cu_seqlens) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: cu_seqlens is NULL");
+    nsa_status s = nsa_config_check(cfg, "nsa_plan_create");
+    if (s != NSA_SUCCESS) return s;
+    if (batch < 0 || batch > (INT64_C(1) << 32))
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_plan_create: batch = %lld must be in [0, 2^32]",
+                             (long long)batch);
+    if (cu_seqlens[0] != 0)
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: cu_seqlens[0] = %lld, but it must be 0",
+                             (long long)cu_seqlens[0]);
+    for (int64_t b = 0; b < batch; b++)
+        if (cu_seqlens[b + 1] < cu_seqlens[b])
+            return nsa_set_error(NSA_ERR_INVALID_SHAPE,
+                                 "nsa_plan_create: cu_seqlens decreases at index %lld (%lld -> %lld); offsets must be "
+                                 "non-decreasing",
+                                 (long long)(b + 1), (long long)cu_seqlens[b], (long long)cu_seqlens[b + 1]);
+    if (cu_seqlens[batch] > MAX_TOKENS)
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: %lld tokens exceed the limit of 2^40",
+                             (long long)cu_seqlens[batch]);
+
+    nsa_plan *p = calloc(1, sizeof *p);
+    if (!p) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory");
+    p->ctx = ctx;
+    p->bk.cfg = *cfg;
+    if (p->bk.cfg.scale == 0.0f) p->bk.cfg.scale = (float)(1.0 / sqrt((double)cfg->head_dim_qk));
+    if ((s = plan_tables(p, cu_seqlens, batch)) || (s = plan_stages(p)) || (s = plan_workspace(p))) {
+        plan_free(p);
+        return s;
+    }
+    if (ctx->be->plan_prepare) {
+        if ((s = ctx->be->plan_prepare(ctx->bctx, &p->bk)) != NSA_SUCCESS) {
+            plan_free(p);
+            return s;
+        }
+        p->prepared = 1;
+    }
+    ctx->live_plans++;
+    nsa_clear_error();
+    *out = p;
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_plan_destroy(nsa_plan *plan)
+{
+    nsa_clear_error();
+    if (!plan) return NSA_SUCCESS;
+    plan->ctx->live_plans--;
+    plan_free(plan);
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_plan_get_info(const nsa_plan *plan, nsa_plan_info *info)
+{
+    nsa_clear_error();
+    if (!plan) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_get_info: plan is NULL");
+    if (!info) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_get_info: info is NULL");
+    memset(info, 0, sizeof *info);
+    info->batch = plan->bk.batch;
+    info->total_tokens = plan->bk.total_tokens;
+    info->total_cmp_blocks = plan->bk.total_cmp;
+    info->max_cmp_blocks = plan->bk.max_nc;
+    info->max_slc_blocks = plan->bk.max_ns;
+    info->workspace_bytes = plan->ws.bytes;
+    info->num_stages = plan->num_stages;
+    size_t used = 0;
+    for (int i = 0; i < plan->num_stages; i++) {
+        int n = snprintf(info->stages + used, sizeof info->stages - used, "%s%s", i ? " " : "",
+                         nsa_stage_name(plan->stages[i]));
+        if (n > 0 && (size_t)n < sizeof info->stages - used) used += (size_t)n;
+    }
+    return NSA_SUCCESS;
+}

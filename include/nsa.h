@@ -1,0 +1,319 @@
+/*
+ * libnsa: Native Sparse Attention (Yuan et al., ACL 2025) for CPUs and GPUs.
+ *
+ * One flat C API. Every function returns an nsa_status (or a plain value for
+ * pure queries); on failure the calling thread's last-error message
+ * (nsa_last_error()) names the offending argument and says why.
+ *
+ * Flow:
+ *   nsa_context_create()      pick a backend (cpu | cuda | hip | opencl) and a device
+ *   nsa_plan_create()         validate a config and a packed batch shape once; the core
+ *                             computes every block count, the work decomposition and
+ *                             the workspace size
+ *   nsa_buffer_alloc/wrap()   device memory: owned by the library or by the caller
+ *   nsa_forward()             run the three branches and the gated sum
+ *
+ * The function computed is defined exactly by docs/nsa-semantics (see README):
+ * compression (MEAN | LINEAR | EXTERNAL), compressed attention, block importance
+ * and top-n selection, selected attention, sliding-window attention, gating.
+ *
+ * Tensor conventions (FlashAttention's): a batch is B sequences packed along the
+ * token axis and described by cu_seqlens (B + 1 non-decreasing offsets starting at
+ * 0). A tensor is a buffer plus an element offset and element strides; the last
+ * dimension is always contiguous. All sizes, offsets and strides are 64-bit.
+ * The default softmax scale is 1/sqrt(Dqk). Log-sum-exp outputs are fp32, natural
+ * log, of the scaled logits.
+ *
+ * Thread safety: distinct contexts may be used from distinct threads. One context
+ * (and the plans and buffers made from it) must not be used by two threads at once.
+ *
+ * Planned (not in this version, and not stubbed): the backward pass will take the
+ * same plan plus the forward's LSEs and selected indices (nsa_backward(plan, args,
+ * workspace)) and return dq, dk_b, dv_b, dg_b and the LINEAR weight gradients;
+ * decoding will use a plan made with nsa_plan_create_decode(ctx, cfg, cache
+ * lengths, TQ) over a per-sequence KV cache. Both attach to nsa_plan so that a
+ * training or serving loop plans once per shape.
+ */
+#ifndef NSA_H
+#define NSA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define NSA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define NSA_API __attribute__((visibility("default")))
+#else
+#define NSA_API
+#endif
+
+#define NSA_VERSION_MAJOR 0
+#define NSA_VERSION_MINOR 1
+#define NSA_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------ status */
+
+/* Fixed values: they are part of the ABI and never renumbered. */
+typedef enum nsa_status {
+    NSA_SUCCESS = 0,
+    NSA_ERR_NULL_POINTER = 1,        /* a required pointer argument is NULL */
+    NSA_ERR_INVALID_VALUE = 2,       /* a scalar is out of range (sizes, enum values) */
+    NSA_ERR_INVALID_CONFIG = 3,      /* config fields contradict each other (Hq % Hkv, d | l, ...) */
+    NSA_ERR_INVALID_SHAPE = 4,       /* cu_seqlens or a tensor's extent is wrong */
+    NSA_ERR_INVALID_STRIDE = 5,      /* a stride is negative, zero where it must not be, or overlaps */
+    NSA_ERR_INVALID_DTYPE = 6,       /* unknown dtype, or dtype not allowed for this tensor */
+    NSA_ERR_BUFFER_TOO_SMALL = 7,    /* a tensor or workspace reaches past the end of its buffer */
+    NSA_ERR_MISSING_TENSOR = 8,      /* the config needs a tensor that was not given */
+    NSA_ERR_OUT_OF_MEMORY = 9,       /* host or device allocation failed */
+    NSA_ERR_BACKEND_UNAVAILABLE = 10,/* unknown backend, or its runtime/device is missing */
+    NSA_ERR_DEVICE_NOT_FOUND = 11,   /* device index out of range for the backend */
+    NSA_ERR_UNSUPPORTED = 12,        /* the backend lacks this stage, dtype or config */
+    NSA_ERR_VERSION_MISMATCH = 13,   /* a backend module was built for another API version */
+    NSA_ERR_KERNEL_BUILD = 14,       /* run-time kernel compilation failed (log in message) */
+    NSA_ERR_DEVICE = 15,             /* the vendor runtime reported an error */
+    NSA_ERR_WRONG_CONTEXT = 16,      /* objects from different contexts were mixed */
+    NSA_ERR_IO = 17,                 /* file input/output failed (tools, caches) */
+    NSA_ERR_INTERNAL = 18            /* a bug in libnsa: please report it */
+} nsa_status;
+
+/* Name of a status ("NSA_ERR_INVALID_CONFIG"); never NULL. */
+NSA_API const char *nsa_status_string(nsa_status status);
+
+/* The calling thread's message for its most recent failure, or "" if the most
+ * recent call succeeded. Valid until the thread's next libnsa call. */
+NSA_API const char *nsa_last_error(void);
+
+/* "0.1.0" */
+NSA_API const char *nsa_version_string(void);
+
+/* ------------------------------------------------------------------ types */
+
+typedef enum nsa_dtype {
+    NSA_DTYPE_F32 = 0,
+    NSA_DTYPE_F16 = 1,
+    NSA_DTYPE_BF16 = 2,
+    NSA_DTYPE_I32 = 3 /* block indices only */
+} nsa_dtype;
+
+/* Bytes per element, or 0 for an unknown dtype. */
+NSA_API size_t nsa_dtype_size(nsa_dtype dtype);
+NSA_API const char *nsa_dtype_name(nsa_dtype dtype); /* "f32", "f16", "bf16", "i32" */
+
+typedef enum nsa_compress_mode {
+    NSA_COMPRESS_MEAN = 0,     /* average of the l rows of a block */
+    NSA_COMPRESS_LINEAR = 1,   /* sum_j (k[j] + pe[g,j]) @ W[g,j], W [Hkv, l, D, D] */
+    NSA_COMPRESS_EXTERNAL = 2  /* the caller passes kc [Nc, Hkv, Dqk] and vc [Nc, Hkv, Dv] */
+} nsa_compress_mode;
+
+/* Every parameter of the semantics. Fill with nsa_config_init() (the paper's
+ * defaults) and change what differs. Sizes are int64_t; flags are int. */
+typedef struct nsa_config {
+    int64_t num_q_heads;     /* Hq >= 1 */
+    int64_t num_kv_heads;    /* Hkv >= 1, Hq % Hkv == 0, G = Hq / Hkv */
+    int64_t head_dim_qk;     /* Dqk >= 1 */
+    int64_t head_dim_v;      /* Dv >= 1 */
+    int64_t cmp_block;       /* l >= 1: compression block length */
+    int64_t cmp_stride;      /* d >= 1, d divides l */
+    int64_t slc_block;       /* l_s >= l, d divides l_s */
+    int64_t num_selected;    /* n >= 0; 0 turns the selected branch off */
+    int64_t num_init;        /* n_init >= 0: forced initial blocks */
+    int64_t num_local;       /* n_local >= 0: forced local blocks; n >= n_init + n_local when n > 0 */
+    int64_t window;          /* w >= 0; 0 turns the window branch off */
+    float scale;             /* softmax scale; 0 means 1/sqrt(Dqk); must be finite */
+    nsa_compress_mode compress;
+    nsa_dtype dtype;         /* F32, F16 or BF16: q, k, v, kc, vc, W, pe and o */
+} nsa_config;
+
+/* Paper defaults: Hq=64 Hkv=4 Dqk=192 Dv=128 l=32 d=16 l_s=64 n=16 n_init=1
+ * n_local=2 w=512 scale=0 (1/sqrt(Dqk)) MEAN bf16. */
+NSA_API nsa_status nsa_config_init(nsa_config *cfg);
+
+/* Checks a config on its own (no batch); the message names the first bad field. */
+NSA_API nsa_status nsa_config_validate(const nsa_config *cfg);
+
+/* ------------------------------------------------------------------ backends */
+
+typedef struct nsa_context nsa_context;
+typedef struct nsa_buffer nsa_buffer;
+typedef struct nsa_plan nsa_plan;
+
+#define NSA_NAME_MAX 256
+
+typedef struct nsa_backend_info {
+    char name[32];              /* "cpu", "cuda", "hip", "opencl" */
+    int available;              /* 1 when the runtime and at least one device are present */
+    int device_count;
+    char reason[NSA_NAME_MAX];  /* why not available, or where it was loaded from */
+} nsa_backend_info;
+
+/* Lists every backend libnsa knows of, loaded or not. Pass infos = NULL to get
+ * the count only. *count receives the number of known backends; at most
+ * capacity entries are written. */
+NSA_API nsa_status nsa_backend_list(nsa_backend_info *infos, int capacity, int *count);
+
+/* Name of device `index` of backend `backend` ("NVIDIA H200", "pthreads x2"). */
+NSA_API nsa_status nsa_device_name(const char *backend, int index, char *name, size_t size);
+
+/* ------------------------------------------------------------------ contexts */
+
+/* backend: "cpu", "cuda", "hip", "opencl", a comma list in order of preference,
+ * or NULL to read NSA_BACKEND (unset: the best available, cpu last).
+ * device: index, or -1 to read NSA_DEVICE (unset: 0). Explicit arguments win over
+ * the environment. An unavailable backend is NSA_ERR_BACKEND_UNAVAILABLE with a
+ * message that lists what is available and why each other backend is not. */
+NSA_API nsa_status nsa_context_create(const char *backend, int device, nsa_context **out);
+
+/* As nsa_context_create, but around a stream/queue the caller owns and keeps
+ * alive: cudaStream_t (cuda), hipStream_t (hip), cl_command_queue (opencl; its
+ * context and device are used). NULL means "create one". The cpu backend
+ * ignores it. */
+NSA_API nsa_status nsa_context_create_with_stream(const char *backend, int device,
+                                                  void *native_stream, nsa_context **out);
+
+/* Frees the context. Buffers and plans made from it must be freed first;
+ * NULL is accepted and ignored. */
+NSA_API nsa_status nsa_context_destroy(nsa_context *ctx);
+
+NSA_API const char *nsa_context_backend(const nsa_context *ctx); /* "cuda" */
+NSA_API const char *nsa_context_device(const nsa_context *ctx);  /* device name */
+
+/* Waits until all work queued on the context's stream/queue has finished. */
+NSA_API nsa_status nsa_context_synchronize(nsa_context *ctx);
+
+/* ------------------------------------------------------------------ buffers */
+
+/* Device memory owned by the library (zero-filled is NOT promised). */
+NSA_API nsa_status nsa_buffer_alloc(nsa_context *ctx, size_t bytes, nsa_buffer **out);
+
+/* Wraps memory the caller owns and frees: a host pointer (cpu), a device pointer
+ * (cuda, hip) or a cl_mem (opencl). offset is in bytes from the handle; bytes is
+ * the usable size from there. The buffer keeps no reference to the handle beyond
+ * what the vendor API requires. */
+NSA_API nsa_status nsa_buffer_wrap(nsa_context *ctx, void *handle, size_t offset, size_t bytes,
+                                   nsa_buffer **out);
+
+/* Copies between host memory and a buffer; blocking (returns when done). */
+NSA_API nsa_status nsa_buffer_write(nsa_buffer *buf, size_t offset, const void *src, size_t bytes);
+NSA_API nsa_status nsa_buffer_read(const nsa_buffer *buf, size_t offset, void *dst, size_t bytes);
+/* Fills bytes with a repeated byte value (tests poison outputs with 0xFF = NaN). */
+NSA_API nsa_status nsa_buffer_fill(nsa_buffer *buf, size_t offset, unsigned char value, size_t bytes);
+
+NSA_API size_t nsa_buffer_size(const nsa_buffer *buf);
+
+/* Frees a buffer (wrapped memory stays the caller's). NULL is ignored. */
+NSA_API nsa_status nsa_buffer_free(nsa_buffer *buf);
+
+/* ------------------------------------------------------------------ plans */
+
+/* Builds a plan for one config and one packed batch shape on one context.
+ * cu_seqlens: host array of batch + 1 offsets, cu_seqlens[0] == 0, non-decreasing;
+ * copied, so the caller may free it after the call. */
+NSA_API nsa_status nsa_plan_create(nsa_context *ctx, const nsa_config *cfg, const int64_t *cu_seqlens,
+                                   int64_t batch, nsa_plan **out);
+NSA_API nsa_status nsa_plan_destroy(nsa_plan *plan);
+
+/* Shape facts computed by the planner. */
+typedef struct nsa_plan_info {
+    int64_t batch;           /* B */
+    int64_t total_tokens;    /* cu_seqlens[B] */
+    int64_t total_cmp_blocks;/* sum over sequences of Nc; rows of EXTERNAL kc/vc */
+    int64_t max_cmp_blocks;  /* max Nc */
+    int64_t max_slc_blocks;  /* max Ns */
+    size_t workspace_bytes;  /* what nsa_forward needs in its workspace buffer */
+    int num_stages;          /* stages the forward will run */
+    char stages[256];        /* their names, space separated ("compress cmp_attn ...") */
+} nsa_plan_info;
+
+NSA_API nsa_status nsa_plan_get_info(const nsa_plan *plan, nsa_plan_info *info);
+
+/* ------------------------------------------------------------------ forward */
+
+/* A view of a buffer: element offset and element strides; the last (head-dim)
+ * dimension is contiguous. For [T, H, D] tensors stride_token and stride_head are
+ * used; for [T, H] tensors (gates, LSE) stride_token and stride_head (usually 1);
+ * for index tensors [T, Hkv, n] stride_token and stride_head, n contiguous.
+ * buffer == NULL means "not given". */
+typedef struct nsa_tensor {
+    nsa_buffer *buffer;
+    int64_t offset;        /* elements */
+    int64_t stride_token;  /* elements */
+    int64_t stride_head;   /* elements */
+} nsa_tensor;
+
+/* Convenience: a dense row-major [T, H, D] view (stride_token = H * D, stride_head = D). */
+NSA_API nsa_tensor nsa_tensor_dense(nsa_buffer *buf, int64_t offset, int64_t heads, int64_t dim);
+
+/* Branch index for per-branch arrays. */
+typedef enum nsa_branch { NSA_BRANCH_CMP = 0, NSA_BRANCH_SLC = 1, NSA_BRANCH_WIN = 2 } nsa_branch;
+
+typedef struct nsa_forward_args {
+    /* inputs, dtype = cfg.dtype */
+    nsa_tensor q;            /* [T, Hq, Dqk] */
+    nsa_tensor k[3];         /* per branch [T, Hkv, Dqk]; may alias each other */
+    nsa_tensor v[3];         /* per branch [T, Hkv, Dv]; may alias */
+    /* gates, fp32, [T, Hq], already activated; a disabled branch's gate is not read */
+    nsa_tensor gate[3];
+    /* LINEAR only, dtype = cfg.dtype, contiguous (strides ignored): */
+    nsa_tensor w_k;          /* [Hkv, l, Dqk, Dqk] */
+    nsa_tensor w_v;          /* [Hkv, l, Dv, Dv] */
+    nsa_tensor pe_k;         /* optional [Hkv, l, Dqk] */
+    nsa_tensor pe_v;         /* optional [Hkv, l, Dv] */
+    /* EXTERNAL only, dtype = cfg.dtype: [total_cmp_blocks, Hkv, D] */
+    nsa_tensor kc;
+    nsa_tensor vc;
+    /* optional int32 [T, Hkv, n]: replaces the top-n selection (ascending, -1 padded
+     * at the end; every index must be eligible for its query) */
+    nsa_tensor block_indices;
+    /* outputs */
+    nsa_tensor o;            /* [T, Hq, Dv], dtype = cfg.dtype */
+    nsa_tensor lse[3];       /* optional fp32 [T, Hq]; -inf where a branch sees nothing */
+    nsa_tensor selected;     /* optional int32 [T, Hkv, n]: the indices the library
+                              * selected; not allowed together with block_indices */
+    unsigned flags;          /* NSA_FORWARD_* bits, 0 by default */
+} nsa_forward_args;
+
+/* nsa_forward_args.flags */
+enum {
+    /* Skip the host-side check of caller-given block_indices (ascending, -1 padding
+     * at the end, every index eligible for its query). The check reads the indices
+     * back, which blocks until they are available; with this flag nsa_forward never
+     * reads device memory. Kernels still ignore out-of-range entries, but an
+     * unchecked ineligible index gives undefined (though memory-safe) results. */
+    NSA_FORWARD_TRUST_INDICES = 1u << 0
+};
+
+/* Runs the forward pass. workspace: a buffer of at least
+ * nsa_plan_info.workspace_bytes from the plan's context, or NULL to use one that
+ * the plan allocates on first use and keeps until nsa_plan_destroy. With a
+ * caller workspace (or once the plan's own exists) the call allocates nothing
+ * and does not synchronize: it returns once the work is queued on the context's
+ * stream (cpu: once it is done); call nsa_context_synchronize before reading
+ * outputs on the host. The exception is caller-given block_indices without
+ * NSA_FORWARD_TRUST_INDICES: they are read back and checked first (blocking).
+ * Results are bitwise reproducible run to run on one backend and device. */
+NSA_API nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer *workspace);
+
+/* ------------------------------------------------------------------ utilities */
+
+/* Converts n elements between f32, f16 and bf16 on the host (round to nearest even). */
+NSA_API nsa_status nsa_convert(const void *src, nsa_dtype src_dtype, void *dst, nsa_dtype dst_dtype,
+                               int64_t n);
+
+/* Portable counter-based random numbers: element i of stream (seed, stream) is
+ * the same on every machine and compiler. Uniform in [lo, hi), as f32. */
+NSA_API nsa_status nsa_random_uniform(uint64_t seed, uint64_t stream, int64_t first, int64_t n,
+                                      float lo, float hi, float *out);
+
+/* 64-bit raw draw: element `index` of stream (seed, stream). */
+NSA_API uint64_t nsa_random_u64(uint64_t seed, uint64_t stream, uint64_t index);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NSA_H */
