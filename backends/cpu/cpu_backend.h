@@ -1,0 +1,94 @@
+/*
+ * The CPU reference backend: what its files share.
+ *
+ * The cpu backend is built into libnsa. It defines the function every GPU
+ * backend is held to (docs/nsa-semantics.md), so it is written to be read:
+ * one file per idea, every product and sum accumulated in double, softmax with
+ * max-subtraction in double, f32 workspace values rounded once from double.
+ *
+ *   cpu_backend.c    the vtable: probe, contexts, host-memory buffers, dispatch
+ *   cpu_parallel.c   a tiny pthreads parallel-for over tokens
+ *   cpu_dtype.c/h    f32 / f16 / bf16 loads and stores (round to nearest even)
+ *   cpu_compress.c   semantics section 1: MEAN, LINEAR, EXTERNAL
+ *   cpu_attention.c  sections 2, 4, 5: compressed, selected, window attention
+ *   cpu_select.c     section 3: block scores and top-n selection
+ *   cpu_combine.c    section 6: the gated sum
+ */
+#ifndef NSA_CPU_BACKEND_H
+#define NSA_CPU_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "nsa.h"
+
+#if defined(__GNUC__)
+#define NSA_CPU_INTERNAL __attribute__((visibility("hidden")))
+#else
+#define NSA_CPU_INTERNAL
+#endif
+
+/* A context is only the thread-pool setting: how many threads a stage uses. */
+typedef struct nsa_cpu_context {
+    int threads;
+} nsa_cpu_context;
+
+/* A buffer is host memory: owned (allocated here) or the caller's (wrapped). */
+typedef struct nsa_cpu_buffer {
+    unsigned char *ptr; /* first usable byte */
+    size_t bytes;       /* usable bytes from ptr */
+    void *owned;        /* what to free(), or NULL for wrapped memory */
+} nsa_cpu_buffer;
+
+/* The core's services (set_error); set by nsa_cpu_backend(). */
+NSA_CPU_INTERNAL const nsa_host_api *nsa_cpu_host(void);
+
+/* First element of a tensor's buffer (element offsets are added by callers). */
+static inline void *nsa_cpu_base(const nsa_bk_tensor *t)
+{
+    return ((const nsa_cpu_buffer *)t->buf)->ptr;
+}
+
+/* Element offset of row (token t, head h) of a [T, H, D] or [T, H] tensor. */
+static inline int64_t nsa_cpu_at(const nsa_bk_tensor *t, int64_t token, int64_t head)
+{
+    return t->offset + token * t->stride_token + head * t->stride_head;
+}
+
+/* Address of element (token, head, 0) of an f32 tensor. */
+static inline float *nsa_cpu_f32_at(const nsa_bk_tensor *t, int64_t token, int64_t head)
+{
+    return (float *)nsa_cpu_base(t) + nsa_cpu_at(t, token, head);
+}
+
+/* Address of element (token, head, 0) of an i32 tensor. */
+static inline int32_t *nsa_cpu_i32_at(const nsa_bk_tensor *t, int64_t token, int64_t head)
+{
+    return (int32_t *)nsa_cpu_base(t) + nsa_cpu_at(t, token, head);
+}
+
+/* Local position of global token t within its sequence, and that sequence. */
+static inline int64_t nsa_cpu_local(const nsa_bk_plan *p, int64_t t, int64_t *seq)
+{
+    int64_t b = p->tok_seq[t];
+    *seq = b;
+    return t - p->cu_seqlens[b];
+}
+
+/* Checks that a tensor a stage needs is present and of an allowed dtype;
+ * returns NSA_SUCCESS or an error already recorded with set_error. */
+NSA_CPU_INTERNAL nsa_status nsa_cpu_need(const nsa_bk_tensor *t, const char *stage, const char *name,
+                                         int float_ok, int i32_ok);
+
+/* The stages (one per semantics section); each returns after the work is done. */
+NSA_CPU_INTERNAL nsa_status nsa_cpu_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_cmp_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_block_scores(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_select_topn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_scores_topn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_slc_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_win_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_combine(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+
+#endif

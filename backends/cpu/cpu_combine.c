@@ -1,0 +1,53 @@
+/*
+ * cpu_combine.c: stage COMBINE, semantics section 6 ("Output").
+ *
+ *   o(t, h) = sum over enabled branches b of g_b(t, h) * o_b(t, h)
+ *
+ * in double, branches in the order cmp, slc, win, stored once in cfg dtype
+ * (round to nearest even). A disabled branch has o_b[b].buf == NULL; its gate
+ * is not read. With no branch enabled o = 0.
+ */
+#include "cpu_backend.h"
+#include "cpu_dtype.h"
+#include "cpu_parallel.h"
+
+static void combine_tokens(void *user, int64_t begin, int64_t end, void *mem)
+{
+    const nsa_bk_args *a = user;
+    const nsa_config *cfg = &a->plan->cfg;
+    const int64_t Dv = cfg->head_dim_v;
+    double *acc = mem;
+    for (int64_t t = begin; t < end; t++)
+        for (int64_t h = 0; h < cfg->num_q_heads; h++) {
+            for (int64_t c = 0; c < Dv; c++)
+                acc[c] = 0.0;
+            for (int b = 0; b < 3; b++) {
+                if (!a->o_b[b].buf)
+                    continue;
+                double gate = *nsa_cpu_f32_at(&a->gate[b], t, h);
+                nsa_cpu_axpy_row(gate, nsa_cpu_base(&a->o_b[b]), NSA_DTYPE_F32, nsa_cpu_at(&a->o_b[b], t, h), Dv,
+                                 acc);
+            }
+            nsa_cpu_store_row(acc, nsa_cpu_base(&a->o), a->o.dtype, nsa_cpu_at(&a->o, t, h), Dv);
+        }
+}
+
+nsa_status nsa_cpu_combine(const nsa_cpu_context *ctx, const nsa_bk_args *a)
+{
+    static const char *const names[3][2] = {{"o_cmp", "gate_cmp"}, {"o_slc", "gate_slc"}, {"o_win", "gate_win"}};
+    nsa_status st = nsa_cpu_need(&a->o, "combine", "o", 1, 0);
+    if (st)
+        return st;
+    for (int b = 0; b < 3; b++) {
+        if (!a->o_b[b].buf)
+            continue;
+        if ((st = nsa_cpu_need(&a->gate[b], "combine", names[b][1], 1, 0)))
+            return st;
+        if (a->o_b[b].dtype != NSA_DTYPE_F32 || a->gate[b].dtype != NSA_DTYPE_F32)
+            return nsa_cpu_host()->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: combine: %s and %s must be f32",
+                                             names[b][0], names[b][1]);
+    }
+    const nsa_bk_plan *p = a->plan;
+    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, nsa_cpu_doubles(p->cfg.head_dim_v),
+                                combine_tokens, (void *)a);
+}

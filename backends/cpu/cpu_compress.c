@@ -1,0 +1,158 @@
+/*
+ * cpu_compress.c: stage COMPRESS, semantics section 1 ("Compression").
+ *
+ * Compressed block i of sequence b covers its tokens [i*d, i*d + l - 1] and is
+ * stored in row cu_cmp[b] + i of kc / vc (f32 [total_cmp, Hkv, D]):
+ *   MEAN      kc_i = (1/l) sum_{j<l} k[i*d + j]
+ *   LINEAR    kc_i = sum_{j<l} (k[i*d + j] + pe_K[g, j]) @ W_K[g, j]
+ *             out[c] = sum_r x[r] * W[g][j][r][c]  (W row = input feature)
+ *   EXTERNAL  kc_i = kc_in[row]  (the caller's values, rounded to f32)
+ * and the same for v / vc with Dv. Parallel over compressed rows; each row is
+ * computed wholly by one thread, sums in ascending j, then r.
+ */
+#include <string.h>
+
+#include "cpu_backend.h"
+#include "cpu_dtype.h"
+#include "cpu_parallel.h"
+
+typedef struct compress_job {
+    const nsa_bk_args *a;
+    int64_t dmax; /* max(Dqk, Dv) */
+} compress_job;
+
+/* The sequence that owns compressed row r: cu_cmp[b] <= r < cu_cmp[b + 1]
+ * (sequences with no compressed block share their cu_cmp with the next one). */
+static int64_t row_sequence(const nsa_bk_plan *p, int64_t r)
+{
+    int64_t lo = 0, hi = p->batch - 1; /* answer in [lo, hi] */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (p->cu_cmp[mid] <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* MEAN: the average of the l rows of the block (section 1). */
+static void compress_mean(const nsa_bk_tensor *x, const nsa_bk_tensor *out, int64_t tok0, int64_t row,
+                          int64_t g, int64_t D, int64_t l, double *acc)
+{
+    const void *xb = nsa_cpu_base(x);
+    for (int64_t c = 0; c < D; c++)
+        acc[c] = 0.0;
+    for (int64_t j = 0; j < l; j++)
+        nsa_cpu_axpy_row(1.0, xb, x->dtype, nsa_cpu_at(x, tok0 + j, g), D, acc);
+    for (int64_t c = 0; c < D; c++)
+        acc[c] /= (double)l;
+    nsa_cpu_store_row(acc, nsa_cpu_base(out), NSA_DTYPE_F32, nsa_cpu_at(out, row, g), D);
+}
+
+/* LINEAR: sum_j (x[j] + pe[g, j]) @ W[g, j] (section 1). W is [Hkv, l, D, D]
+ * and pe [Hkv, l, D], both contiguous from their element offsets. */
+static void compress_linear(const nsa_bk_tensor *x, const nsa_bk_tensor *w, const nsa_bk_tensor *pe,
+                            const nsa_bk_tensor *out, int64_t tok0, int64_t row, int64_t g, int64_t D,
+                            int64_t l, double *acc, double *xr, double *per)
+{
+    const void *xb = nsa_cpu_base(x);
+    const void *wb = nsa_cpu_base(w);
+    for (int64_t c = 0; c < D; c++)
+        acc[c] = 0.0;
+    for (int64_t j = 0; j < l; j++) {
+        nsa_cpu_load_row(xb, x->dtype, nsa_cpu_at(x, tok0 + j, g), D, xr);
+        if (pe->buf) {
+            nsa_cpu_load_row(nsa_cpu_base(pe), pe->dtype, pe->offset + (g * l + j) * D, D, per);
+            for (int64_t r = 0; r < D; r++)
+                xr[r] += per[r];
+        }
+        int64_t wrow0 = w->offset + (g * l + j) * D * D; /* W[g][j][0][0] */
+        for (int64_t r = 0; r < D; r++)
+            nsa_cpu_axpy_row(xr[r], wb, w->dtype, wrow0 + r * D, D, acc);
+    }
+    nsa_cpu_store_row(acc, nsa_cpu_base(out), NSA_DTYPE_F32, nsa_cpu_at(out, row, g), D);
+}
+
+/* EXTERNAL: the caller's compressed row, rounded to f32. */
+static void compress_external(const nsa_bk_tensor *in, const nsa_bk_tensor *out, int64_t row, int64_t g,
+                              int64_t D, double *acc)
+{
+    nsa_cpu_load_row(nsa_cpu_base(in), in->dtype, nsa_cpu_at(in, row, g), D, acc);
+    nsa_cpu_store_row(acc, nsa_cpu_base(out), NSA_DTYPE_F32, nsa_cpu_at(out, row, g), D);
+}
+
+static void compress_rows(void *user, int64_t begin, int64_t end, void *scratch)
+{
+    const compress_job *job = user;
+    const nsa_bk_args *a = job->a;
+    const nsa_bk_plan *p = a->plan;
+    const nsa_config *cfg = &p->cfg;
+    double *acc = scratch;
+    double *xr = acc + nsa_cpu_doubles(job->dmax) / sizeof(double);
+    double *per = xr + nsa_cpu_doubles(job->dmax) / sizeof(double);
+    const int64_t l = cfg->cmp_block, d = cfg->cmp_stride;
+    const int64_t Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v;
+
+    for (int64_t row = begin; row < end; row++) {
+        int64_t b = row_sequence(p, row);
+        int64_t i = row - p->cu_cmp[b];
+        int64_t tok0 = p->cu_seqlens[b] + i * d; /* global index of the block's first token */
+        for (int64_t g = 0; g < cfg->num_kv_heads; g++) {
+            switch (cfg->compress) {
+            case NSA_COMPRESS_MEAN:
+                compress_mean(&a->k[NSA_BRANCH_CMP], &a->kc, tok0, row, g, Dqk, l, acc);
+                compress_mean(&a->v[NSA_BRANCH_CMP], &a->vc, tok0, row, g, Dv, l, acc);
+                break;
+            case NSA_COMPRESS_LINEAR:
+                compress_linear(&a->k[NSA_BRANCH_CMP], &a->w_k, &a->pe_k, &a->kc, tok0, row, g, Dqk, l, acc,
+                                xr, per);
+                compress_linear(&a->v[NSA_BRANCH_CMP], &a->w_v, &a->pe_v, &a->vc, tok0, row, g, Dv, l, acc, xr,
+                                per);
+                break;
+            case NSA_COMPRESS_EXTERNAL:
+                compress_external(&a->kc_in, &a->kc, row, g, Dqk, acc);
+                compress_external(&a->vc_in, &a->vc, row, g, Dv, acc);
+                break;
+            }
+        }
+    }
+}
+
+nsa_status nsa_cpu_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a)
+{
+    const nsa_bk_plan *p = a->plan;
+    const char *s = "compress";
+    nsa_status st;
+    if ((st = nsa_cpu_need(&a->kc, s, "kc", 1, 0)) || (st = nsa_cpu_need(&a->vc, s, "vc", 1, 0)))
+        return st;
+    switch (p->cfg.compress) {
+    case NSA_COMPRESS_MEAN:
+        if ((st = nsa_cpu_need(&a->k[NSA_BRANCH_CMP], s, "k_cmp", 1, 0)) ||
+            (st = nsa_cpu_need(&a->v[NSA_BRANCH_CMP], s, "v_cmp", 1, 0)))
+            return st;
+        break;
+    case NSA_COMPRESS_LINEAR:
+        if ((st = nsa_cpu_need(&a->k[NSA_BRANCH_CMP], s, "k_cmp", 1, 0)) ||
+            (st = nsa_cpu_need(&a->v[NSA_BRANCH_CMP], s, "v_cmp", 1, 0)) ||
+            (st = nsa_cpu_need(&a->w_k, s, "w_k", 1, 0)) || (st = nsa_cpu_need(&a->w_v, s, "w_v", 1, 0)))
+            return st;
+        if ((a->pe_k.buf && (st = nsa_cpu_need(&a->pe_k, s, "pe_k", 1, 0))) ||
+            (a->pe_v.buf && (st = nsa_cpu_need(&a->pe_v, s, "pe_v", 1, 0))))
+            return st;
+        break;
+    case NSA_COMPRESS_EXTERNAL:
+        if ((st = nsa_cpu_need(&a->kc_in, s, "kc_in", 1, 0)) || (st = nsa_cpu_need(&a->vc_in, s, "vc_in", 1, 0)))
+            return st;
+        break;
+    default:
+        return nsa_cpu_host()->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: unknown compress mode %d",
+                                         (int)p->cfg.compress);
+    }
+    if (a->kc.dtype != NSA_DTYPE_F32 || a->vc.dtype != NSA_DTYPE_F32)
+        return nsa_cpu_host()->set_error(NSA_ERR_INTERNAL, "cpu backend: compress: kc/vc workspace must be f32");
+
+    compress_job job = {a, p->cfg.head_dim_qk > p->cfg.head_dim_v ? p->cfg.head_dim_qk : p->cfg.head_dim_v};
+    size_t scratch = 3 * nsa_cpu_doubles(job.dmax);
+    return nsa_cpu_parallel_for(ctx->threads, p->total_cmp, 0, scratch, compress_rows, &job);
+}
