@@ -26,7 +26,7 @@ typedef struct nsa_registered {
     const nsa_backend *be;     /* NULL if the module could not be loaded */
     nsa_status load_status;    /* why be is NULL */
     int device_count;          /* 0 when unavailable */
-    char reason[NSA_NAME_MAX]; /* why unavailable, or where it came from */
+    char reason[NSA_REASON_MAX]; /* why unavailable, or where it came from */
 } nsa_registered;
 
 /* Finds (loading on first use) backend `name`; never NULL for a valid name,

@@ -13,6 +13,9 @@
 
 #include "internal.h"
 
+/* Messages here are cut to their fixed-size fields on purpose. */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
 #ifndef NSA_MODULE_DIR
 #define NSA_MODULE_DIR "/usr/local/lib/nsa"
 #endif
@@ -69,7 +72,7 @@ static int beside_library(char *out, size_t size)
 
 static void load_module(nsa_registered *r)
 {
-    char why[NSA_NAME_MAX] = "";
+    char why[NSA_REASON_MAX] = "";
     char searched[1024] = "";
     void *h = NULL;
     int exists = 0;
@@ -147,7 +150,7 @@ static void probe(nsa_registered *r)
         return;
     }
     int count = 0;
-    char reason[NSA_NAME_MAX] = "";
+    char reason[NSA_REASON_MAX] = "";
     nsa_status s = be->probe(&count, reason, sizeof reason);
     if (s != NSA_SUCCESS || count <= 0) {
         r->device_count = 0;

@@ -143,12 +143,13 @@ typedef struct nsa_buffer nsa_buffer;
 typedef struct nsa_plan nsa_plan;
 
 #define NSA_NAME_MAX 256
+#define NSA_REASON_MAX 512
 
 typedef struct nsa_backend_info {
     char name[32];              /* "cpu", "cuda", "hip", "opencl" */
     int available;              /* 1 when the runtime and at least one device are present */
     int device_count;
-    char reason[NSA_NAME_MAX];  /* why not available, or where it was loaded from */
+    char reason[NSA_REASON_MAX];/* why not available, or where it was loaded from */
 } nsa_backend_info;
 
 /* Lists every backend libnsa knows of, loaded or not. Pass infos = NULL to get
