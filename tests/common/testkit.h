@@ -1,0 +1,263 @@
+/*
+ * testkit: the reusable parity machinery of the libnsa test suite.
+ *
+ * Used by tests/test_oracle.c (Check) and by the `nsa parity` tool. It sees the
+ * library only through include/nsa.h and has no Check dependency.
+ *
+ * Pieces, one file each:
+ *   corpus.c   a deterministic list of configurations (tk_case): "full" (>= 120
+ *              cases) and "small" (~20 tiny cases for sanitizers / oclgrind)
+ *   inputs.c   the inputs of a case, drawn with nsa_random_uniform (the library's
+ *              portable generator: every machine draws the same numbers) and
+ *              rounded to the case dtype; host master copies are floats that are
+ *              already rounded, so the oracle and the backend see identical values
+ *   oracle.c   an fp64 brute-force implementation of docs/nsa-semantics.md,
+ *              written independently of backends/cpu: explicit visible-key lists,
+ *              block scores by explicit token-overlap counting, selection by a full
+ *              sort of (forced, score, index), dense softmax over the visible set
+ *   runner.c   uploads a case through the public API (strided / packed / aliased
+ *              layouts), poisons every output, runs nsa_forward, reads back
+ *   compare.c  backend vs oracle: dtype-aware tolerances, NaN never passes, every
+ *              element checked, the near-tie rule of semantics section 7
+ *
+ * Typical use:
+ *   tk_case *cases; int n = tk_corpus("full", &cases);
+ *   for (i...) { tk_case c = cases[i]; tk_case_set_dtype(&c, NSA_DTYPE_BF16);
+ *                tk_verdict v; tk_check_case(ctx, &c, &v); tk_stats_add(&st, &c, &v); }
+ *   tk_stats_print(stdout, "bf16", &st); free(cases);
+ *
+ * All functions are thread-compatible (no global state).
+ */
+#ifndef NSA_TESTKIT_H
+#define NSA_TESTKIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "nsa.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TK_MAX_BATCH 8
+#define TK_LABEL_MAX 48
+#define TK_MSG_MAX 1024
+
+/* ------------------------------------------------------------------ cases */
+
+/* How the runner lays the tensors out in device buffers. The oracle never cares. */
+typedef enum tk_layout {
+    /* one dense buffer per tensor; k[0..2] (and v[0..2]) are one and the same
+     * tensor; the library allocates the workspace (workspace = NULL) */
+    TK_LAYOUT_DENSE = 0,
+    /* non-contiguous: q and o have stride_head = D + pad and stride_token larger
+     * than H * stride_head, non-zero element offsets; k and v share one packed kv
+     * buffer [T][k heads | v heads]; the three gates share one buffer [T][3][Hq],
+     * the three LSEs likewise; selected indices have padded rows; k[0..2] alias one
+     * view; a caller workspace (poisoned) is passed. Padding is poisoned and must
+     * stay untouched. */
+    TK_LAYOUT_STRIDED = 1,
+    /* dense, but k[b] and v[b] are three distinct buffers holding distinct values
+     * (the oracle uses each branch's own K/V); caller workspace (poisoned) */
+    TK_LAYOUT_DISTINCT = 2
+} tk_layout;
+
+/* One configuration of the corpus. cfg.dtype is set by the caller
+ * (tk_case_set_dtype); the corpus hands cases out as F32. */
+typedef struct tk_case {
+    char label[TK_LABEL_MAX];  /* short, unique within its corpus */
+    nsa_config cfg;
+    int64_t batch;                          /* 1 .. TK_MAX_BATCH */
+    int64_t cu_seqlens[TK_MAX_BATCH + 1];   /* cu_seqlens[0] = 0, non-decreasing */
+    uint64_t seed;                          /* inputs are drawn from this seed */
+    int fixed_indices;  /* 1: pass caller-chosen block indices (args.block_indices);
+                           only meaningful when cfg.num_selected > 0 */
+    int use_pe;         /* LINEAR only: pass pe_k / pe_v */
+    tk_layout layout;
+} tk_case;
+
+/* Fills *cases with a malloc'ed array (free() it) of the named corpus, "full" or
+ * "small", and returns its length; -1 for an unknown name. Deterministic: the same
+ * list on every machine. Every case passes nsa_config_validate. */
+int tk_corpus(const char *name, tk_case **cases);
+
+/* Sets cfg.dtype (F32, F16 or BF16). */
+void tk_case_set_dtype(tk_case *c, nsa_dtype dtype);
+
+/* Total tokens cu_seqlens[batch]. */
+int64_t tk_case_tokens(const tk_case *c);
+
+/* Nc of a sequence of length len (semantics section 1), Ns = ceil(len / l_s). */
+int64_t tk_num_cmp_blocks(const nsa_config *cfg, int64_t len);
+int64_t tk_num_slc_blocks(const nsa_config *cfg, int64_t len);
+
+/* Sum of Nc over the batch (rows of EXTERNAL kc/vc); max Ns over the batch. */
+int64_t tk_case_total_cmp(const tk_case *c);
+int64_t tk_case_max_slc(const tk_case *c);
+
+/* Sequence and local position of global token t. */
+void tk_case_token(const tk_case *c, int64_t t, int64_t *seq, int64_t *local);
+
+/* The softmax scale actually used: cfg.scale, or (float)(1/sqrt(Dqk)) when 0. */
+double tk_case_scale(const tk_case *c);
+
+/* One-line description: "label f16 B=2 T=[0,37] H=4/2 D=17/5 l=8 d=4 ls=16 n=3
+ * init=1 local=1 w=9 mean scale=0 strided fixed". Returns buf. */
+const char *tk_case_describe(const tk_case *c, char *buf, size_t size);
+
+/* Is selection block j forced for a query at local position t (semantics 3)? */
+int tk_block_forced(const nsa_config *cfg, int64_t t_local, int64_t j);
+
+/* ------------------------------------------------------------------ inputs */
+
+/* Host master copies, logical dense row-major layouts, values already rounded to
+ * `dtype` (so converting them to dtype is exact). Arrays a case does not use are
+ * NULL. When the layout is not DISTINCT, k[1] == k[2] == k[0] (same pointer) and
+ * likewise v. */
+typedef struct tk_inputs {
+    nsa_dtype dtype;
+    int64_t tokens;      /* T */
+    int64_t total_cmp;   /* rows of kc / vc */
+    float *q;            /* [T, Hq, Dqk], uniform [-2, 2) */
+    float *k[3];         /* [T, Hkv, Dqk], uniform [-2, 2) */
+    float *v[3];         /* [T, Hkv, Dv], uniform [-1, 1) */
+    float *gate[3];      /* [T, Hq], uniform [0.05, 0.95) (always f32); NULL when the
+                            branch is off (n = 0 or w = 0) */
+    float *w_k, *w_v;    /* LINEAR: [Hkv, l, D, D], uniform +-1.7/sqrt(l*D) */
+    float *pe_k, *pe_v;  /* LINEAR with use_pe: [Hkv, l, D], uniform [-0.5, 0.5) */
+    float *kc, *vc;      /* EXTERNAL: [total_cmp, Hkv, Dqk|Dv], uniform [-2,2) / [-1,1) */
+    int32_t *given;      /* fixed_indices: [T, Hkv, n] ascending, eligible, -1 padded */
+} tk_inputs;
+
+/* Draws the inputs of case c for c->cfg.dtype. On failure returns the status
+ * (NSA_ERR_OUT_OF_MEMORY) with *in zeroed. */
+nsa_status tk_inputs_make(const tk_case *c, tk_inputs *in);
+void tk_inputs_free(tk_inputs *in);
+
+/* ------------------------------------------------------------------ oracle */
+
+typedef struct tk_oracle {
+    int64_t tokens;      /* T */
+    int64_t max_ns;      /* row length of scores */
+    double *o;           /* [T, Hq, Dv] */
+    double *lse[3];      /* [T, Hq]; -INFINITY where the branch sees nothing; NULL
+                            when the branch is off */
+    int32_t *sel;        /* [T, Hkv, n], ascending, -1 padded; NULL when n = 0 */
+    double *scores;      /* [T, Hkv, max_ns]: s(t, g, j) for eligible j, NAN for
+                            ineligible j; NULL when n = 0 */
+} tk_oracle;
+
+/* Computes the reference in fp64 from the (rounded) inputs. indices: NULL for
+ * the top-n selection, or [T, Hkv, n] block indices to use instead (fixed-indices
+ * mode; they are copied to sel). When c->fixed_indices is set the caller passes
+ * in->given. */
+nsa_status tk_oracle_run(const tk_case *c, const tk_inputs *in, const int32_t *indices,
+                         tk_oracle *out);
+void tk_oracle_free(tk_oracle *r);
+
+/* ------------------------------------------------------------------ runner */
+
+/* What a backend returned, converted to host floats, dense logical layouts. */
+typedef struct tk_output {
+    int64_t tokens;
+    float *o;            /* [T, Hq, Dv] */
+    float *lse[3];       /* [T, Hq]; NULL when the branch is off (not requested) */
+    int32_t *sel;        /* [T, Hkv, n]; NULL when n = 0 */
+    void *o_raw;         /* the o tensor's buffer bytes as read back (determinism) */
+    size_t o_raw_bytes;
+    int64_t stray_writes;/* poisoned padding bytes the backend overwrote (must be 0) */
+    char stray_where[128];
+    char stages[256];    /* nsa_plan_info.stages */
+} tk_output;
+
+/* Runs case c on ctx: allocates and fills buffers per c->layout, poisons every
+ * output (0xFF: NaN for f32/f16/bf16 outputs and LSEs; 0x7F: 0x7f7f7f7f for
+ * indices) and padding, plans, runs nsa_forward (with in->given as
+ * block_indices when c->fixed_indices), synchronizes and reads back. Requests
+ * lse[b] for every enabled branch and `selected` when n > 0; passes gates only
+ * for enabled branches. Returns the first failing status with a message in msg
+ * ("nsa_forward: <status>: <nsa_last_error()>"). Frees every object it made on
+ * every path. */
+nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_output *out,
+                  char *msg, size_t msg_size);
+void tk_output_free(tk_output *out);
+
+/* ------------------------------------------------------------------ compare */
+
+/* Tolerances, per output dtype. An element of o passes when
+ *     |got - ref| <= o_rms * rms(ref) + o_rel * |ref| + o_abs
+ * where rms(ref) is the RMS of the whole reference o of the case. An LSE passes
+ * when both are -inf, or |got - ref| <= lse_abs + lse_rel * |ref|. Two selections
+ * for one (t, g) may differ only in blocks whose oracle score is within
+ *     score_tol * max(1, |boundary|)
+ * of the selection boundary (near-tie rule, semantics 7); the backend's o and
+ * lse[SLC] are then judged against the oracle re-run with the backend's indices.
+ *
+ *            o_rms   o_rel    o_abs   lse_abs lse_rel score_tol
+ *   f32      1e-4    1e-4     1e-6    1e-4    1e-5    1e-5
+ *   f16      1e-2    2e-3     1e-4    2e-3    2e-4    1e-4
+ *   bf16     1e-2    1e-2     1e-4    2e-3    2e-4    1e-4
+ * Why: f32 backends accumulate in fp32 (GPU) or fp64 (cpu), so 1e-4 of the
+ * output scale is two orders above accumulation error over thousands of
+ * tokens. f16/bf16 outputs are rounded once at the end (2^-11 and 2^-8
+ * relative: o_rel) and GPU kernels may round P to the half type before P@V
+ * (about 1e-3 of the output scale: o_rms). LSEs and scores are fp32 from the
+ * same rounded inputs; only accumulation order and exp() differ. */
+typedef struct tk_tolerance {
+    double o_rms, o_rel, o_abs;
+    double lse_abs, lse_rel;
+    double score_tol;
+} tk_tolerance;
+
+tk_tolerance tk_tolerance_for(nsa_dtype dtype);
+
+typedef struct tk_verdict {
+    int pass;            /* 1 when every element passed */
+    nsa_status status;   /* of the run (NSA_SUCCESS when it ran) */
+    double o_err;        /* max |got - ref| / rms(ref) over o */
+    double o_ratio;      /* max |got - ref| / tolerance over o (pass <=> <= 1) */
+    double lse_err;      /* max |got - ref| over finite LSEs */
+    int64_t tie_swaps;   /* (t, g) rows whose selection differed within the near-tie rule */
+    int64_t elements;    /* elements compared */
+    char msg[TK_MSG_MAX];/* first failure: label, what, token, head, dim, got, ref */
+} tk_verdict;
+
+/* Compares got with ref (which must come from tk_oracle_run with the case's own
+ * selection rule: in->given when c->fixed_indices, else top-n). Re-runs the
+ * oracle with the backend's indices when a near-tie swap is found. Returns
+ * v->pass. */
+int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, const tk_output *got,
+               tk_verdict *v);
+
+/* Everything for one case: inputs, oracle, run, compare. Returns v->pass. A run
+ * that fails (status != NSA_SUCCESS) does not pass; v->status says why. */
+int tk_check_case(nsa_context *ctx, const tk_case *c, tk_verdict *v);
+
+/* Runs case c twice on ctx and compares the o, lse and selected bytes
+ * (bitwise). Returns 1 when identical; msg says where they differ. */
+int tk_check_determinism(nsa_context *ctx, const tk_case *c, char *msg, size_t msg_size);
+
+/* ------------------------------------------------------------------ stats */
+
+typedef struct tk_stats {
+    int run, passed, failed, unsupported;
+    double max_o_err;          /* worst tk_verdict.o_err */
+    double max_o_ratio;
+    double max_lse_err;
+    int64_t tie_swaps;
+    char worst[TK_LABEL_MAX];  /* label of the case with the largest o_ratio */
+    char first_failure[TK_MSG_MAX];
+} tk_stats;
+
+void tk_stats_add(tk_stats *s, const tk_case *c, const tk_verdict *v);
+/* "f32: 128 run, 128 passed, 0 failed; max o err 3.1e-07 rms (0.003 of tol, case
+ * x), max lse err 2e-07, 4 near-tie swaps" */
+void tk_stats_print(FILE *f, const char *title, const tk_stats *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NSA_TESTKIT_H */
