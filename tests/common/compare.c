@@ -149,8 +149,10 @@ int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, cons
               (long long)got->stray_writes, got->stray_where);
     }
 
-    /* ---- selection */
-    if (n > 0) {
+    /* ---- selection (not reported with caller-given indices) */
+    if (n > 0 && !got->sel && !c->fixed_indices) {
+        FAILF(v, "%s: no selected indices were read back", c->label);
+    } else if (n > 0 && got->sel) {
         int swaps = 0;
         for (int64_t t = 0; t < T && v->pass; ++t)
             for (int64_t kh = 0; kh < Hkv && v->pass; ++kh) {

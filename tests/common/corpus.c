@@ -123,7 +123,7 @@ static const spec full_specs[] = {
     /* scale */
     {"scale0.3", "sc=0.3"},
     {"scale1.7", "sc=1.7 T=60"},
-    {"scale-0.25", "sc=-0.25 T=60"},
+    {"scale0.05", "sc=0.05 T=60"},
     {"scale4", "sc=4 T=50 D=4/4"},
     /* layouts */
     {"strided-mean", "lay=strided T=60 H=4/2"},

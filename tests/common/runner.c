@@ -328,7 +328,10 @@ nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_ou
 
     view vs = strided ? (view){1, Hkv * (n + 2) + 1, n + 2} : (view){0, Hkv * n, n};
     slot *ss = NULL;
-    if (n > 0) {
+    /* not with caller-given indices: the core refuses block_indices and selected
+     * together (the output would only repeat the input) */
+    const int want_sel = n > 0 && !c->fixed_indices;
+    if (want_sel) {
         SLOT(ss, "selected", extent(vs, T, Hkv, n), 4, POISON_INDEX, 1, strided);
         mark(ss, vs, T, Hkv, n);
         a.selected = tensor(ss, vs);
@@ -416,7 +419,7 @@ nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_ou
         }
         if ((st = get(sl[b], vl[b], T, Hq, 1, NSA_DTYPE_F32, out->lse[b])) != NSA_SUCCESS) goto conv_fail;
     }
-    if (n > 0) {
+    if (want_sel) {
         out->sel = malloc((size_t)(T * Hkv * n > 0 ? T * Hkv * n : 1) * sizeof(int32_t));
         if (!out->sel) {
             st = NSA_ERR_OUT_OF_MEMORY;

@@ -164,7 +164,7 @@ typedef struct tk_output {
     int64_t tokens;
     float *o;            /* [T, Hq, Dv] */
     float *lse[3];       /* [T, Hq]; NULL when the branch is off (not requested) */
-    int32_t *sel;        /* [T, Hkv, n]; NULL when n = 0 */
+    int32_t *sel;        /* [T, Hkv, n]; NULL when n = 0 or with caller-given indices */
     void *o_raw;         /* the o tensor's buffer bytes as read back (determinism) */
     size_t o_raw_bytes;
     int64_t stray_writes;/* poisoned padding bytes the backend overwrote (must be 0) */
@@ -176,7 +176,8 @@ typedef struct tk_output {
  * output (0xFF: NaN for f32/f16/bf16 outputs and LSEs; 0x7F: 0x7f7f7f7f for
  * indices) and padding, plans, runs nsa_forward (with in->given as
  * block_indices when c->fixed_indices), synchronizes and reads back. Requests
- * lse[b] for every enabled branch and `selected` when n > 0; passes gates only
+ * lse[b] for every enabled branch and `selected` when n > 0 and the indices are
+ * not caller-given (the core refuses both together); passes gates only
  * for enabled branches. Returns the first failing status with a message in msg
  * ("nsa_forward: <status>: <nsa_last_error()>"). Frees every object it made on
  * every path. */

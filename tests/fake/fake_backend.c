@@ -1,0 +1,108 @@
+/*
+ * Fake backend modules for test_loader.c, one source built three ways:
+ *   FAKE_UNAVAILABLE  a well-formed module whose probe reports its vendor
+ *                     runtime missing (libnsa_backend_fake.so)
+ *   FAKE_BAD_VERSION  exports a wrong nsa_backend_api_version (libnsa_backend_fakever.so)
+ *   FAKE_NO_ENTRY     exports the version but not nsa_backend_entry
+ *                     (libnsa_backend_fakenoentry.so)
+ * They include core/backend.h: it is the module interface.
+ */
+#include <stdio.h>
+
+#include "backend.h"
+
+#define FAKE_REASON "fake vendor runtime libfakert.so.1 not found"
+
+#if defined(FAKE_BAD_VERSION)
+NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION + 1000;
+#else
+NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION;
+#endif
+
+#if !defined(FAKE_NO_ENTRY)
+static const nsa_host_api *host;
+
+static nsa_status probe(int *device_count, char *reason, size_t reason_size)
+{
+    *device_count = 0;
+    snprintf(reason, reason_size, "%s", FAKE_REASON);
+    return NSA_ERR_BACKEND_UNAVAILABLE;
+}
+
+static nsa_status unavailable(void)
+{
+    return host->set_error(NSA_ERR_BACKEND_UNAVAILABLE, "%s", FAKE_REASON);
+}
+
+static nsa_status device_name(int index, char *name, size_t size)
+{
+    (void)index, (void)name, (void)size;
+    return unavailable();
+}
+static nsa_status context_create(int device, void *native_stream, void **bctx)
+{
+    (void)device, (void)native_stream, (void)bctx;
+    return unavailable();
+}
+static void context_destroy(void *bctx) { (void)bctx; }
+static nsa_status synchronize(void *bctx)
+{
+    (void)bctx;
+    return unavailable();
+}
+static nsa_status buffer_alloc(void *bctx, size_t bytes, void **bbuf)
+{
+    (void)bctx, (void)bytes, (void)bbuf;
+    return unavailable();
+}
+static nsa_status buffer_wrap(void *bctx, void *handle, size_t offset, size_t bytes, void **bbuf)
+{
+    (void)bctx, (void)handle, (void)offset, (void)bytes, (void)bbuf;
+    return unavailable();
+}
+static void buffer_free(void *bctx, void *bbuf) { (void)bctx, (void)bbuf; }
+static nsa_status buffer_write(void *bctx, void *bbuf, size_t offset, const void *src, size_t bytes)
+{
+    (void)bctx, (void)bbuf, (void)offset, (void)src, (void)bytes;
+    return unavailable();
+}
+static nsa_status buffer_read(void *bctx, void *bbuf, size_t offset, void *dst, size_t bytes)
+{
+    (void)bctx, (void)bbuf, (void)offset, (void)dst, (void)bytes;
+    return unavailable();
+}
+static nsa_status buffer_fill(void *bctx, void *bbuf, size_t offset, unsigned char value, size_t bytes)
+{
+    (void)bctx, (void)bbuf, (void)offset, (void)value, (void)bytes;
+    return unavailable();
+}
+static nsa_status run(void *bctx, nsa_stage stage, const nsa_bk_args *args)
+{
+    (void)bctx, (void)stage, (void)args;
+    return unavailable();
+}
+
+static const nsa_backend fake = {
+    .api_version = NSA_BACKEND_API_VERSION,
+    .name = "fake",
+    .probe = probe,
+    .device_name = device_name,
+    .context_create = context_create,
+    .context_destroy = context_destroy,
+    .synchronize = synchronize,
+    .buffer_alloc = buffer_alloc,
+    .buffer_wrap = buffer_wrap,
+    .buffer_free = buffer_free,
+    .buffer_write = buffer_write,
+    .buffer_read = buffer_read,
+    .buffer_fill = buffer_fill,
+    .supports = NULL,
+    .run = run,
+};
+
+NSA_BACKEND_EXPORT const nsa_backend *nsa_backend_entry(const nsa_host_api *h)
+{
+    host = h;
+    return &fake;
+}
+#endif
