@@ -8,11 +8,12 @@
  *             selected blocks of the query's KV group; -1 slots are empty.
  *   WIN_ATTN  section 5 ("Sliding window"): tokens [max(0, t - w + 1), t].
  *
- * All three are one function, attend(): softmax(scale * q . k_s) @ v_s over a
- * list of key-row ranges, in double: logits first, then their maximum m, then
- * sum = sum_s exp(logit_s - m), o = (sum_s exp(logit_s - m) v_s) / sum and
- * lse = m + log(sum) (natural log of the scaled logits). Keys are visited in
- * ascending order; o_b is stored as f32, lse as f32.
+ * All three are one function, attend_group(): softmax(scale * q . k_s) @ v_s
+ * over a list of key-row ranges, in double: logits first, then their maximum
+ * m, then sum = sum_s exp(logit_s - m), o = (sum_s exp(logit_s - m) v_s) / sum
+ * and lse = m + log(sum) (natural log of the scaled logits). Keys are visited
+ * in ascending order; o_b is stored as f32, lse as f32. The G query heads of
+ * a KV head share their keys and are computed together.
  *
  * Parallel over tokens; one thread computes all heads of a token.
  */
@@ -27,105 +28,137 @@ typedef struct key_range {
     int64_t begin, end;
 } key_range;
 
-/* Per-thread scratch of an attention stage. */
+/* Per-thread scratch of an attention stage. All G query heads of one KV head
+ * see the same keys, so they are processed together: each key and value row
+ * is converted to double once and used G times. */
 typedef struct attn_scratch {
-    double *q;        /* [Dqk] the query row */
-    double *acc;      /* [Dv] the weighted sum of value rows */
-    double *logits;   /* [max_keys] */
-    key_range *ranges;/* [max_ranges] */
+    double *q;         /* [G][Dqk] the query rows of the group */
+    double *acc;       /* [G][Dv] weighted sums of value rows */
+    double *logits;    /* [G][max_keys], then the softmax weights */
+    double *max, *sum; /* [G] per head: the largest logit, the sum of the weights */
+    double *row;       /* [max(Dqk, Dv)] one key or value row */
+    key_range *ranges; /* [max_ranges] */
 } attn_scratch;
 
 typedef struct attn_job {
     const nsa_bk_args *a;
-    int64_t max_keys;   /* capacity of logits */
-    int64_t max_ranges; /* capacity of ranges */
+    int64_t max_keys;   /* keys per query, at most */
+    int64_t max_ranges; /* key ranges per query, at most */
 } attn_job;
 
-static size_t scratch_bytes(const nsa_config *cfg, int64_t max_keys, int64_t max_ranges)
+static int64_t group_size(const nsa_config *cfg)
 {
+    return cfg->num_q_heads / cfg->num_kv_heads;
+}
+
+static int64_t dmax(const nsa_config *cfg)
+{
+    return cfg->head_dim_qk > cfg->head_dim_v ? cfg->head_dim_qk : cfg->head_dim_v;
+}
+
+/* Scratch bytes per thread, or 0 (with *ok = 0) when that does not fit size_t. */
+static size_t scratch_bytes(const nsa_config *cfg, int64_t max_keys, int64_t max_ranges, int *ok)
+{
+    const int64_t G = group_size(cfg);
+    *ok = max_keys <= (INT64_MAX / 8) / G && max_ranges <= INT64_MAX / 64;
+    if (!*ok)
+        return 0;
     size_t rb = ((size_t)max_ranges * sizeof(key_range) + 63u) & ~(size_t)63u;
-    return nsa_cpu_doubles(cfg->head_dim_qk) + nsa_cpu_doubles(cfg->head_dim_v) + nsa_cpu_doubles(max_keys) +
-           rb;
+    return nsa_cpu_doubles(G * cfg->head_dim_qk) + nsa_cpu_doubles(G * cfg->head_dim_v) +
+           nsa_cpu_doubles(G * max_keys) + 2 * nsa_cpu_doubles(G) + nsa_cpu_doubles(dmax(cfg)) + rb;
 }
 
 static attn_scratch scratch_parts(void *mem, const nsa_config *cfg, int64_t max_keys)
 {
+    const int64_t G = group_size(cfg);
     attn_scratch s;
     unsigned char *m = mem;
     s.q = (double *)m;
-    m += nsa_cpu_doubles(cfg->head_dim_qk);
+    m += nsa_cpu_doubles(G * cfg->head_dim_qk);
     s.acc = (double *)m;
-    m += nsa_cpu_doubles(cfg->head_dim_v);
+    m += nsa_cpu_doubles(G * cfg->head_dim_v);
     s.logits = (double *)m;
-    m += nsa_cpu_doubles(max_keys);
+    m += nsa_cpu_doubles(G * max_keys);
+    s.max = (double *)m;
+    m += nsa_cpu_doubles(G);
+    s.sum = (double *)m;
+    m += nsa_cpu_doubles(G);
+    s.row = (double *)m;
+    m += nsa_cpu_doubles(dmax(cfg));
     s.ranges = (key_range *)m;
     return s;
 }
 
-/* Softmax attention of the query row q (already loaded, length Dqk) over key
- * rows `ranges` of head `g` of k and v; writes the f32 output row o_row[Dv]
- * and, when lse_out is not NULL, the log-sum-exp. No keys: o = 0, lse = -inf. */
-static void attend(const double *q, const nsa_config *cfg, const nsa_bk_tensor *k, const nsa_bk_tensor *v,
-                   int64_t g, const key_range *ranges, int64_t nranges, double *logits, double *acc,
-                   float *o_row, float *lse_out)
+/* Softmax attention of the G query heads of KV head g at token t over the key
+ * rows `ranges` of k and v (head g). For each query head h of the group:
+ *   logit_s = scale * q(t,h) . k_s, m = max_s logit_s,
+ *   sum = sum_s exp(logit_s - m), o = (sum_s exp(logit_s - m) v_s) / sum,
+ *   lse = m + log(sum),
+ * all in double, keys in ascending order; o_b[branch](t, h) and, if given,
+ * lse[branch](t, h) are stored as f32. No keys: o = 0 and lse = -inf. */
+static void attend_group(const nsa_bk_args *a, int branch, const nsa_bk_tensor *k, const nsa_bk_tensor *v,
+                         int64_t t, int64_t g, const key_range *ranges, int64_t nranges, const attn_job *job,
+                         const attn_scratch *s)
 {
-    const int64_t Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v;
+    const nsa_config *cfg = &a->plan->cfg;
+    const int64_t G = group_size(cfg), Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v;
+    const int64_t cap = job->max_keys; /* row length of s->logits */
     const double scale = (double)cfg->scale;
     const void *kb = nsa_cpu_base(k);
     const void *vb = nsa_cpu_base(v);
 
-    /* 1. scaled logits and their maximum */
+    for (int64_t u = 0; u < G; u++)
+        nsa_cpu_load_row(nsa_cpu_base(&a->q), a->q.dtype, nsa_cpu_at(&a->q, t, g * G + u), Dqk, s->q + u * Dqk);
+
+    /* 1. scaled logits: logits[u][i] for query head g*G + u and the i-th key */
     int64_t n = 0;
-    double m = -INFINITY;
     for (int64_t r = 0; r < nranges; r++)
-        for (int64_t s = ranges[r].begin; s < ranges[r].end; s++) {
-            double x = scale * nsa_cpu_dot_row(q, kb, k->dtype, nsa_cpu_at(k, s, g), Dqk);
-            logits[n++] = x;
-            if (x > m)
-                m = x;
+        for (int64_t key = ranges[r].begin; key < ranges[r].end; key++, n++) {
+            nsa_cpu_load_row(kb, k->dtype, nsa_cpu_at(k, key, g), Dqk, s->row);
+            for (int64_t u = 0; u < G; u++)
+                s->logits[u * cap + n] = scale * nsa_cpu_dot(s->q + u * Dqk, s->row, Dqk);
         }
-    if (n == 0) {
+
+    /* 2. per head: the maximum m, the weights exp(logit - m) (in place), their sum */
+    for (int64_t u = 0; u < G; u++) {
+        double *lg = s->logits + u * cap;
+        double m = -INFINITY, sum = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            if (lg[i] > m)
+                m = lg[i];
+        for (int64_t i = 0; i < n; i++) {
+            lg[i] = exp(lg[i] - m);
+            sum += lg[i];
+        }
+        s->max[u] = m;
+        s->sum[u] = sum;
         for (int64_t c = 0; c < Dv; c++)
-            o_row[c] = 0.0f;
-        if (lse_out)
-            *lse_out = -INFINITY;
-        return;
+            s->acc[u * Dv + c] = 0.0;
     }
 
-    /* 2. unnormalised weights exp(x - m), their sum, and the weighted values */
-    for (int64_t c = 0; c < Dv; c++)
-        acc[c] = 0.0;
-    double sum = 0.0;
-    n = 0;
+    /* 3. weighted values, keys in ascending order */
+    int64_t i = 0;
     for (int64_t r = 0; r < nranges; r++)
-        for (int64_t s = ranges[r].begin; s < ranges[r].end; s++) {
-            double p = exp(logits[n++] - m);
-            sum += p;
-            nsa_cpu_axpy_row(p, vb, v->dtype, nsa_cpu_at(v, s, g), Dv, acc);
+        for (int64_t key = ranges[r].begin; key < ranges[r].end; key++, i++) {
+            nsa_cpu_load_row(vb, v->dtype, nsa_cpu_at(v, key, g), Dv, s->row);
+            for (int64_t u = 0; u < G; u++) {
+                double p = s->logits[u * cap + i];
+                double *acc = s->acc + u * Dv;
+                for (int64_t c = 0; c < Dv; c++)
+                    acc[c] += p * s->row[c];
+            }
         }
 
-    /* 3. normalise */
-    for (int64_t c = 0; c < Dv; c++)
-        o_row[c] = (float)(acc[c] / sum);
-    if (lse_out)
-        *lse_out = (float)(m + log(sum));
-}
-
-/* Loads q(t, h) into s->q. */
-static void load_query(const nsa_bk_args *a, int64_t t, int64_t h, double *q)
-{
-    nsa_cpu_load_row(nsa_cpu_base(&a->q), a->q.dtype, nsa_cpu_at(&a->q, t, h), a->plan->cfg.head_dim_qk, q);
-}
-
-/* Output row and optional lse of branch b for (t, h). */
-static float *out_row(const nsa_bk_args *a, int b, int64_t t, int64_t h)
-{
-    return nsa_cpu_f32_at(&a->o_b[b], t, h);
-}
-
-static float *lse_ptr(const nsa_bk_args *a, int b, int64_t t, int64_t h)
-{
-    return a->lse[b].buf ? nsa_cpu_f32_at(&a->lse[b], t, h) : NULL;
+    /* 4. normalise and store */
+    for (int64_t u = 0; u < G; u++) {
+        int64_t h = g * G + u;
+        float *o = nsa_cpu_f32_at(&a->o_b[branch], t, h);
+        const double *acc = s->acc + u * Dv;
+        for (int64_t c = 0; c < Dv; c++)
+            o[c] = n ? (float)(acc[c] / s->sum[u]) : 0.0f;
+        if (a->lse[branch].buf)
+            *nsa_cpu_f32_at(&a->lse[branch], t, h) = n ? (float)(s->max[u] + log(s->sum[u])) : -INFINITY;
+    }
 }
 
 /* ---- section 2: compressed attention */
@@ -137,20 +170,17 @@ static void cmp_tokens(void *user, int64_t begin, int64_t end, void *mem)
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
     attn_scratch s = scratch_parts(mem, cfg, job->max_keys);
-    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
     const int64_t l = cfg->cmp_block, d = cfg->cmp_stride;
 
     for (int64_t t = begin; t < end; t++) {
         int64_t b;
         int64_t tl = nsa_cpu_local(p, t, &b);
-        /* nc(t) = floor((t + 1 - l) / d) + 1 if t + 1 >= l, else 0 */
+        /* nc(t) = floor((t + 1 - l) / d) + 1 if t + 1 >= l, else 0:
+         * exactly the blocks i with i*d + l - 1 <= t */
         int64_t nc = tl + 1 >= l ? (tl + 1 - l) / d + 1 : 0;
         key_range r = {p->cu_cmp[b], p->cu_cmp[b] + nc};
-        for (int64_t h = 0; h < cfg->num_q_heads; h++) {
-            load_query(a, t, h, s.q);
-            attend(s.q, cfg, &a->kc, &a->vc, h / G, &r, 1, s.logits, s.acc, out_row(a, NSA_BRANCH_CMP, t, h),
-                   lse_ptr(a, NSA_BRANCH_CMP, t, h));
-        }
+        for (int64_t g = 0; g < cfg->num_kv_heads; g++)
+            attend_group(a, NSA_BRANCH_CMP, &a->kc, &a->vc, t, g, &r, 1, job, &s);
     }
 }
 
@@ -163,7 +193,6 @@ static void slc_tokens(void *user, int64_t begin, int64_t end, void *mem)
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
     attn_scratch s = scratch_parts(mem, cfg, job->max_keys);
-    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
     const int64_t ls = cfg->slc_block, n = cfg->num_selected;
 
     for (int64_t t = begin; t < end; t++) {
@@ -189,11 +218,8 @@ static void slc_tokens(void *user, int64_t begin, int64_t end, void *mem)
                 nr++;
                 keys += len;
             }
-            for (int64_t h = g * G; h < (g + 1) * G; h++) {
-                load_query(a, t, h, s.q);
-                attend(s.q, cfg, &a->k[NSA_BRANCH_SLC], &a->v[NSA_BRANCH_SLC], g, s.ranges, nr, s.logits, s.acc,
-                       out_row(a, NSA_BRANCH_SLC, t, h), lse_ptr(a, NSA_BRANCH_SLC, t, h));
-            }
+            attend_group(a, NSA_BRANCH_SLC, &a->k[NSA_BRANCH_SLC], &a->v[NSA_BRANCH_SLC], t, g, s.ranges, nr, job,
+                         &s);
         }
     }
 }
@@ -207,7 +233,6 @@ static void win_tokens(void *user, int64_t begin, int64_t end, void *mem)
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
     attn_scratch s = scratch_parts(mem, cfg, job->max_keys);
-    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
     const int64_t w = cfg->window;
 
     for (int64_t t = begin; t < end; t++) {
@@ -215,12 +240,23 @@ static void win_tokens(void *user, int64_t begin, int64_t end, void *mem)
         int64_t tl = nsa_cpu_local(p, t, &b);
         int64_t first = tl - w + 1 > 0 ? tl - w + 1 : 0; /* max(0, t - w + 1) */
         key_range r = {p->cu_seqlens[b] + first, t + 1};
-        for (int64_t h = 0; h < cfg->num_q_heads; h++) {
-            load_query(a, t, h, s.q);
-            attend(s.q, cfg, &a->k[NSA_BRANCH_WIN], &a->v[NSA_BRANCH_WIN], h / G, &r, 1, s.logits, s.acc,
-                   out_row(a, NSA_BRANCH_WIN, t, h), lse_ptr(a, NSA_BRANCH_WIN, t, h));
-        }
+        for (int64_t g = 0; g < cfg->num_kv_heads; g++)
+            attend_group(a, NSA_BRANCH_WIN, &a->k[NSA_BRANCH_WIN], &a->v[NSA_BRANCH_WIN], t, g, &r, 1, job, &s);
     }
+}
+
+/* Runs one attention stage over all tokens. */
+static nsa_status run_attention(const nsa_cpu_context *ctx, const nsa_bk_args *a, const char *stage,
+                                int64_t max_keys, int64_t max_ranges, nsa_cpu_range_fn fn)
+{
+    const nsa_bk_plan *p = a->plan;
+    int ok;
+    size_t bytes = scratch_bytes(&p->cfg, max_keys, max_ranges, &ok);
+    if (!ok)
+        return nsa_cpu_host()->set_error(NSA_ERR_OUT_OF_MEMORY, "cpu backend: %s: scratch for %lld keys overflows",
+                                         stage, (long long)max_keys);
+    attn_job job = {a, max_keys, max_ranges};
+    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, bytes, fn, &job);
 }
 
 /* ---- stage entry points */
@@ -247,9 +283,7 @@ nsa_status nsa_cpu_cmp_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
         (st = nsa_cpu_need(&a->vc, s, "vc", 1, 0)) || (st = check_f32(&a->o_b[NSA_BRANCH_CMP], s, "o_cmp", 0)) ||
         (st = check_f32(&a->lse[NSA_BRANCH_CMP], s, "lse_cmp", 1)))
         return st;
-    attn_job job = {a, p->max_nc, 1};
-    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, scratch_bytes(&p->cfg, job.max_keys, 1),
-                                cmp_tokens, &job);
+    return run_attention(ctx, a, s, p->max_nc, 1, cmp_tokens);
 }
 
 nsa_status nsa_cpu_slc_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
@@ -270,9 +304,7 @@ nsa_status nsa_cpu_slc_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     if (max_keys > p->max_len)
         max_keys = p->max_len;
     int64_t max_ranges = n < p->max_len ? n : p->max_len;
-    attn_job job = {a, max_keys, max_ranges};
-    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, scratch_bytes(cfg, max_keys, max_ranges),
-                                slc_tokens, &job);
+    return run_attention(ctx, a, s, max_keys, max_ranges, slc_tokens);
 }
 
 nsa_status nsa_cpu_win_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
@@ -286,7 +318,5 @@ nsa_status nsa_cpu_win_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
         (st = check_f32(&a->lse[NSA_BRANCH_WIN], s, "lse_win", 1)))
         return st;
     int64_t max_keys = p->cfg.window < p->max_len ? p->cfg.window : p->max_len;
-    attn_job job = {a, max_keys, 1};
-    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, scratch_bytes(&p->cfg, max_keys, 1),
-                                win_tokens, &job);
+    return run_attention(ctx, a, s, max_keys, 1, win_tokens);
 }

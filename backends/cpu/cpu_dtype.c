@@ -33,34 +33,6 @@ void nsa_cpu_load_row(const void *base, nsa_dtype dt, int64_t off, int64_t n, do
     }
 }
 
-double nsa_cpu_dot_row(const double *x, const void *base, nsa_dtype dt, int64_t off, int64_t n)
-{
-    double s = 0.0;
-    switch (dt) {
-    case NSA_DTYPE_F32: {
-        const float *p = (const float *)base + off;
-        for (int64_t i = 0; i < n; i++)
-            s += x[i] * (double)p[i];
-        break;
-    }
-    case NSA_DTYPE_F16: {
-        const uint16_t *p = (const uint16_t *)base + off;
-        for (int64_t i = 0; i < n; i++)
-            s += x[i] * (double)nsa_cpu_f16_to_f32(p[i]);
-        break;
-    }
-    case NSA_DTYPE_BF16: {
-        const uint16_t *p = (const uint16_t *)base + off;
-        for (int64_t i = 0; i < n; i++)
-            s += x[i] * (double)nsa_cpu_bf16_to_f32(p[i]);
-        break;
-    }
-    default:
-        break;
-    }
-    return s;
-}
-
 void nsa_cpu_axpy_row(double a, const void *base, nsa_dtype dt, int64_t off, int64_t n, double *acc)
 {
     switch (dt) {

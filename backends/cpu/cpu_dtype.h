@@ -128,12 +128,30 @@ static inline int nsa_cpu_is_float(nsa_dtype dt)
     return dt == NSA_DTYPE_F32 || dt == NSA_DTYPE_F16 || dt == NSA_DTYPE_BF16;
 }
 
+/* sum_i x[i] * y[i] in double, in a fixed order that does not depend on
+ * the data or the thread: four interleaved partial sums (i mod 4), added as
+ * (s0 + s1) + (s2 + s3), then the tail. The four chains let the CPU overlap
+ * the additions (a single chain is latency bound) and keep results bitwise
+ * reproducible. */
+static inline double nsa_cpu_dot(const double *x, const double *y, int64_t n)
+{
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += x[i] * y[i];
+        s1 += x[i + 1] * y[i + 1];
+        s2 += x[i + 2] * y[i + 2];
+        s3 += x[i + 3] * y[i + 3];
+    }
+    double s = (s0 + s1) + (s2 + s3);
+    for (; i < n; i++)
+        s += x[i] * y[i];
+    return s;
+}
+
 /* out[i] = x[off + i] */
 NSA_CPU_INTERNAL void nsa_cpu_load_row(const void *base, nsa_dtype dt, int64_t off, int64_t n,
                                        double *out);
-/* returns sum_i x[i] * row[off + i], summed in ascending i */
-NSA_CPU_INTERNAL double nsa_cpu_dot_row(const double *x, const void *base, nsa_dtype dt, int64_t off,
-                                        int64_t n);
 /* acc[i] += a * row[off + i] */
 NSA_CPU_INTERNAL void nsa_cpu_axpy_row(double a, const void *base, nsa_dtype dt, int64_t off, int64_t n,
                                        double *acc);

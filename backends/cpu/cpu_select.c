@@ -23,12 +23,49 @@
 
 typedef struct select_job {
     const nsa_bk_args *a;
-    int64_t row; /* capacity of one score row: max_ns */
 } select_job;
 
+/* Per-thread scratch of the score stages. */
+typedef struct score_scratch {
+    double *q;    /* [G][Dqk] the query rows of the group */
+    double *lse;  /* [G] their lse_cmp */
+    double *row;  /* [Dqk] one compressed key row */
+    double *acc;  /* [max_ns] s(t, g, j) being summed */
+    float *score; /* [max_ns] the f32 scores (fused stage only) */
+} score_scratch;
+
+static size_t score_scratch_bytes(const nsa_bk_plan *p)
+{
+    const nsa_config *cfg = &p->cfg;
+    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
+    size_t fb = ((size_t)p->max_ns * sizeof(float) + 63u) & ~(size_t)63u;
+    return nsa_cpu_doubles(G * cfg->head_dim_qk) + nsa_cpu_doubles(G) + nsa_cpu_doubles(cfg->head_dim_qk) +
+           nsa_cpu_doubles(p->max_ns) + fb;
+}
+
+static score_scratch score_scratch_parts(void *mem, const nsa_bk_plan *p)
+{
+    const nsa_config *cfg = &p->cfg;
+    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
+    score_scratch s;
+    unsigned char *m = mem;
+    s.q = (double *)m;
+    m += nsa_cpu_doubles(G * cfg->head_dim_qk);
+    s.lse = (double *)m;
+    m += nsa_cpu_doubles(G);
+    s.row = (double *)m;
+    m += nsa_cpu_doubles(cfg->head_dim_qk);
+    s.acc = (double *)m;
+    m += nsa_cpu_doubles(p->max_ns);
+    s.score = (float *)m;
+    return s;
+}
+
 /* Scores of every eligible block of (t, g) into out[0 .. floor(t_local/l_s)],
- * rounded to f32. q: [Dqk] scratch; acc: [max_ns] scratch. */
-static void group_scores(const nsa_bk_args *a, int64_t t, int64_t g, double *q, double *acc, float *out)
+ * rounded to f32:
+ *   s(t, g, j) = sum_{h in group g} sum_{visible i} (overlap(i, j) / d) * p_cmp(t, h, i)
+ * summed with i outer and h inner (each compressed row is read once). */
+static void group_scores(const nsa_bk_args *a, int64_t t, int64_t g, const score_scratch *s, float *out)
 {
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
@@ -37,33 +74,35 @@ static void group_scores(const nsa_bk_args *a, int64_t t, int64_t g, double *q, 
     const int64_t Dqk = cfg->head_dim_qk;
     const double scale = (double)cfg->scale;
     const nsa_bk_tensor *kc = &a->kc;
-    const void *kcb = nsa_cpu_base(kc);
 
     int64_t b;
     int64_t tl = nsa_cpu_local(p, t, &b);
     int64_t ne = tl / ls + 1; /* eligible blocks j = 0 .. floor(t / l_s) */
     int64_t nc = tl + 1 >= l ? (tl + 1 - l) / d + 1 : 0; /* visible compressed blocks */
     for (int64_t j = 0; j < ne; j++)
-        acc[j] = 0.0;
+        s->acc[j] = 0.0;
+    for (int64_t u = 0; u < G; u++) {
+        nsa_cpu_load_row(nsa_cpu_base(&a->q), a->q.dtype, nsa_cpu_at(&a->q, t, g * G + u), Dqk, s->q + u * Dqk);
+        s->lse[u] = *nsa_cpu_f32_at(&a->lse[NSA_BRANCH_CMP], t, g * G + u);
+    }
 
-    for (int64_t h = g * G; h < (g + 1) * G; h++) {
-        nsa_cpu_load_row(nsa_cpu_base(&a->q), a->q.dtype, nsa_cpu_at(&a->q, t, h), Dqk, q);
-        double lse = *nsa_cpu_f32_at(&a->lse[NSA_BRANCH_CMP], t, h);
-        for (int64_t i = 0; i < nc; i++) {
-            double logit = scale * nsa_cpu_dot_row(q, kcb, kc->dtype, nsa_cpu_at(kc, p->cu_cmp[b] + i, g), Dqk);
-            double pc = exp(logit - lse); /* p_cmp(t, h, i) */
-            /* compressed block i covers tokens [c0, c1]; spread it over the
-             * selection blocks it overlaps (all eligible, since c1 <= t) */
-            int64_t c0 = i * d, c1 = i * d + l - 1;
+    for (int64_t i = 0; i < nc; i++) {
+        nsa_cpu_load_row(nsa_cpu_base(kc), kc->dtype, nsa_cpu_at(kc, p->cu_cmp[b] + i, g), Dqk, s->row);
+        /* compressed block i covers tokens [c0, c1]; it overlaps selection
+         * blocks c0/l_s .. c1/l_s, all eligible since c1 <= t */
+        int64_t c0 = i * d, c1 = i * d + l - 1;
+        for (int64_t u = 0; u < G; u++) {
+            double logit = scale * nsa_cpu_dot(s->q + u * Dqk, s->row, Dqk);
+            double pc = exp(logit - s->lse[u]); /* p_cmp(t, h, i) */
             for (int64_t j = c0 / ls; j <= c1 / ls; j++) {
                 int64_t s0 = j * ls > c0 ? j * ls : c0;
                 int64_t s1 = (j + 1) * ls - 1 < c1 ? (j + 1) * ls - 1 : c1;
-                acc[j] += ((double)(s1 - s0 + 1) / (double)d) * pc;
+                s->acc[j] += ((double)(s1 - s0 + 1) / (double)d) * pc; /* overlap(i, j) / d */
             }
         }
     }
     for (int64_t j = 0; j < ne; j++)
-        out[j] = (float)acc[j];
+        out[j] = (float)s->acc[j];
 }
 
 /* 1 if block j1 (score s1) ranks above block j2 (score s2). */
@@ -129,12 +168,10 @@ static void scores_tokens(void *user, int64_t begin, int64_t end, void *mem)
 {
     const select_job *job = user;
     const nsa_bk_args *a = job->a;
-    const nsa_config *cfg = &a->plan->cfg;
-    double *q = mem;
-    double *acc = q + nsa_cpu_doubles(cfg->head_dim_qk) / sizeof(double);
+    score_scratch s = score_scratch_parts(mem, a->plan);
     for (int64_t t = begin; t < end; t++)
-        for (int64_t g = 0; g < cfg->num_kv_heads; g++)
-            group_scores(a, t, g, q, acc, nsa_cpu_f32_at(&a->scores, t, g));
+        for (int64_t g = 0; g < a->plan->cfg.num_kv_heads; g++)
+            group_scores(a, t, g, &s, nsa_cpu_f32_at(&a->scores, t, g));
 }
 
 /* ---- SELECT_TOPN */
@@ -161,15 +198,13 @@ static void fused_tokens(void *user, int64_t begin, int64_t end, void *mem)
     const nsa_bk_args *a = job->a;
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
-    double *q = mem;
-    double *acc = q + nsa_cpu_doubles(cfg->head_dim_qk) / sizeof(double);
-    float *row = (float *)(acc + nsa_cpu_doubles(job->row) / sizeof(double));
+    score_scratch s = score_scratch_parts(mem, p);
     for (int64_t t = begin; t < end; t++) {
         int64_t b;
         int64_t tl = nsa_cpu_local(p, t, &b);
         for (int64_t g = 0; g < cfg->num_kv_heads; g++) {
-            group_scores(a, t, g, q, acc, row);
-            select_row(cfg, tl, row, nsa_cpu_i32_at(&a->indices, t, g));
+            group_scores(a, t, g, &s, s.score);
+            select_row(cfg, tl, s.score, nsa_cpu_i32_at(&a->indices, t, g));
         }
     }
 }
@@ -201,9 +236,8 @@ nsa_status nsa_cpu_block_scores(const nsa_cpu_context *ctx, const nsa_bk_args *a
     nsa_status st;
     if ((st = need_scores_inputs(a, "block_scores")) || (st = need_f32_scores(a, "block_scores")))
         return st;
-    select_job job = {a, p->max_ns};
-    size_t scratch = nsa_cpu_doubles(p->cfg.head_dim_qk) + nsa_cpu_doubles(p->max_ns);
-    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, scratch, scores_tokens, &job);
+    select_job job = {a};
+    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, score_scratch_bytes(p), scores_tokens, &job);
 }
 
 nsa_status nsa_cpu_select_topn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
@@ -212,7 +246,7 @@ nsa_status nsa_cpu_select_topn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     nsa_status st;
     if ((st = need_f32_scores(a, "select_topn")) || (st = nsa_cpu_need(&a->indices, "select_topn", "indices", 0, 1)))
         return st;
-    select_job job = {a, p->max_ns};
+    select_job job = {a};
     return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, 0, topn_tokens, &job);
 }
 
@@ -222,8 +256,6 @@ nsa_status nsa_cpu_scores_topn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     nsa_status st;
     if ((st = need_scores_inputs(a, "scores_topn")) || (st = nsa_cpu_need(&a->indices, "scores_topn", "indices", 0, 1)))
         return st;
-    select_job job = {a, p->max_ns};
-    size_t row_bytes = ((size_t)p->max_ns * sizeof(float) + 63u) & ~(size_t)63u;
-    size_t scratch = nsa_cpu_doubles(p->cfg.head_dim_qk) + nsa_cpu_doubles(p->max_ns) + row_bytes;
-    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, scratch, fused_tokens, &job);
+    select_job job = {a};
+    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, score_scratch_bytes(p), fused_tokens, &job);
 }
