@@ -1,0 +1,276 @@
+/*
+ * program.c: the OpenCL program of one dtype, built on first use per context and
+ * kept in an on-disk program-binary cache.
+ *
+ * The program is the embedded source (kernels/opencl/<idea>.cl, concatenated) built with
+ * "-cl-std=CL1.2 -DNSA_DTYPE=<0|1|2>" (plus NSA_OPENCL_BUILD_OPTIONS, if set, for experiments
+ * and for testing the failure path, e.g. "-DNSA_DTYPE=9"). Its cache key is a 128-bit hash of (source,
+ * build options, device name, driver version, platform version); the binary lives in
+ *     $NSA_CACHE_DIR/opencl-<key>.bin
+ * with NSA_CACHE_DIR defaulting to $XDG_CACHE_HOME/libnsa, else ~/.cache/libnsa.
+ * The cache is off when NSA_CACHE_DIR=off or NSA_OPENCL_NO_CACHE=1. Writes are atomic
+ * (a temporary file in the same folder, then rename), so concurrent processes never
+ * read half a file; a cache that cannot be read or written is simply not used, and a
+ * binary the driver refuses is rebuilt from source (and rewritten).
+ * A failed source build returns NSA_ERR_KERNEL_BUILD with the compiler log.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "opencl_internal.h"
+
+static const char *const kernel_names[OCL_K_COUNT] = {
+    [OCL_K_COMPRESS_MEAN] = "compress_mean",
+    [OCL_K_CONVERT_ROWS] = "convert_rows",
+    [OCL_K_STAGE_HEADS] = "stage_heads",
+    [OCL_K_CONVERT_DENSE] = "convert_dense",
+    [OCL_K_FILL_ROWS] = "fill_rows",
+    [OCL_K_CMP_ATTN] = "cmp_attn",
+    [OCL_K_BLOCK_SCORES] = "block_scores",
+    [OCL_K_SELECT_TOPN] = "select_topn",
+    [OCL_K_SLC_ATTN] = "slc_attn",
+    [OCL_K_WIN_ATTN] = "win_attn",
+    [OCL_K_COMBINE] = "combine",
+};
+
+static const char cache_magic[8] = {'N', 'S', 'A', 'C', 'L', 'B', 'I', '1'};
+
+/* ------------------------------------------------------------------ key */
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; ++i) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+/* Two FNV-1a streams with different seeds over the fields, each field followed by
+ * its length so that ("ab", "c") and ("a", "bc") differ. */
+static void cache_key(const ocl_context *c, const char *options, char out[33])
+{
+    const char *fields[] = {nsa_opencl_source, options, c->device_name, c->driver_version,
+                            c->platform_version};
+    uint64_t h1 = 0xcbf29ce484222325ULL, h2 = 0x84222325cbf29ce4ULL;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
+        const uint64_t n = strlen(fields[i]);
+        h1 = fnv1a(fnv1a(h1, fields[i], n), &n, sizeof n);
+        h2 = fnv1a(fnv1a(h2, &n, sizeof n), fields[i], n);
+    }
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h1, (unsigned long long)h2);
+}
+
+/* ------------------------------------------------------------------ cache files */
+
+/* The cache folder, or 0 when the cache is off or no folder can be named. */
+static int cache_dir(char *dir, size_t size)
+{
+    const char *off = getenv("NSA_OPENCL_NO_CACHE");
+    if (off && *off && strcmp(off, "0") != 0) return 0;
+    const char *d = getenv("NSA_CACHE_DIR");
+    int n;
+    if (d && *d) {
+        if (strcmp(d, "off") == 0) return 0;
+        n = snprintf(dir, size, "%s", d);
+    } else if ((d = getenv("XDG_CACHE_HOME")) && *d) {
+        n = snprintf(dir, size, "%s/libnsa", d);
+    } else if ((d = getenv("HOME")) && *d) {
+        n = snprintf(dir, size, "%s/.cache/libnsa", d);
+    } else {
+        return 0;
+    }
+    return n > 0 && (size_t)n < size;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return 0;
+    for (char *p = tmp + 1; *p; ++p) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return 0;
+        *p = '/';
+    }
+    return mkdir(tmp, 0755) == 0 || errno == EEXIST;
+}
+
+static unsigned char *cache_read(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char magic[8];
+    uint64_t n = 0;
+    unsigned char *bin = NULL;
+    if (fread(magic, 1, 8, f) == 8 && memcmp(magic, cache_magic, 8) == 0 && fread(&n, sizeof n, 1, f) == 1 &&
+        n > 0 && n < ((uint64_t)1 << 31) && (bin = malloc((size_t)n)) != NULL) {
+        if (fread(bin, 1, (size_t)n, f) != (size_t)n || fgetc(f) != EOF) {
+            free(bin);
+            bin = NULL;
+        }
+    }
+    fclose(f);
+    *size = (size_t)n;
+    return bin;
+}
+
+static void cache_write(const char *dir, const char *path, const unsigned char *bin, size_t size)
+{
+    static unsigned counter;
+    char tmp[4300];
+    if (!make_dirs(dir)) return;
+    if (snprintf(tmp, sizeof tmp, "%s.%ld.%u.tmp", path, (long)getpid(), counter++) >= (int)sizeof tmp) return;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    const uint64_t n = size;
+    int ok = fwrite(cache_magic, 1, 8, f) == 8 && fwrite(&n, sizeof n, 1, f) == 1 && fwrite(bin, 1, size, f) == size;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) remove(tmp);
+}
+
+/* ------------------------------------------------------------------ build */
+
+static nsa_status build_failed(ocl_context *c, cl_program prog, cl_int err, const char *options)
+{
+    size_t n = 0;
+    char *log = NULL;
+    if (clGetProgramBuildInfo(prog, c->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n) == CL_SUCCESS && n > 0 &&
+        (log = malloc(n + 1)) != NULL) {
+        if (clGetProgramBuildInfo(prog, c->device, CL_PROGRAM_BUILD_LOG, n, log, NULL) != CL_SUCCESS) log[0] = 0;
+        log[n] = '\0';
+    }
+    nsa_status s = OCL_ERR(NSA_ERR_KERNEL_BUILD, "opencl: building the kernels for %s (options \"%s\") failed: %d (%s); "
+                                                 "compiler log:\n%s",
+                           c->device_name, options, (int)err, ocl_error_name(err), log ? log : "(none)");
+    free(log);
+    return s;
+}
+
+/* The built program's binary for our device (malloc'ed), or NULL. */
+static unsigned char *program_binary(ocl_context *c, cl_program prog, size_t *size)
+{
+    cl_uint ndev = 0;
+    if (clGetProgramInfo(prog, CL_PROGRAM_NUM_DEVICES, sizeof ndev, &ndev, NULL) != CL_SUCCESS || ndev != 1)
+        return NULL;
+    cl_device_id dev;
+    if (clGetProgramInfo(prog, CL_PROGRAM_DEVICES, sizeof dev, &dev, NULL) != CL_SUCCESS || dev != c->device)
+        return NULL;
+    size_t n = 0;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL) != CL_SUCCESS || n == 0) return NULL;
+    unsigned char *bin = malloc(n);
+    if (!bin) return NULL;
+    unsigned char *bins[1] = {bin};
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) != CL_SUCCESS) {
+        free(bin);
+        return NULL;
+    }
+    *size = n;
+    return bin;
+}
+
+static cl_program build_from_binary(ocl_context *c, const unsigned char *bin, size_t size, const char *options)
+{
+    cl_int err, status;
+    cl_program prog = clCreateProgramWithBinary(c->context, 1, &c->device, &size, &bin, &status, &err);
+    if (err != CL_SUCCESS || status != CL_SUCCESS) {
+        if (err == CL_SUCCESS) clReleaseProgram(prog);
+        return NULL;
+    }
+    if (clBuildProgram(prog, 1, &c->device, options, NULL, NULL) != CL_SUCCESS) {
+        clReleaseProgram(prog);
+        return NULL;
+    }
+    return prog;
+}
+
+static nsa_status make_kernels(ocl_context *c, ocl_program *p)
+{
+    for (int i = 0; i < OCL_K_COUNT; ++i) {
+        cl_int err;
+        p->kernel[i] = clCreateKernel(p->program, kernel_names[i], &err);
+        if (err != CL_SUCCESS) {
+            p->kernel[i] = NULL;
+            return OCL_ERR(NSA_ERR_KERNEL_BUILD, "opencl: clCreateKernel(%s): %d (%s)", kernel_names[i], (int)err,
+                           ocl_error_name(err));
+        }
+        err = clGetKernelWorkGroupInfo(p->kernel[i], c->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof p->kernel_wg[i],
+                                       &p->kernel_wg[i], NULL);
+        if (err != CL_SUCCESS) return ocl_fail(err, "clGetKernelWorkGroupInfo");
+    }
+    return NSA_SUCCESS;
+}
+
+void ocl_program_release(ocl_program *p)
+{
+    for (int i = 0; i < OCL_K_COUNT; ++i)
+        if (p->kernel[i]) clReleaseKernel(p->kernel[i]);
+    if (p->program) clReleaseProgram(p->program);
+    memset(p, 0, sizeof *p);
+}
+
+nsa_status ocl_program_get(ocl_context *c, nsa_dtype dtype, ocl_program **out)
+{
+    if ((int)dtype < 0 || dtype > NSA_DTYPE_BF16)
+        return OCL_ERR(NSA_ERR_INVALID_DTYPE, "opencl: no kernels for dtype %d", (int)dtype);
+    ocl_program *p = &c->programs[dtype];
+    if (p->program) {
+        *out = p;
+        return NSA_SUCCESS;
+    }
+    char options[1024];
+    const char *extra = getenv("NSA_OPENCL_BUILD_OPTIONS");
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DNSA_DTYPE=%d%s%s", (int)dtype, extra && *extra ? " " : "",
+             extra && *extra ? extra : "");
+
+    char dir[4096], path[4200], key[33];
+    const int use_cache = cache_dir(dir, sizeof dir);
+    if (use_cache) {
+        cache_key(c, options, key);
+        snprintf(path, sizeof path, "%s/opencl-%s.bin", dir, key);
+        size_t size = 0;
+        unsigned char *bin = cache_read(path, &size);
+        if (bin) {
+            p->program = build_from_binary(c, bin, size, options);
+            p->from_cache = p->program != NULL;
+            free(bin);
+        }
+    }
+    if (!p->program) {
+        cl_int err;
+        const char *src = nsa_opencl_source;
+        const size_t len = nsa_opencl_source_size;
+        p->program = clCreateProgramWithSource(c->context, 1, &src, &len, &err);
+        if (err != CL_SUCCESS) {
+            p->program = NULL;
+            return ocl_fail(err, "clCreateProgramWithSource");
+        }
+        err = clBuildProgram(p->program, 1, &c->device, options, NULL, NULL);
+        if (err != CL_SUCCESS) {
+            nsa_status s = build_failed(c, p->program, err, options);
+            ocl_program_release(p);
+            return s;
+        }
+        if (use_cache) {
+            size_t size = 0;
+            unsigned char *bin = program_binary(c, p->program, &size);
+            if (bin) cache_write(dir, path, bin, size);
+            free(bin);
+        }
+    }
+    nsa_status s = make_kernels(c, p);
+    if (s != NSA_SUCCESS) {
+        ocl_program_release(p);
+        return s;
+    }
+    *out = p;
+    return NSA_SUCCESS;
+}

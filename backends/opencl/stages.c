@@ -1,0 +1,472 @@
+/*
+ * stages.c: what each stage queues (kernels/opencl/<idea>.cl), work-group sizes chosen from
+ * the device's limits, and the per-plan state.
+ *
+ * Work decomposition (version 1, the readable reference):
+ *   COMPRESS      MEAN / EXTERNAL: element-wise kernels; LINEAR: compress_linear.c
+ *   CMP_ATTN      one work-group per (t, h)            (T * Hq groups)
+ *   BLOCK_SCORES  one work-group per (t, g)            (T * Hkv groups)
+ *   SELECT_TOPN   one work-group per (t, g)
+ *   SLC_ATTN      one work-group per (t, h)
+ *   WIN_ATTN      one work-group per (t, h)
+ *   COMBINE       element-wise over T * Hq * Dv
+ * Launches are split into pieces of at most OCL_MAX_GROUPS_PER_LAUNCH groups; each
+ * kernel's `first` argument says where its piece starts. Tensors are passed as
+ * (cl_mem, element offset, stride_token, stride_head); no sub-buffers.
+ *
+ * Work-group sizes: powers of two, at most min(CL_DEVICE_MAX_WORK_GROUP_SIZE,
+ * CL_KERNEL_WORK_GROUP_SIZE), shrunk until the kernel's local memory fits in
+ * CL_DEVICE_LOCAL_MEM_SIZE. Defaults: 128 lanes for attention on GPUs, 64 on CPUs;
+ * NSA_OPENCL_WG=<n> overrides the attention size (for tuning).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opencl_internal.h"
+
+/* ------------------------------------------------------------------ arguments */
+
+void ocl_args_begin(ocl_args *a, cl_kernel k, const char *kname)
+{
+    a->kernel = k;
+    a->next = 0;
+    a->err = CL_SUCCESS;
+    a->status = NSA_SUCCESS;
+    a->kname = kname;
+}
+
+static void set_arg(ocl_args *a, size_t size, const void *value)
+{
+    cl_int err = clSetKernelArg(a->kernel, a->next++, size, value);
+    if (err != CL_SUCCESS && a->err == CL_SUCCESS) a->err = err;
+}
+
+void ocl_arg_mem(ocl_args *a, cl_mem m) { set_arg(a, sizeof(cl_mem), m ? (const void *)&m : NULL); }
+void ocl_arg_long(ocl_args *a, int64_t v) { cl_long x = v; set_arg(a, sizeof x, &x); }
+void ocl_arg_int(ocl_args *a, int v) { cl_int x = v; set_arg(a, sizeof x, &x); }
+void ocl_arg_float(ocl_args *a, float v) { cl_float x = v; set_arg(a, sizeof x, &x); }
+void ocl_arg_local(ocl_args *a, size_t bytes) { set_arg(a, bytes ? bytes : 4, NULL); }
+
+int64_t ocl_tensor_elem_offset(const nsa_bk_tensor *t, size_t elem_size)
+{
+    const ocl_buffer *b = t->buf;
+    if (b->offset % elem_size != 0) return -1;
+    return (int64_t)(b->offset / elem_size) + t->offset;
+}
+
+void ocl_arg_tensor(ocl_args *a, const nsa_bk_tensor *t, size_t elem_size, int strides)
+{
+    int64_t off = 0;
+    cl_mem m = NULL;
+    if (t->buf) {
+        m = ((const ocl_buffer *)t->buf)->mem;
+        off = ocl_tensor_elem_offset(t, elem_size);
+        if (off < 0 && a->status == NSA_SUCCESS) {
+            a->status = OCL_ERR(NSA_ERR_UNSUPPORTED,
+                                "opencl: %s: a buffer's byte offset %zu is not a multiple of its element size %zu",
+                                a->kname, ((const ocl_buffer *)t->buf)->offset, elem_size);
+            off = 0;
+        }
+    }
+    ocl_arg_mem(a, m);
+    ocl_arg_long(a, off);
+    if (strides) {
+        ocl_arg_long(a, t->buf ? t->stride_token : 0);
+        ocl_arg_long(a, t->buf ? t->stride_head : 0);
+    }
+}
+
+nsa_status ocl_args_end(ocl_args *a)
+{
+    if (a->status != NSA_SUCCESS) return a->status;
+    if (a->err != CL_SUCCESS)
+        return OCL_ERR(NSA_ERR_INTERNAL, "opencl: clSetKernelArg(%s): %d (%s)", a->kname, (int)a->err,
+                       ocl_error_name(a->err));
+    return NSA_SUCCESS;
+}
+
+nsa_status ocl_launch(ocl_context *c, cl_kernel k, const char *kname, cl_uint first_arg, int64_t groups, size_t wg,
+                      int64_t first_scale)
+{
+    for (int64_t g0 = 0; g0 < groups; g0 += OCL_MAX_GROUPS_PER_LAUNCH) {
+        const int64_t n = groups - g0 < OCL_MAX_GROUPS_PER_LAUNCH ? groups - g0 : OCL_MAX_GROUPS_PER_LAUNCH;
+        const cl_long first = g0 * first_scale;
+        cl_int err = clSetKernelArg(k, first_arg, sizeof first, &first);
+        if (err != CL_SUCCESS) return ocl_fail(err, "clSetKernelArg(first)");
+        const size_t global = (size_t)n * wg, local = wg;
+        err = clEnqueueNDRangeKernel(c->queue, k, 1, NULL, &global, &local, 0, NULL, NULL);
+        if (err != CL_SUCCESS)
+            return OCL_ERR(err == CL_MEM_OBJECT_ALLOCATION_FAILURE ? NSA_ERR_OUT_OF_MEMORY : NSA_ERR_DEVICE,
+                           "opencl: queueing %s (%lld work-groups of %zu) on %s: %d (%s)", kname, (long long)n, wg,
+                           c->device_name, (int)err, ocl_error_name(err));
+        nsa_status s = ocl_order(c);
+        if (s != NSA_SUCCESS) return s;
+    }
+    return NSA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ sizes */
+
+static size_t floor_pow2(size_t x)
+{
+    size_t p = 1;
+    while (p <= x / 2) p *= 2;
+    return p;
+}
+
+static size_t attn_local_bytes(const nsa_config *cfg, size_t wg)
+{
+    /* qs[Dqk] + acc[Dv] + p[wg] + red[wg] (f32) + row[wg] (long) */
+    return (size_t)(cfg->head_dim_qk + cfg->head_dim_v) * 4 + wg * 16;
+}
+
+static size_t kernel_limit(const ocl_context *c, const ocl_program *p, int kid)
+{
+    size_t lim = c->max_wg ? c->max_wg : 1;
+    if (p && p->kernel_wg[kid] && p->kernel_wg[kid] < lim) lim = p->kernel_wg[kid];
+    return lim;
+}
+
+static size_t attn_wg(const ocl_context *c, const ocl_program *p, const nsa_config *cfg)
+{
+    size_t want = (c->type & CL_DEVICE_TYPE_CPU) ? 64 : 128;
+    const char *env = getenv("NSA_OPENCL_WG");
+    if (env && atoi(env) > 0) want = (size_t)atoi(env);
+    size_t lim = kernel_limit(c, p, OCL_K_CMP_ATTN);
+    if (p) {
+        if (p->kernel_wg[OCL_K_SLC_ATTN] < lim) lim = p->kernel_wg[OCL_K_SLC_ATTN];
+        if (p->kernel_wg[OCL_K_WIN_ATTN] < lim) lim = p->kernel_wg[OCL_K_WIN_ATTN];
+    }
+    size_t wg = floor_pow2(want < lim ? want : lim);
+    while (wg > 1 && attn_local_bytes(cfg, wg) > c->local_mem) wg /= 2;
+    return attn_local_bytes(cfg, wg) <= c->local_mem ? wg : 0;
+}
+
+static size_t scores_local_bytes(const nsa_config *cfg, int q_local)
+{
+    const size_t G = (size_t)(cfg->num_q_heads / cfg->num_kv_heads);
+    return G * 4 + (q_local ? G * (size_t)cfg->head_dim_qk * 4 : 4);
+}
+
+int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
+{
+    ocl_context *c = bctx;
+    if (cfg->dtype != NSA_DTYPE_F32 && cfg->dtype != NSA_DTYPE_F16 && cfg->dtype != NSA_DTYPE_BF16) return 0;
+    switch (stage) {
+    case NSA_STAGE_COMPRESS:
+    case NSA_STAGE_SELECT_TOPN:
+    case NSA_STAGE_COMBINE:
+        return 1;
+    case NSA_STAGE_CMP_ATTN:
+    case NSA_STAGE_SLC_ATTN:
+    case NSA_STAGE_WIN_ATTN:
+        return attn_wg(c, NULL, cfg) > 0;
+    case NSA_STAGE_BLOCK_SCORES:
+        return scores_local_bytes(cfg, 0) <= c->local_mem;
+    default:
+        return 0; /* SCORES_TOPN: not fused in this version */
+    }
+}
+
+/* ------------------------------------------------------------------ plans */
+
+nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
+{
+    ocl_context *c = bctx;
+    const nsa_config *cfg = &plan->cfg;
+    ocl_plan *op = calloc(1, sizeof *op);
+    if (!op) return OCL_ERR(NSA_ERR_OUT_OF_MEMORY, "opencl: out of host memory for a plan");
+    nsa_status s = ocl_program_get(c, cfg->dtype, &op->prog);
+    if (s != NSA_SUCCESS) {
+        free(op);
+        return s;
+    }
+    op->wg_attn = attn_wg(c, op->prog, cfg);
+    if (op->wg_attn == 0) {
+        free(op);
+        return OCL_ERR(NSA_ERR_UNSUPPORTED,
+                       "opencl: head dims Dqk=%lld + Dv=%lld need more local memory than %s has (%llu bytes)",
+                       (long long)cfg->head_dim_qk, (long long)cfg->head_dim_v, c->device_name,
+                       (unsigned long long)c->local_mem);
+    }
+    const int cpu = (c->type & CL_DEVICE_TYPE_CPU) != 0;
+    op->wg_scores = floor_pow2(kernel_limit(c, op->prog, OCL_K_BLOCK_SCORES) < 64 ? kernel_limit(c, op->prog, OCL_K_BLOCK_SCORES) : 64);
+    op->scores_q_local = scores_local_bytes(cfg, 1) <= c->local_mem;
+    op->wg_topn = floor_pow2(kernel_limit(c, op->prog, OCL_K_SELECT_TOPN) < 64 ? kernel_limit(c, op->prog, OCL_K_SELECT_TOPN) : 64);
+    op->wg_elem = floor_pow2(kernel_limit(c, op->prog, OCL_K_COMBINE) < 256 ? kernel_limit(c, op->prog, OCL_K_COMBINE) : 256);
+    if (cpu && op->wg_elem > 64) op->wg_elem = 64;
+    for (int k = OCL_K_COMPRESS_MEAN; k <= OCL_K_FILL_ROWS; ++k)
+        while (op->wg_elem > kernel_limit(c, op->prog, k)) op->wg_elem /= 2;
+    if (cfg->compress == NSA_COMPRESS_LINEAR && (s = ocl_linear_prepare(c, plan, op)) != NSA_SUCCESS) {
+        plan->backend_plan = op;
+        ocl_plan_release(c, plan);
+        return s;
+    }
+    plan->backend_plan = op;
+    return NSA_SUCCESS;
+}
+
+void ocl_plan_release(void *bctx, nsa_bk_plan *plan)
+{
+    (void)bctx;
+    ocl_plan *op = plan->backend_plan;
+    if (!op) return;
+    cl_mem mems[] = {op->stage_x, op->stage_w, op->stage_pe, op->bias, op->gemm_tmp};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; ++i)
+        if (mems[i]) clReleaseMemObject(mems[i]);
+    free(op);
+    plan->backend_plan = NULL;
+}
+
+/* ------------------------------------------------------------------ stages */
+
+static size_t dtype_size(nsa_dtype d) { return d == NSA_DTYPE_F32 || d == NSA_DTYPE_I32 ? 4 : 2; }
+
+/* The plan's device tables: (cl_mem, element offsets of cu_seqlens, cu_cmp, tok_seq). */
+typedef struct tables {
+    cl_mem mem;
+    int64_t cu_seq, cu_cmp, tok_seq;
+} tables;
+
+static nsa_status get_tables(const nsa_bk_plan *plan, tables *t)
+{
+    const ocl_buffer *b = plan->dev_tables;
+    if (!b || b->offset % 8 != 0)
+        return OCL_ERR(NSA_ERR_INTERNAL, "opencl: the plan has no (aligned) device tables");
+    const int64_t base = (int64_t)(b->offset / 8);
+    t->mem = b->mem;
+    t->cu_seq = base + plan->dev_cu_seqlens;
+    t->cu_cmp = base + plan->dev_cu_cmp;
+    t->tok_seq = base + plan->dev_tok_seq;
+    return NSA_SUCCESS;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static nsa_status run_compress(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    const size_t es = dtype_size(cfg->dtype);
+    if (cfg->compress == NSA_COMPRESS_LINEAR) return ocl_linear_run(c, args, op);
+    if (plan->total_cmp == 0) return NSA_SUCCESS;
+    for (int kv = 0; kv < 2; ++kv) {
+        const int64_t D = kv ? cfg->head_dim_v : cfg->head_dim_qk;
+        const nsa_bk_tensor *out = kv ? &args->vc : &args->kc;
+        const int64_t total = plan->total_cmp * cfg->num_kv_heads * D;
+        ocl_args a;
+        cl_uint first;
+        if (cfg->compress == NSA_COMPRESS_MEAN) {
+            ocl_args_begin(&a, op->prog->kernel[OCL_K_COMPRESS_MEAN], "compress_mean");
+            ocl_arg_tensor(&a, kv ? &args->v[NSA_BRANCH_CMP] : &args->k[NSA_BRANCH_CMP], es, 1);
+            ocl_arg_tensor(&a, out, 4, 1);
+            ocl_arg_mem(&a, tb->mem);
+            ocl_arg_long(&a, tb->cu_seq);
+            ocl_arg_long(&a, tb->cu_cmp);
+            ocl_arg_long(&a, plan->batch);
+            ocl_arg_long(&a, cfg->num_kv_heads);
+            ocl_arg_long(&a, D);
+            ocl_arg_long(&a, cfg->cmp_block);
+            ocl_arg_long(&a, cfg->cmp_stride);
+        } else { /* EXTERNAL */
+            ocl_args_begin(&a, op->prog->kernel[OCL_K_CONVERT_ROWS], "convert_rows");
+            ocl_arg_tensor(&a, kv ? &args->vc_in : &args->kc_in, es, 1);
+            ocl_arg_tensor(&a, out, 4, 1);
+            ocl_arg_long(&a, cfg->num_kv_heads);
+            ocl_arg_long(&a, D);
+        }
+        ocl_arg_long(&a, total);
+        first = a.next;
+        ocl_arg_long(&a, 0);
+        nsa_status s = ocl_args_end(&a);
+        if (s == NSA_SUCCESS)
+            s = ocl_launch(c, a.kernel, a.kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
+                           (int64_t)op->wg_elem);
+        if (s != NSA_SUCCESS) return s;
+    }
+    return NSA_SUCCESS;
+}
+
+/* The local arrays of the attention kernels (see softmax.cl). */
+static void attn_locals(ocl_args *a, const nsa_config *cfg, size_t wg)
+{
+    ocl_arg_local(a, (size_t)cfg->head_dim_qk * 4); /* qs */
+    ocl_arg_local(a, (size_t)cfg->head_dim_v * 4);  /* acc */
+    ocl_arg_local(a, wg * 4);                       /* p */
+    ocl_arg_local(a, wg * 4);                       /* red */
+    ocl_arg_local(a, wg * 8);                       /* row */
+}
+
+static nsa_status run_cmp_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    ocl_args a;
+    ocl_args_begin(&a, op->prog->kernel[OCL_K_CMP_ATTN], "cmp_attn");
+    ocl_arg_tensor(&a, &args->q, dtype_size(cfg->dtype), 1);
+    ocl_arg_tensor(&a, &args->kc, 4, 1);
+    ocl_arg_tensor(&a, &args->vc, 4, 1);
+    ocl_arg_tensor(&a, &args->o_b[NSA_BRANCH_CMP], 4, 1);
+    ocl_arg_tensor(&a, &args->lse[NSA_BRANCH_CMP], 4, 1);
+    ocl_arg_mem(&a, tb->mem);
+    ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->cu_cmp);
+    ocl_arg_long(&a, tb->tok_seq);
+    ocl_arg_long(&a, cfg->num_q_heads);
+    ocl_arg_long(&a, cfg->num_kv_heads);
+    ocl_arg_long(&a, cfg->head_dim_qk);
+    ocl_arg_long(&a, cfg->head_dim_v);
+    ocl_arg_long(&a, cfg->cmp_block);
+    ocl_arg_long(&a, cfg->cmp_stride);
+    ocl_arg_float(&a, cfg->scale);
+    const cl_uint first = a.next;
+    ocl_arg_long(&a, 0);
+    attn_locals(&a, cfg, op->wg_attn);
+    nsa_status s = ocl_args_end(&a);
+    if (s != NSA_SUCCESS) return s;
+    return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);
+}
+
+static nsa_status run_block_scores(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
+    ocl_args a;
+    ocl_args_begin(&a, op->prog->kernel[OCL_K_BLOCK_SCORES], "block_scores");
+    ocl_arg_tensor(&a, &args->q, dtype_size(cfg->dtype), 1);
+    ocl_arg_tensor(&a, &args->kc, 4, 1);
+    ocl_arg_tensor(&a, &args->lse[NSA_BRANCH_CMP], 4, 1);
+    ocl_arg_tensor(&a, &args->scores, 4, 1);
+    ocl_arg_mem(&a, tb->mem);
+    ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->cu_cmp);
+    ocl_arg_long(&a, tb->tok_seq);
+    ocl_arg_long(&a, cfg->num_q_heads);
+    ocl_arg_long(&a, cfg->num_kv_heads);
+    ocl_arg_long(&a, cfg->head_dim_qk);
+    ocl_arg_long(&a, cfg->cmp_block);
+    ocl_arg_long(&a, cfg->cmp_stride);
+    ocl_arg_long(&a, cfg->slc_block);
+    ocl_arg_float(&a, cfg->scale);
+    const cl_uint first = a.next;
+    ocl_arg_long(&a, 0);
+    ocl_arg_int(&a, op->scores_q_local);
+    ocl_arg_local(&a, op->scores_q_local ? (size_t)(G * cfg->head_dim_qk) * 4 : 4);
+    ocl_arg_local(&a, (size_t)G * 4);
+    nsa_status s = ocl_args_end(&a);
+    if (s != NSA_SUCCESS) return s;
+    return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_scores, 1);
+}
+
+static nsa_status run_select_topn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    ocl_args a;
+    ocl_args_begin(&a, op->prog->kernel[OCL_K_SELECT_TOPN], "select_topn");
+    ocl_arg_tensor(&a, &args->scores, 4, 1);
+    ocl_arg_tensor(&a, &args->indices, 4, 1);
+    ocl_arg_mem(&a, tb->mem);
+    ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->tok_seq);
+    ocl_arg_long(&a, cfg->num_kv_heads);
+    ocl_arg_long(&a, cfg->slc_block);
+    ocl_arg_long(&a, cfg->num_selected);
+    ocl_arg_long(&a, cfg->num_init);
+    ocl_arg_long(&a, cfg->num_local);
+    const cl_uint first = a.next;
+    ocl_arg_long(&a, 0);
+    ocl_arg_local(&a, op->wg_topn * 4);
+    ocl_arg_local(&a, op->wg_topn * 4);
+    nsa_status s = ocl_args_end(&a);
+    if (s != NSA_SUCCESS) return s;
+    return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_topn, 1);
+}
+
+/* SLC_ATTN and WIN_ATTN share everything but the key set. */
+static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb, int branch)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    const size_t es = dtype_size(cfg->dtype);
+    const int slc = branch == NSA_BRANCH_SLC;
+    ocl_args a;
+    ocl_args_begin(&a, op->prog->kernel[slc ? OCL_K_SLC_ATTN : OCL_K_WIN_ATTN], slc ? "slc_attn" : "win_attn");
+    ocl_arg_tensor(&a, &args->q, es, 1);
+    ocl_arg_tensor(&a, &args->k[branch], es, 1);
+    ocl_arg_tensor(&a, &args->v[branch], es, 1);
+    if (slc) ocl_arg_tensor(&a, &args->indices, 4, 1);
+    ocl_arg_tensor(&a, &args->o_b[branch], 4, 1);
+    ocl_arg_tensor(&a, &args->lse[branch], 4, 1);
+    ocl_arg_int(&a, args->lse[branch].buf != NULL);
+    ocl_arg_mem(&a, tb->mem);
+    ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->tok_seq);
+    ocl_arg_long(&a, cfg->num_q_heads);
+    ocl_arg_long(&a, cfg->num_kv_heads);
+    ocl_arg_long(&a, cfg->head_dim_qk);
+    ocl_arg_long(&a, cfg->head_dim_v);
+    if (slc) {
+        ocl_arg_long(&a, cfg->slc_block);
+        ocl_arg_long(&a, cfg->num_selected);
+    } else {
+        ocl_arg_long(&a, cfg->window);
+    }
+    ocl_arg_float(&a, cfg->scale);
+    const cl_uint first = a.next;
+    ocl_arg_long(&a, 0);
+    attn_locals(&a, cfg, op->wg_attn);
+    nsa_status s = ocl_args_end(&a);
+    if (s != NSA_SUCCESS) return s;
+    return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);
+}
+
+static nsa_status run_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *args)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    const int64_t total = plan->total_tokens * cfg->num_q_heads * cfg->head_dim_v;
+    ocl_args a;
+    ocl_args_begin(&a, op->prog->kernel[OCL_K_COMBINE], "combine");
+    for (int b = 0; b < 3; ++b) ocl_arg_tensor(&a, &args->o_b[b], 4, 1);
+    for (int b = 0; b < 3; ++b) {
+        /* a disabled branch's gate is not read (it may be absent) */
+        nsa_bk_tensor none = {0};
+        ocl_arg_tensor(&a, args->o_b[b].buf ? &args->gate[b] : &none, 4, 1);
+    }
+    for (int b = 0; b < 3; ++b) ocl_arg_int(&a, args->o_b[b].buf != NULL);
+    ocl_arg_tensor(&a, &args->o, dtype_size(cfg->dtype), 1);
+    ocl_arg_long(&a, cfg->num_q_heads);
+    ocl_arg_long(&a, cfg->head_dim_v);
+    ocl_arg_long(&a, total);
+    const cl_uint first = a.next;
+    ocl_arg_long(&a, 0);
+    nsa_status s = ocl_args_end(&a);
+    if (s != NSA_SUCCESS) return s;
+    return ocl_launch(c, a.kernel, a.kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
+                      (int64_t)op->wg_elem);
+}
+
+nsa_status ocl_run(void *bctx, nsa_stage stage, const nsa_bk_args *args)
+{
+    ocl_context *c = bctx;
+    ocl_plan *op = args->plan->backend_plan;
+    if (!op) return OCL_ERR(NSA_ERR_INTERNAL, "opencl: run(%d) on a plan that plan_prepare did not see", (int)stage);
+    if (args->plan->total_tokens == 0) return NSA_SUCCESS;
+    tables tb;
+    nsa_status s = get_tables(args->plan, &tb);
+    if (s != NSA_SUCCESS) return s;
+    switch (stage) {
+    case NSA_STAGE_COMPRESS: return run_compress(c, op, args, &tb);
+    case NSA_STAGE_CMP_ATTN: return run_cmp_attn(c, op, args, &tb);
+    case NSA_STAGE_BLOCK_SCORES: return run_block_scores(c, op, args, &tb);
+    case NSA_STAGE_SELECT_TOPN: return run_select_topn(c, op, args, &tb);
+    case NSA_STAGE_SLC_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_SLC);
+    case NSA_STAGE_WIN_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_WIN);
+    case NSA_STAGE_COMBINE: return run_combine(c, op, args);
+    default:
+        return OCL_ERR(NSA_ERR_UNSUPPORTED, "opencl: stage %d is not implemented by this backend", (int)stage);
+    }
+}

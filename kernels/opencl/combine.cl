@@ -1,0 +1,26 @@
+/*
+ * combine.cl: the gated sum (semantics section 6),
+ *     o(t, h) = g_cmp * o_cmp + g_slc * o_slc + g_win * o_win,
+ * in f32, branches added in that order; a disabled branch (has_* = 0) is skipped and
+ * its gate not read. o is stored in the storage type (round to nearest even).
+ * Element-wise over T * Hq * Dv elements (e = first + global id, guarded e < total).
+ */
+__kernel void combine(const __global float *oc, long oc_off, long oc_st, long oc_sh,
+                      const __global float *os, long os_off, long os_st, long os_sh,
+                      const __global float *ow, long ow_off, long ow_st, long ow_sh,
+                      const __global float *gc, long gc_off, long gc_st, long gc_sh,
+                      const __global float *gs, long gs_off, long gs_st, long gs_sh,
+                      const __global float *gw, long gw_off, long gw_st, long gw_sh,
+                      int has_c, int has_s, int has_w,
+                      __global nsa_t *o, long o_off, long o_st, long o_sh,
+                      long Hq, long Dv, long total, long first)
+{
+    const long e = first + (long)get_global_id(0);
+    if (e >= total) return;
+    const long c = e % Dv, th = e / Dv, h = th % Hq, t = th / Hq;
+    float y = 0.0f;
+    if (has_c) y += gc[gc_off + t * gc_st + h * gc_sh] * oc[oc_off + t * oc_st + h * oc_sh + c];
+    if (has_s) y += gs[gs_off + t * gs_st + h * gs_sh] * os[os_off + t * os_st + h * os_sh + c];
+    if (has_w) y += gw[gw_off + t * gw_st + h * gw_sh] * ow[ow_off + t * ow_st + h * ow_sh + c];
+    st(o, o_off + t * o_st + h * o_sh + c, y);
+}

@@ -1,0 +1,82 @@
+/*
+ * compress.cl: everything of the COMPRESS stage that is not a GEMM (semantics
+ * section 1). Compressed row r of sequence b (r = cu_cmp[b] + i) covers the tokens
+ * cu_seqlens[b] + i*d .. + l - 1. Outputs kc / vc are f32 [total_cmp, Hkv, D].
+ *
+ *   compress_mean   MEAN: the average of the l rows (f32 sum in token order, / l).
+ *   convert_rows    EXTERNAL: convert-copy of the caller's kc / vc to f32.
+ *   stage_heads     LINEAR: k [T, Hkv, D] -> f32 head-major [Hkv, T, D], so that the l/d
+ *                   sub-blocks of d tokens of every compressed block are plain row-major
+ *                   matrices with leading dimension d*D for the CLBlast GEMMs.
+ *   convert_dense   LINEAR: W / pe (contiguous, storage type) -> f32.
+ *   fill_rows       LINEAR: kc[r, g, :] = bias[g, :] (pe @ W, or 0 when bias is NULL),
+ *                   the C matrix the GEMMs then accumulate into with beta = 1.
+ *
+ * All are element-wise: global id e = first + get_global_id(0) over `total` elements
+ * (launches are split into pieces, `first` is the piece's start), guarded e < total.
+ */
+
+/* Sequence of global compressed row r: the largest b < batch with cu_cmp[b] <= r. */
+inline long seq_of_row(const __global long *cu_cmp, long batch, long r)
+{
+    long lo = 0, hi = batch - 1;
+    while (lo < hi) {
+        const long mid = (lo + hi + 1) / 2;
+        if (cu_cmp[mid] <= r) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+__kernel void compress_mean(const __global nsa_t *x, long x_off, long x_st, long x_sh,
+                            __global float *y, long y_off, long y_st, long y_sh,
+                            const __global long *tab, long cu_seq_at, long cu_cmp_at, long batch,
+                            long Hkv, long D, long l, long d, long total, long first)
+{
+    const long e = first + (long)get_global_id(0);
+    if (e >= total) return;
+    const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
+    const long b = seq_of_row(tab + cu_cmp_at, batch, r);
+    const long tok0 = tab[cu_seq_at + b] + (r - tab[cu_cmp_at + b]) * d;
+    float s = 0.0f;
+    for (long j = 0; j < l; ++j)
+        s += ld(x, x_off + (tok0 + j) * x_st + g * x_sh + c);
+    y[y_off + r * y_st + g * y_sh + c] = s / (float)l;
+}
+
+__kernel void convert_rows(const __global nsa_t *x, long x_off, long x_st, long x_sh,
+                           __global float *y, long y_off, long y_st, long y_sh,
+                           long Hkv, long D, long total, long first)
+{
+    const long e = first + (long)get_global_id(0);
+    if (e >= total) return;
+    const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
+    y[y_off + r * y_st + g * y_sh + c] = ld(x, x_off + r * x_st + g * x_sh + c);
+}
+
+__kernel void stage_heads(const __global nsa_t *x, long x_off, long x_st, long x_sh,
+                          __global float *y, long y_off,
+                          long T, long Hkv, long D, long total, long first)
+{
+    const long e = first + (long)get_global_id(0);
+    if (e >= total) return;
+    const long c = e % D, tg = e / D, g = tg % Hkv, t = tg / Hkv;
+    y[y_off + (g * T + t) * D + c] = ld(x, x_off + t * x_st + g * x_sh + c);
+}
+
+__kernel void convert_dense(const __global nsa_t *x, long x_off, __global float *y, long y_off,
+                            long total, long first)
+{
+    const long e = first + (long)get_global_id(0);
+    if (e >= total) return;
+    y[y_off + e] = ld(x, x_off + e);
+}
+
+__kernel void fill_rows(__global float *y, long y_off, long y_st, long y_sh,
+                        const __global float *bias, int has_bias,
+                        long Hkv, long D, long total, long first)
+{
+    const long e = first + (long)get_global_id(0);
+    if (e >= total) return;
+    const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
+    y[y_off + r * y_st + g * y_sh + c] = has_bias ? bias[g * D + c] : 0.0f;
+}

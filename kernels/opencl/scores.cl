@@ -1,0 +1,69 @@
+/*
+ * scores.cl: block importance (semantics section 3). For query t (local position tl)
+ * and KV group g, every eligible selection block j (0 <= j <= tl / l_s) gets
+ *     s(t, g, j) = sum_{h in g} sum_i (overlap(i, j) / d) * p_cmp(t, h, i)
+ * over the visible compressed blocks i < nc(tl) that share tokens with block j, where
+ * p_cmp(t, h, i) = exp(scale * q(t,h) . kc_i - lse_cmp(t, h)) is recomputed from the
+ * compressed attention's LSE. Compressed block i covers [i*d, i*d + l - 1], selection
+ * block j covers [j*l_s, (j+1)*l_s - 1]; the blocks i that overlap j are
+ *     ceil((j*l_s - l + 1) / d) <= i <= ((j+1)*l_s - 1) / d.
+ * Writes scores[t, g, j] for eligible j only.
+ *
+ * Version 1: one work-group per (t, g); lane k handles blocks j = k, k + WG, ... and
+ * sums in a fixed order (i ascending, heads ascending). The G queries of the group are
+ * staged in local memory when they fit (q_local = 1), else read from global memory.
+ * Blocks i that straddle two selection blocks are computed twice (25% extra work for
+ * the paper's l = 32, d = 16, l_s = 64).
+ */
+__kernel void block_scores(const __global nsa_t *q, long q_off, long q_st, long q_sh,
+                           const __global float *kc, long kc_off, long kc_st, long kc_sh,
+                           const __global float *lse, long lse_off, long lse_st, long lse_sh,
+                           __global float *sc, long sc_off, long sc_st, long sc_sh,
+                           const __global long *tab, long cu_seq_at, long cu_cmp_at, long tok_seq_at,
+                           long Hq, long Hkv, long Dqk, long l, long d, long ls, float scale,
+                           long first, int q_local,
+                           __local float *qs, __local float *lsel)
+{
+    const long wg = first + (long)get_group_id(0);
+    const long t = wg / Hkv, g = wg % Hkv, G = Hq / Hkv;
+    const int lid = get_local_id(0), nl = get_local_size(0);
+
+    const long b = tab[tok_seq_at + t];
+    const long tl = t - tab[cu_seq_at + b];
+    const long nc = (tl + 1 >= l) ? (tl + 1 - l) / d + 1 : 0;
+    const long r0 = tab[cu_cmp_at + b];
+    const long jmax = tl / ls;
+
+    for (long hh = lid; hh < G; hh += nl)
+        lsel[hh] = lse[lse_off + t * lse_st + (g * G + hh) * lse_sh];
+    if (q_local)
+        for (long e = lid; e < G * Dqk; e += nl)
+            qs[e] = ld(q, q_off + t * q_st + (g * G + e / Dqk) * q_sh + e % Dqk);
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    for (long j = lid; j <= jmax; j += nl) {
+        const long first_tok = j * ls - l + 1;
+        const long ilo = (first_tok <= 0) ? 0 : (first_tok + d - 1) / d;
+        const long ihi = min(nc - 1, ((j + 1) * ls - 1) / d);
+        float s = 0.0f;
+        for (long i = ilo; i <= ihi; ++i) {
+            const long ov = min(i * d + l, (j + 1) * ls) - max(i * d, j * ls);
+            const long krow = kc_off + (r0 + i) * kc_st + g * kc_sh;
+            float ps = 0.0f;
+            for (long hh = 0; hh < G; ++hh) {
+                float x = 0.0f;
+                if (q_local) {
+                    for (long c = 0; c < Dqk; ++c)
+                        x += qs[hh * Dqk + c] * kc[krow + c];
+                } else {
+                    const long qrow = q_off + t * q_st + (g * G + hh) * q_sh;
+                    for (long c = 0; c < Dqk; ++c)
+                        x += ld(q, qrow + c) * kc[krow + c];
+                }
+                ps += exp(scale * x - lsel[hh]);
+            }
+            s += ((float)ov / (float)d) * ps;
+        }
+        sc[sc_off + t * sc_st + g * sc_sh + j] = s;
+    }
+}

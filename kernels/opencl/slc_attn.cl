@@ -1,0 +1,55 @@
+/*
+ * slc_attn.cl: attention of each query over the tokens of the selection blocks chosen
+ * for its KV group (semantics section 4): every token s of block j = indices[t, g, k]
+ * (j >= 0) with s <= tl, the query's own block causally masked. The indices come from
+ * SELECT_TOPN or from the caller; -1 slots are skipped.
+ *
+ * Version 1: one work-group per (t, h). The n selected blocks are walked as one virtual
+ * key list of n * l_s entries (entry e = slot e / l_s, offset e % l_s) in chunks of WG;
+ * see softmax.cl for the chunk loop. Writes o_slc (f32) and lse_slc if has_lse.
+ */
+__kernel void slc_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh,
+                       const __global nsa_t *k, long k_off, long k_st, long k_sh,
+                       const __global nsa_t *v, long v_off, long v_st, long v_sh,
+                       const __global int *idx, long ix_off, long ix_st, long ix_sh,
+                       __global float *o, long o_off, long o_st, long o_sh,
+                       __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
+                       const __global long *tab, long cu_seq_at, long tok_seq_at,
+                       long Hq, long Hkv, long Dqk, long Dv, long ls, long n, float scale,
+                       long first,
+                       __local float *qs, __local float *acc, __local float *p,
+                       __local float *red, __local long *row)
+{
+    const long wg = first + (long)get_group_id(0);
+    const long t = wg / Hq, h = wg % Hq, g = h / (Hq / Hkv);
+    const int lid = get_local_id(0), nl = get_local_size(0);
+
+    const long b = tab[tok_seq_at + t];
+    const long t0 = tab[cu_seq_at + b]; /* first token of the sequence */
+    const long tl = t - t0;
+    const long ix_row = ix_off + t * ix_st + g * ix_sh;
+
+    load_row_local(qs, q, q_off + t * q_st + h * q_sh, Dqk);
+    zero_local(acc, Dv);
+
+    float m = -INFINITY, lsum = 0.0f;
+    const long nkeys = n * ls;
+    for (long base = 0; base < nkeys; base += nl) {
+        const long e = base + lid;
+        float x = -INFINITY;
+        long vrow = -1;
+        if (e < nkeys) {
+            const long j = idx[ix_row + e / ls];
+            const long s = j * ls + e % ls;
+            if (j >= 0 && s <= tl) {
+                x = scale * dot_local_t(qs, k, k_off + (t0 + s) * k_st + g * k_sh, Dqk);
+                vrow = v_off + (t0 + s) * v_st + g * v_sh;
+            }
+        }
+        row[lid] = vrow;
+        const float alpha = softmax_chunk(p, red, x, &m, &lsum);
+        accumulate_t(acc, alpha, p, row, (int)min((long)nl, nkeys - base), v, Dv);
+    }
+    softmax_finish(acc, m, lsum, o, o_off + t * o_st + h * o_sh, Dv, lse,
+                   lse_off + t * lse_st + h * lse_sh, has_lse);
+}

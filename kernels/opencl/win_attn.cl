@@ -1,0 +1,47 @@
+/*
+ * win_attn.cl: sliding-window attention (semantics section 5): query t (local position
+ * tl) attends tokens s in [max(0, tl - w + 1), tl] of its own sequence.
+ *
+ * Version 1: one work-group per (t, h); see softmax.cl for the chunk loop.
+ * Writes o_win (f32) and lse_win if has_lse.
+ */
+__kernel void win_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh,
+                       const __global nsa_t *k, long k_off, long k_st, long k_sh,
+                       const __global nsa_t *v, long v_off, long v_st, long v_sh,
+                       __global float *o, long o_off, long o_st, long o_sh,
+                       __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
+                       const __global long *tab, long cu_seq_at, long tok_seq_at,
+                       long Hq, long Hkv, long Dqk, long Dv, long w, float scale,
+                       long first,
+                       __local float *qs, __local float *acc, __local float *p,
+                       __local float *red, __local long *row)
+{
+    const long wg = first + (long)get_group_id(0);
+    const long t = wg / Hq, h = wg % Hq, g = h / (Hq / Hkv);
+    const int lid = get_local_id(0), nl = get_local_size(0);
+
+    const long b = tab[tok_seq_at + t];
+    const long t0 = tab[cu_seq_at + b];
+    const long tl = t - t0;
+    const long s0 = max(0L, tl - w + 1);
+    const long nkeys = tl - s0 + 1;
+
+    load_row_local(qs, q, q_off + t * q_st + h * q_sh, Dqk);
+    zero_local(acc, Dv);
+
+    float m = -INFINITY, lsum = 0.0f;
+    for (long base = 0; base < nkeys; base += nl) {
+        const long s = s0 + base + lid;
+        float x = -INFINITY;
+        long vrow = -1;
+        if (s <= tl) {
+            x = scale * dot_local_t(qs, k, k_off + (t0 + s) * k_st + g * k_sh, Dqk);
+            vrow = v_off + (t0 + s) * v_st + g * v_sh;
+        }
+        row[lid] = vrow;
+        const float alpha = softmax_chunk(p, red, x, &m, &lsum);
+        accumulate_t(acc, alpha, p, row, (int)min((long)nl, nkeys - base), v, Dv);
+    }
+    softmax_finish(acc, m, lsum, o, o_off + t * o_st + h * o_sh, Dv, lse,
+                   lse_off + t * lse_st + h * lse_sh, has_lse);
+}
