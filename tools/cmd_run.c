@@ -1,0 +1,354 @@
+/*
+ * nsa run: one NSA forward on the selected backend for a sample problem --
+ * plan facts, time, TFLOP/s, and the error against the reference on a sample.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "cmds.h"
+#include "config_flags.h"
+#include "nsa.h"
+#include "problem.h"
+#include "run_check.h"
+#include "run_inputs.h"
+#include "testkit.h"
+#include "tool.h"
+
+#define CMD "nsa run"
+
+/* Default T when --T is not given. cpu: a size the fp64 reference backend
+ * finishes in a few seconds with the paper's heads and dims (measured on a
+ * 2-core machine: T=512 1.7 s, T=1024 6.8 s per forward); GPUs: 8192. */
+#define RUN_T_CPU 512
+#define RUN_T_GPU 8192
+/* fp64 FLOPs the check may spend per reference implementation by default. */
+#define RUN_CHECK_BUDGET 4e9
+
+static void usage(FILE *f, const args_opt *opts, int n)
+{
+    fprintf(f,
+            "usage: nsa run [flags]\n\n"
+            "Runs one NSA forward on a backend (--backend, else NSA_BACKEND, else the best\n"
+            "available) for a sample problem: by default the paper's configuration (Hq=64\n"
+            "Hkv=4 Dqk=192 Dv=128 l=32 d=16 l_s=64 n=16 n_init=1 n_local=2 w=512, bf16,\n"
+            "MEAN) with T=%d on the cpu backend and T=%d on GPU backends. Prints the plan\n"
+            "(stages, workspace), the time, TFLOP/s and the error against the reference.\n\n"
+            "time: the median of --iters forwards after --warmup untimed ones; each forward\n"
+            "  is bracketed by nsa_context_synchronize and timed with a monotonic wall clock\n"
+            "  (caller workspace, so nsa_forward allocates nothing).\n"
+            "TFLOP/s: FLOPs = 2 * (Dqk + Dv) * P, where P counts the visible (query head,\n"
+            "  key) pairs of the three attention branches: for every query t and head h,\n"
+            "  nc(t) compressed blocks + the tokens s <= t of the blocks actually selected\n"
+            "  for its group (from the `selected` output) + min(w, t+1) window keys.\n"
+            "  Compression, block scores, top-n and gating are not counted.\n"
+            "check: causality makes the first P tokens of a sequence an exact sub-problem;\n"
+            "  those rows (of up to --check-seqs sequences) are re-solved by the cpu backend\n"
+            "  (or, when the run is on cpu, by the tests' fp64 oracle) and compared with the\n"
+            "  testkit's rule: dtype tolerance on o and the LSEs, near-tied selections count\n"
+            "  as equal. P defaults to what fits a %.0g fp64 FLOP budget (--check-gflop);\n"
+            "  on a non-cpu backend at least (n + 4) * l_s tokens (when the sequence is that\n"
+            "  long) so that top-n really drops blocks. --check-tokens P sets it.\n"
+            "  Reported: max |err| / RMS(reference o), max err / tolerance, max LSE error,\n"
+            "  the fraction of (token, kv head) selections that differ within the near-tie\n"
+            "  rule. Exit 1 when the error exceeds the dtype tolerance.\n\n"
+            "--inputs DIR reads tensors from .npy files (a missing file is drawn from --seed):\n"
+            "  q [T,Hq,Dqk]; k [T,Hkv,Dqk], v [T,Hkv,Dv] for all branches, or per branch\n"
+            "  k_cmp k_slc k_win / v_cmp v_slc v_win; gates g_cmp g_slc g_win [T,Hq];\n"
+            "  LINEAR: w_k [Hkv,l,Dqk,Dqk], w_v [Hkv,l,Dv,Dv], optional pe_k [Hkv,l,Dqk],\n"
+            "  pe_v [Hkv,l,Dv]; EXTERNAL: kc [Nc,Hkv,Dqk], vc [Nc,Hkv,Dv] (Nc: all sequences'\n"
+            "  compressed blocks, in order); optional block_indices [T,Hkv,n] (<i4/<i8).\n"
+            "  T is the packed token count. Float files: <f4, <f2, or <u2 = raw bf16 bits;\n"
+            "  values are rounded to --dtype with nsa_convert. When --T/--hq/--dqk/--hkv/--dv\n"
+            "  are not given they are taken from q/k/v; every shape is checked.\n"
+            "--outputs DIR writes o.npy [T,Hq,Dv] (<f4, exact for f16/bf16), lse_cmp.npy,\n"
+            "  lse_slc.npy, lse_win.npy [T,Hq] (<f4, enabled branches) and selected.npy\n"
+            "  [T,Hkv,n] (<i4, n > 0).\n\n"
+            "%s\nflags:\n",
+            RUN_T_CPU, RUN_T_GPU, RUN_CHECK_BUDGET, config_flags_help);
+    args_print_options(f, opts, n);
+}
+
+static void print_config_json(FILE *f, const tk_case *c)
+{
+    const nsa_config *g = &c->cfg;
+    static const char *const cmp[] = {"mean", "linear", "external"};
+    fprintf(f,
+            "{\"hq\": %lld, \"hkv\": %lld, \"dqk\": %lld, \"dv\": %lld, \"l\": %lld, \"d\": %lld, "
+            "\"ls\": %lld, \"n\": %lld, \"n_init\": %lld, \"n_local\": %lld, \"w\": %lld, "
+            "\"scale\": ",
+            (long long)g->num_q_heads, (long long)g->num_kv_heads, (long long)g->head_dim_qk,
+            (long long)g->head_dim_v, (long long)g->cmp_block, (long long)g->cmp_stride,
+            (long long)g->slc_block, (long long)g->num_selected, (long long)g->num_init,
+            (long long)g->num_local, (long long)g->window);
+    json_num(f, g->scale);
+    fprintf(f, ", \"compress\": \"%s\", \"dtype\": \"%s\", \"seed\": %llu, \"seqlens\": [",
+            cmp[g->compress], nsa_dtype_name(g->dtype), (unsigned long long)c->seed);
+    for (int64_t b = 0; b < c->batch; b++)
+        fprintf(f, "%s%lld", b ? ", " : "", (long long)(c->cu_seqlens[b + 1] - c->cu_seqlens[b]));
+    fprintf(f, "]}");
+}
+
+int cmd_run(int argc, char **argv)
+{
+    config_flags cf;
+    const char *backend = NULL, *inputs_dir = NULL, *outputs_dir = NULL, *save_inputs_dir = NULL;
+    int64_t device = -1, iters = -1, warmup = -1, check_tokens = -1, check_seqs = 2;
+    double check_gflop = RUN_CHECK_BUDGET / 1e9;
+    int json = 0;
+    args_opt opts[CONFIG_FLAGS_COUNT + 12];
+    int nopts, rc;
+    nsa_context *ctx = NULL;
+    nsa_status s;
+    const char *bname;
+    int64_t lens[TK_MAX_BATCH];
+    int nlens;
+    tk_case c;
+    tk_inputs in;
+    problem p;
+    tk_output out;
+    run_check chk;
+    char read_list[512] = "", gen_list[512] = "", err[TOOL_ERR_MAX];
+    double median = 0, fastest = 0, pairs, flops;
+    int exit_code = TOOL_EXIT_OK;
+
+    config_flags_defaults(&cf);
+    nopts = config_flags_options(&cf, opts, 1);
+#define OPT(name, kind, dest, mv, help) opts[nopts++] = (args_opt){name, kind, dest, NULL, mv, help, 0}
+    OPT("--backend", ARGS_STRING, &backend, "NAME", "backend or comma list (default: NSA_BACKEND, else the best available)");
+    OPT("--device", ARGS_INT64, &device, "N", "device index (default: NSA_DEVICE, else 0)");
+    OPT("--iters", ARGS_INT64, &iters, "N", "timed iterations (default 20; 1 on cpu, the fp64 reference)");
+    OPT("--warmup", ARGS_INT64, &warmup, "N", "untimed warm-up runs (default 3; 0 on cpu)");
+    OPT("--check-tokens", ARGS_INT64, &check_tokens, "P", "check the first P tokens of each sampled sequence (0: no check; default: budget)");
+    OPT("--check-seqs", ARGS_INT64, &check_seqs, "N", "sequences sampled for the check (default 2)");
+    OPT("--check-gflop", ARGS_DOUBLE, &check_gflop, "X", "fp64 GFLOP budget that sizes the default check (4)");
+    OPT("--inputs", ARGS_STRING, &inputs_dir, "DIR", "read tensors from DIR/*.npy (see above)");
+    OPT("--outputs", ARGS_STRING, &outputs_dir, "DIR", "write o, lse_*, selected as .npy into DIR");
+    OPT("--save-inputs", ARGS_STRING, &save_inputs_dir, "DIR", "write the inputs used as .npy into DIR (for --inputs)");
+    OPT("--json", ARGS_FLAG, &json, NULL, "print one JSON object");
+#undef OPT
+    rc = args_parse(CMD, opts, nopts, argc, argv, 1);
+    if (rc == ARGS_HELP) {
+        usage(stdout, opts, nopts);
+        return TOOL_EXIT_OK;
+    }
+    if (rc != ARGS_OK)
+        return TOOL_EXIT_USAGE;
+    if (device < -1 || device > 1 << 20 || iters == 0 || iters < -1 || warmup < -1 ||
+        check_seqs < 0 || check_tokens < -1 || !(check_gflop > 0)) {
+        fprintf(stderr, CMD ": --device, --iters, --warmup, --check-* need sensible values "
+                        "(--iters >= 1, --warmup >= 0, --check-gflop > 0)\n");
+        return TOOL_EXIT_USAGE;
+    }
+
+    s = nsa_context_create(backend, (int)device, &ctx);
+    if (s != NSA_SUCCESS)
+        return tool_report(CMD, "nsa_context_create", s);
+    bname = nsa_context_backend(ctx);
+    if (iters < 0)
+        iters = strcmp(bname, "cpu") == 0 ? 1 : 20;
+    if (warmup < 0)
+        warmup = strcmp(bname, "cpu") == 0 ? 0 : 3;
+
+    /* shapes: explicit flags, else the input files, else the defaults */
+    if (inputs_dir) {
+        int64_t fT, fhq, fdqk, fhkv, fdv;
+        rc = run_inputs_shape(CMD, inputs_dir, &fT, &fhq, &fdqk, &fhkv, &fdv);
+        if (rc) {
+            nsa_context_destroy(ctx);
+            return rc;
+        }
+        if (!args_seen(opts, nopts, "--hq") && fhq > 0) cf.hq = fhq;
+        if (!args_seen(opts, nopts, "--dqk") && fdqk > 0) cf.dqk = fdqk;
+        if (!args_seen(opts, nopts, "--hkv") && fhkv > 0) cf.hkv = fhkv;
+        if (!args_seen(opts, nopts, "--dv") && fdv > 0) cf.dv = fdv;
+        if (!cf.seqlens && cf.T == 0 && fT >= 0) {
+            if (cf.batch < 1 || fT % cf.batch != 0) {
+                fprintf(stderr, CMD ": %s/q.npy has %lld tokens, not a multiple of --batch %lld\n",
+                        inputs_dir, (long long)fT, (long long)cf.batch);
+                nsa_context_destroy(ctx);
+                return TOOL_EXIT_USAGE;
+            }
+            cf.T = fT / cf.batch;
+        }
+    }
+    if (cf.T == 0 && !cf.seqlens && !args_seen(opts, nopts, "--T"))
+        cf.T = strcmp(bname, "cpu") == 0 ? RUN_T_CPU : RUN_T_GPU;
+    nlens = config_flags_lengths(CMD, &cf, cf.T, lens, TK_MAX_BATCH);
+    if (nlens < 0 || config_flags_case(CMD, &cf, lens, nlens, &c) != 0) {
+        nsa_context_destroy(ctx);
+        return TOOL_EXIT_USAGE;
+    }
+
+    tool_progress("drawing inputs (seed %lld)", (long long)cf.seed);
+    s = tk_inputs_make(&c, &in);
+    tool_progress_end();
+    if (s != NSA_SUCCESS) {
+        nsa_context_destroy(ctx);
+        fprintf(stderr, CMD ": drawing the inputs failed: %s\n", nsa_status_string(s));
+        return TOOL_EXIT_FAIL;
+    }
+    if (inputs_dir) {
+        rc = run_inputs_load(CMD, inputs_dir, &c, &in, read_list, sizeof read_list, gen_list,
+                             sizeof gen_list);
+        if (rc) {
+            tk_inputs_free(&in);
+            nsa_context_destroy(ctx);
+            return rc;
+        }
+    }
+
+    if (save_inputs_dir && run_inputs_write(CMD, save_inputs_dir, &c, &in) != 0) {
+        tk_inputs_free(&in);
+        nsa_context_destroy(ctx);
+        return TOOL_EXIT_FAIL;
+    }
+    s = problem_setup(ctx, &c, &in, c.fixed_indices ? in.given : NULL, &p, err, sizeof err);
+    if (s != NSA_SUCCESS) {
+        fprintf(stderr, CMD ": %s\n", err);
+        tk_inputs_free(&in);
+        nsa_context_destroy(ctx);
+        return TOOL_EXIT_FAIL;
+    }
+    s = problem_time(&p, (int)warmup, (int)iters, CMD, &median, &fastest, err, sizeof err);
+    if (s == NSA_SUCCESS)
+        s = problem_download(&p, &out, err, sizeof err);
+    if (s != NSA_SUCCESS) {
+        fprintf(stderr, CMD ": %s\n", err);
+        problem_free(&p);
+        tk_inputs_free(&in);
+        nsa_context_destroy(ctx);
+        return TOOL_EXIT_FAIL;
+    }
+    if (outputs_dir && run_outputs_write(CMD, outputs_dir, &c, &out) != 0)
+        exit_code = TOOL_EXIT_FAIL;
+
+    pairs = problem_pairs(&c, out.sel);
+    flops = 2.0 * (double)(c.cfg.head_dim_qk + c.cfg.head_dim_v) * pairs;
+
+    memset(&chk, 0, sizeof chk);
+    if (check_tokens != 0) {
+        rc = run_check_do(CMD, bname, &c, &in, &out, check_tokens, (int)check_seqs,
+                          check_gflop * 1e9, &chk);
+        if (rc)
+            exit_code = rc;
+        else if (chk.done && !chk.v.pass)
+            exit_code = TOOL_EXIT_FAIL;
+    } else {
+        snprintf(chk.note, sizeof chk.note, "not checked (--check-tokens 0)");
+    }
+
+    if (json) {
+        printf("{\"command\": \"run\", \"version\": ");
+        json_str(stdout, nsa_version_string());
+        printf(", \"backend\": ");
+        json_str(stdout, bname);
+        printf(", \"device\": ");
+        json_str(stdout, nsa_context_device(ctx));
+        printf(", \"config\": ");
+        print_config_json(stdout, &c);
+        printf(", \"tokens\": %lld, \"inputs\": {\"read\": ", (long long)p.tokens);
+        json_str(stdout, read_list);
+        printf(", \"generated\": ");
+        json_str(stdout, inputs_dir ? gen_list : "all");
+        printf("}, \"plan\": {\"stages\": ");
+        json_str(stdout, p.info.stages);
+        printf(", \"num_stages\": %d, \"workspace_bytes\": %llu, \"total_cmp_blocks\": %lld, "
+               "\"max_slc_blocks\": %lld}, ",
+               p.info.num_stages, (unsigned long long)p.info.workspace_bytes,
+               (long long)p.info.total_cmp_blocks, (long long)p.info.max_slc_blocks);
+        printf("\"time_s\": ");
+        json_num(stdout, median);
+        printf(", \"time_min_s\": ");
+        json_num(stdout, fastest);
+        printf(", \"iters\": %lld, \"warmup\": %lld, \"pairs\": ", (long long)iters, (long long)warmup);
+        json_num(stdout, pairs);
+        printf(", \"flops\": ");
+        json_num(stdout, flops);
+        printf(", \"tflops\": ");
+        json_num(stdout, median > 0 ? flops / median / 1e12 : NAN);
+        printf(", \"check\": {\"done\": %s", chk.done ? "true" : "false");
+        if (chk.done) {
+            printf(", \"reference\": ");
+            json_str(stdout, chk.reference);
+            printf(", \"sequences\": [");
+            for (int i = 0; i < chk.nseq; i++)
+                printf("%s{\"seq\": %lld, \"tokens\": %lld}", i ? ", " : "", (long long)chk.seq[i],
+                       (long long)chk.prefix[i]);
+            printf("], \"rows\": %lld, \"total_rows\": %lld, \"selection_exercised\": %s, "
+                   "\"o_err_rms\": ",
+                   (long long)chk.rows, (long long)chk.total_rows,
+                   chk.selection_exercised ? "true" : "false");
+            json_num(stdout, chk.v.o_err);
+            printf(", \"o_err_over_tol\": ");
+            json_num(stdout, chk.v.o_ratio);
+            printf(", \"lse_err\": ");
+            json_num(stdout, chk.v.lse_err);
+            printf(", \"tie_swaps\": %lld, \"tie_fraction\": ", (long long)chk.v.tie_swaps);
+            json_num(stdout, chk.tie_fraction);
+            printf(", \"seconds\": ");
+            json_num(stdout, chk.seconds);
+            printf(", \"pass\": %s, \"message\": ", chk.v.pass ? "true" : "false");
+            json_str(stdout, chk.v.pass ? "" : chk.v.msg);
+        }
+        printf(", \"note\": ");
+        json_str(stdout, chk.note);
+        printf("}, \"exit_code\": %d}\n", exit_code);
+    } else {
+        char desc[512], b1[32];
+        printf("backend: %s, device: %s (libnsa %s)\n", bname, nsa_context_device(ctx),
+               nsa_version_string());
+        printf("problem: %s\n", tk_case_describe(&c, desc, sizeof desc));
+        if (inputs_dir)
+            printf("inputs:  read from %s: %s; drawn from seed %lld: %s\n", inputs_dir,
+                   read_list[0] ? read_list : "(none)", (long long)cf.seed,
+                   gen_list[0] ? gen_list : "(none)");
+        else
+            printf("inputs:  drawn from seed %lld (portable generator)\n", (long long)cf.seed);
+        printf("plan:    %d stages (%s), workspace %s, %lld compressed blocks, max %lld "
+               "selection blocks per sequence\n",
+               p.info.num_stages, p.info.stages,
+               tool_bytes((double)p.info.workspace_bytes, b1, sizeof b1),
+               (long long)p.info.total_cmp_blocks, (long long)p.info.max_slc_blocks);
+        printf("time:    %.4g ms median of %lld (min %.4g ms) after %lld warm-up; wall clock, "
+               "synchronized\n",
+               median * 1e3, (long long)iters, fastest * 1e3, (long long)warmup);
+        printf("work:    %.4g visible (head, key) pairs x 2(Dqk+Dv) = %.4g FLOP -> %.4g TFLOP/s\n",
+               pairs, flops, median > 0 ? flops / median / 1e12 : 0.0);
+        if (chk.done) {
+            tk_tolerance tol = tk_tolerance_for(c.cfg.dtype);
+            printf("check:   vs %s\n", chk.reference);
+            printf("         rows: ");
+            for (int i = 0; i < chk.nseq; i++)
+                printf("%sfirst %lld tokens of sequence %lld", i ? ", " : "",
+                       (long long)chk.prefix[i], (long long)chk.seq[i]);
+            printf(" = %lld of %lld query tokens (%.1f%%), all %lld heads; reference took %.2f s\n",
+                   (long long)chk.rows, (long long)chk.total_rows,
+                   chk.total_rows ? 100.0 * (double)chk.rows / (double)chk.total_rows : 0.0,
+                   (long long)c.cfg.num_q_heads, chk.seconds);
+            printf("         max |err| / rms(ref o) = %.3g; max err / tolerance = %.3g; max lse "
+                   "err = %.3g\n",
+                   chk.v.o_err, chk.v.o_ratio, chk.v.lse_err);
+            if (c.cfg.num_selected > 0)
+                printf("         near-tie selection differences: %lld of %lld (token, kv head) "
+                       "rows = %.3g%%%s\n",
+                       (long long)chk.v.tie_swaps, (long long)chk.sel_rows, 100.0 * chk.tie_fraction,
+                       c.fixed_indices ? " (block indices given)" : "");
+            printf("         %s (%s tolerance: |err| <= %g rms + %g |ref| + %g; lse %g + %g |ref|)\n",
+                   chk.v.pass ? "PASS" : "FAIL", nsa_dtype_name(c.cfg.dtype), tol.o_rms, tol.o_rel,
+                   tol.o_abs, tol.lse_abs, tol.lse_rel);
+            if (!chk.v.pass)
+                printf("         first failure: %s\n", chk.v.msg);
+        }
+        if (chk.note[0])
+            printf("%s %s\n", chk.done ? "note:   " : "check:  ", chk.note);
+    }
+
+    problem_output_free(&out);
+    problem_free(&p);
+    tk_inputs_free(&in);
+    nsa_context_destroy(ctx);
+    return exit_code;
+}

@@ -1,0 +1,298 @@
+/* NumPy .npy reading and writing (see npy.h for what is accepted). */
+#include "npy.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char npy_magic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
+
+size_t npy_type_size(npy_type type)
+{
+    switch (type) {
+    case NPY_F32: return 4;
+    case NPY_F16: return 2;
+    case NPY_BF16: return 2;
+    case NPY_I32: return 4;
+    case NPY_I64: return 8;
+    }
+    return 0;
+}
+
+const char *npy_type_descr(npy_type type)
+{
+    switch (type) {
+    case NPY_F32: return "<f4";
+    case NPY_F16: return "<f2";
+    case NPY_BF16: return "<u2";
+    case NPY_I32: return "<i4";
+    case NPY_I64: return "<i8";
+    }
+    return "?";
+}
+
+char *npy_shape_string(int ndim, const int64_t *shape, char *buf, size_t size)
+{
+    size_t used = 0;
+    used += (size_t)snprintf(buf, size, "(");
+    for (int i = 0; i < ndim && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (used < size)
+        snprintf(buf + used, size - used, ndim == 1 ? ",)" : ")");
+    return buf;
+}
+
+static int fail(char *err, size_t err_size, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && err_size)
+        vsnprintf(err, err_size, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Finds the value that follows 'key': in a header dict; NULL if absent. */
+static const char *dict_value(const char *header, const char *key)
+{
+    char pat[32];
+    const char *p;
+    snprintf(pat, sizeof pat, "'%s'", key);
+    p = strstr(header, pat);
+    if (!p) {
+        snprintf(pat, sizeof pat, "\"%s\"", key);
+        p = strstr(header, pat);
+    }
+    if (!p)
+        return NULL;
+    p += strlen(pat);
+    while (*p == ' ')
+        p++;
+    if (*p != ':')
+        return NULL;
+    p++;
+    while (*p == ' ')
+        p++;
+    return p;
+}
+
+static int parse_descr(const char *v, npy_type *type)
+{
+    char d[16];
+    size_t n = 0;
+    char q;
+    if (!v || (*v != '\'' && *v != '"'))
+        return -1;
+    q = *v++;
+    while (*v && *v != q && n + 1 < sizeof d)
+        d[n++] = *v++;
+    d[n] = '\0';
+    if (*v != q)
+        return -1;
+    if (d[0] == '=')
+        d[0] = '<';
+    if (strcmp(d, "<f4") == 0) *type = NPY_F32;
+    else if (strcmp(d, "<f2") == 0) *type = NPY_F16;
+    else if (strcmp(d, "<u2") == 0) *type = NPY_BF16;
+    else if (strcmp(d, "<i4") == 0) *type = NPY_I32;
+    else if (strcmp(d, "<i8") == 0) *type = NPY_I64;
+    else return -1;
+    return 0;
+}
+
+static int parse_shape(const char *v, npy_array *a)
+{
+    int ndim = 0;
+    if (!v || *v != '(')
+        return -1;
+    v++;
+    for (;;) {
+        char *end;
+        long long x;
+        while (*v == ' ' || *v == ',')
+            v++;
+        if (*v == ')')
+            break;
+        if (ndim >= NPY_MAX_DIMS)
+            return -1;
+        errno = 0;
+        x = strtoll(v, &end, 10);
+        if (errno || end == v || x < 0)
+            return -1;
+        if (*end == 'L')
+            end++;
+        a->shape[ndim++] = (int64_t)x;
+        v = end;
+    }
+    a->ndim = ndim;
+    a->count = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (a->shape[i] != 0 && a->count > INT64_MAX / a->shape[i])
+            return -1;
+        a->count *= a->shape[i];
+    }
+    return 0;
+}
+
+static int read_file(const char *path, npy_array *out, int with_data, char *err, size_t err_size)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char pre[8];
+    uint32_t hlen;
+    char *header = NULL;
+    const char *v;
+    size_t bytes;
+    memset(out, 0, sizeof *out);
+    if (!f)
+        return fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+    if (fread(pre, 1, 8, f) != 8 || memcmp(pre, npy_magic, 6) != 0) {
+        fclose(f);
+        return fail(err, err_size, "%s: not a .npy file (bad magic)", path);
+    }
+    if (pre[6] == 1) {
+        unsigned char l2[2];
+        if (fread(l2, 1, 2, f) != 2)
+            goto truncated;
+        hlen = (uint32_t)l2[0] | ((uint32_t)l2[1] << 8);
+    } else if (pre[6] == 2 || pre[6] == 3) {
+        unsigned char l4[4];
+        if (fread(l4, 1, 4, f) != 4)
+            goto truncated;
+        hlen = (uint32_t)l4[0] | ((uint32_t)l4[1] << 8) | ((uint32_t)l4[2] << 16) |
+               ((uint32_t)l4[3] << 24);
+        if (hlen > (1u << 24)) {
+            fclose(f);
+            return fail(err, err_size, "%s: header length %u is implausible", path, hlen);
+        }
+    } else {
+        fclose(f);
+        return fail(err, err_size, "%s: unsupported .npy format version %d.%d", path, pre[6], pre[7]);
+    }
+    header = malloc((size_t)hlen + 1);
+    if (!header) {
+        fclose(f);
+        return fail(err, err_size, "%s: out of memory", path);
+    }
+    if (fread(header, 1, hlen, f) != hlen) {
+        free(header);
+        goto truncated;
+    }
+    header[hlen] = '\0';
+
+    v = dict_value(header, "descr");
+    if (parse_descr(v, &out->type) != 0) {
+        fail(err, err_size,
+             "%s: unsupported dtype in header '%s' (accepted: <f4 <f2 <u2(bf16 bits) <i4 <i8, "
+             "little-endian)",
+             path, header);
+        goto bad;
+    }
+    v = dict_value(header, "fortran_order");
+    if (!v || strncmp(v, "False", 5) != 0) {
+        fail(err, err_size, "%s: only C-order arrays are accepted (fortran_order must be False)", path);
+        goto bad;
+    }
+    v = dict_value(header, "shape");
+    if (parse_shape(v, out) != 0) {
+        fail(err, err_size, "%s: cannot parse the shape in header '%s'", path, header);
+        goto bad;
+    }
+    free(header);
+    header = NULL;
+    if (!with_data) {
+        fclose(f);
+        return 0;
+    }
+
+    bytes = (size_t)out->count * npy_type_size(out->type);
+    out->data = malloc(bytes ? bytes : 1);
+    if (!out->data) {
+        fclose(f);
+        return fail(err, err_size, "%s: out of memory for %zu bytes", path, bytes);
+    }
+    if (bytes && fread(out->data, 1, bytes, f) != bytes) {
+        npy_free(out);
+        goto truncated;
+    }
+    fclose(f);
+    return 0;
+
+truncated:
+    fclose(f);
+    return fail(err, err_size, "%s: file is truncated", path);
+bad:
+    free(header);
+    fclose(f);
+    return -1;
+}
+
+int npy_read(const char *path, npy_array *out, char *err, size_t err_size)
+{
+    return read_file(path, out, 1, err, err_size);
+}
+
+int npy_read_header(const char *path, npy_array *out, char *err, size_t err_size)
+{
+    return read_file(path, out, 0, err, err_size);
+}
+
+int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data,
+              char *err, size_t err_size)
+{
+    char dict[512];
+    char shp[256];
+    char header[640];
+    size_t dlen, total, pre_len, pad;
+    int64_t count = 1;
+    size_t bytes;
+    FILE *f;
+    unsigned char pre[12];
+
+    if (ndim < 0 || ndim > NPY_MAX_DIMS)
+        return fail(err, err_size, "%s: %d dimensions (at most %d)", path, ndim, NPY_MAX_DIMS);
+    for (int i = 0; i < ndim; i++)
+        count *= shape[i];
+    npy_shape_string(ndim, shape, shp, sizeof shp);
+    snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+             npy_type_descr(type), shp);
+    dlen = strlen(dict);
+    /* version 1.0: 6 magic + 2 version + 2 length; pad with spaces and '\n' to 64 */
+    pre_len = 10;
+    total = pre_len + dlen + 1;
+    pad = (64 - total % 64) % 64;
+    memcpy(header, dict, dlen);
+    memset(header + dlen, ' ', pad);
+    header[dlen + pad] = '\n';
+    dlen += pad + 1;
+
+    memcpy(pre, npy_magic, 6);
+    pre[6] = 1;
+    pre[7] = 0;
+    pre[8] = (unsigned char)(dlen & 0xff);
+    pre[9] = (unsigned char)((dlen >> 8) & 0xff);
+
+    f = fopen(path, "wb");
+    if (!f)
+        return fail(err, err_size, "%s: cannot create: %s", path, strerror(errno));
+    bytes = (size_t)count * npy_type_size(type);
+    if (fwrite(pre, 1, pre_len, f) != pre_len || fwrite(header, 1, dlen, f) != dlen ||
+        (bytes && fwrite(data, 1, bytes, f) != bytes)) {
+        fclose(f);
+        return fail(err, err_size, "%s: write failed: %s", path, strerror(errno));
+    }
+    if (fclose(f) != 0)
+        return fail(err, err_size, "%s: close failed: %s", path, strerror(errno));
+    return 0;
+}
+
+void npy_free(npy_array *a)
+{
+    if (!a)
+        return;
+    free(a->data);
+    a->data = NULL;
+    a->count = 0;
+    a->ndim = 0;
+}

@@ -1,0 +1,116 @@
+/* Helpers shared by the nsa subcommands (see tool.h). */
+#include "tool.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int tool_report(const char *cmd, const char *what, nsa_status s)
+{
+    const char *msg = nsa_last_error();
+    fprintf(stderr, "%s: %s failed: %s%s%s\n", cmd, what, nsa_status_string(s),
+            (msg && *msg) ? ": " : "", msg ? msg : "");
+    return TOOL_EXIT_FAIL;
+}
+
+nsa_status tool_format_error(char *buf, size_t size, const char *what, nsa_status s)
+{
+    const char *msg = nsa_last_error();
+    if (buf && size)
+        snprintf(buf, size, "%s: %s%s%s", what, nsa_status_string(s), (msg && *msg) ? ": " : "",
+                 msg ? msg : "");
+    return s;
+}
+
+double tool_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int tool_tty(void)
+{
+    static int cached = -1;
+    if (cached < 0)
+        cached = isatty(fileno(stderr)) ? 1 : 0;
+    return cached;
+}
+
+void tool_progress(const char *fmt, ...)
+{
+    va_list ap;
+    if (!tool_tty())
+        return;
+    fputs("\r\033[K", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fflush(stderr);
+}
+
+void tool_progress_end(void)
+{
+    if (!tool_tty())
+        return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+}
+
+void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+void json_num(FILE *f, double v)
+{
+    if (isnan(v) || isinf(v))
+        fputs("null", f);
+    else if (v == floor(v) && fabs(v) < 9e15)
+        fprintf(f, "%.0f", v);
+    else
+        fprintf(f, "%.6g", v);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double tool_median(double *v, int n)
+{
+    if (n <= 0)
+        return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return (n % 2) ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+const char *tool_bytes(double bytes, char *buf, size_t size)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024.0 && u < 4) {
+        bytes /= 1024.0;
+        u++;
+    }
+    snprintf(buf, size, u ? "%.2f %s" : "%.0f %s", bytes, unit[u]);
+    return buf;
+}

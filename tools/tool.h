@@ -1,0 +1,56 @@
+/*
+ * Small helpers every nsa subcommand uses: reporting a failed libnsa call
+ * (status name + the library's last-error message), a monotonic wall clock,
+ * progress lines that appear only on a terminal, and JSON value printing.
+ */
+#ifndef NSA_TOOLS_TOOL_H
+#define NSA_TOOLS_TOOL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "nsa.h"
+
+/* Exit codes of the nsa command. */
+enum {
+    TOOL_EXIT_OK = 0,
+    TOOL_EXIT_FAIL = 1,    /* a check failed or a libnsa call failed */
+    TOOL_EXIT_USAGE = 2,   /* bad flags or values */
+    TOOL_EXIT_SKIPPED = 77 /* nothing could run (no listed backend available) */
+};
+
+/* Prints "cmd: what: NSA_ERR_...: <nsa_last_error()>" to stderr and returns
+ * TOOL_EXIT_FAIL. Call it right after the failing libnsa call. */
+int tool_report(const char *cmd, const char *what, nsa_status s);
+
+/* Writes "what: NSA_ERR_...: <nsa_last_error()>" into buf and returns s. Use it
+ * right after the failing call, before any cleanup calls reset the message. */
+#define TOOL_ERR_MAX 1536
+nsa_status tool_format_error(char *buf, size_t size, const char *what, nsa_status s);
+
+/* Seconds from a monotonic clock. */
+double tool_now(void);
+
+/* 1 when stderr is a terminal: progress lines are shown only then. */
+int tool_tty(void);
+
+/* On a terminal: rewrites the current stderr line with the message. */
+void tool_progress(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+/* On a terminal: clears the progress line. */
+void tool_progress_end(void);
+
+/* JSON values: a quoted, escaped string; a number (null for NaN/inf). */
+void json_str(FILE *f, const char *s);
+void json_num(FILE *f, double v);
+
+/* Median of n values (sorts v in place); NaN for n = 0. */
+double tool_median(double *v, int n);
+
+/* Human bytes: "1.50 GiB". */
+const char *tool_bytes(double bytes, char *buf, size_t size);
+
+#endif /* NSA_TOOLS_TOOL_H */
