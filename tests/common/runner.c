@@ -296,6 +296,8 @@ nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_ou
         SLOT(si, "block_indices", extent(vi, T, Hkv, n), 4, POISON_INDEX, 0, strided);
         PUT(si, vi, Hkv, n, NSA_DTYPE_I32, in->given);
         a.block_indices = tensor(si, vi);
+        /* strided cases also exercise the unchecked path (valid indices either way) */
+        if (strided) a.flags = NSA_FORWARD_TRUST_INDICES;
     }
 
     /* ---- outputs */

@@ -175,7 +175,8 @@ typedef struct tk_output {
 /* Runs case c on ctx: allocates and fills buffers per c->layout, poisons every
  * output (0xFF: NaN for f32/f16/bf16 outputs and LSEs; 0x7F: 0x7f7f7f7f for
  * indices) and padding, plans, runs nsa_forward (with in->given as
- * block_indices when c->fixed_indices), synchronizes and reads back. Requests
+ * block_indices when c->fixed_indices; with NSA_FORWARD_TRUST_INDICES too when
+ * the layout is STRIDED), synchronizes and reads back. Requests
  * lse[b] for every enabled branch and `selected` when n > 0 and the indices are
  * not caller-given (the core refuses both together); passes gates only
  * for enabled branches. Returns the first failing status with a message in msg

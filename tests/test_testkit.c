@@ -1,0 +1,265 @@
+/*
+ * Self-test of the comparison machinery (tests/common/compare.c): without any
+ * backend, feed tk_compare outputs made from the oracle itself and check that
+ * it passes exact results, fails perturbed / NaN / -inf-mismatched / wrongly
+ * selected ones, and accepts a selection that differs only at an exact tie
+ * (judging o against the oracle re-run with the other indices).
+ * Also checks corpus invariants (size, validity, coverage).
+ */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testkit.h"
+
+/* A tk_output holding the oracle's own values, as a backend would return them. */
+static void output_from_oracle(const tk_case *c, const tk_oracle *r, tk_output *out)
+{
+    const nsa_config *g = &c->cfg;
+    int64_t T = r->tokens, hq = g->num_q_heads, hkv = g->num_kv_heads, dv = g->head_dim_v, n = g->num_selected;
+    memset(out, 0, sizeof *out);
+    out->tokens = T;
+    out->o = malloc((size_t)(T * hq * dv) * sizeof(float));
+    ck_assert_ptr_nonnull(out->o);
+    for (int64_t i = 0; i < T * hq * dv; ++i) out->o[i] = (float)r->o[i];
+    for (int b = 0; b < 3; ++b) {
+        if (!r->lse[b]) continue;
+        out->lse[b] = malloc((size_t)(T * hq) * sizeof(float));
+        ck_assert_ptr_nonnull(out->lse[b]);
+        for (int64_t i = 0; i < T * hq; ++i) out->lse[b][i] = (float)r->lse[b][i];
+    }
+    if (n > 0 && !c->fixed_indices) {
+        out->sel = malloc((size_t)(T * hkv * n) * sizeof(int32_t));
+        ck_assert_ptr_nonnull(out->sel);
+        memcpy(out->sel, r->sel, (size_t)(T * hkv * n) * sizeof(int32_t));
+    }
+}
+
+static tk_case find_case(const char *corpus, const char *label)
+{
+    tk_case *cases;
+    int n = tk_corpus(corpus, &cases);
+    ck_assert_int_gt(n, 0);
+    tk_case found;
+    int ok = 0;
+    for (int i = 0; i < n; ++i)
+        if (strcmp(cases[i].label, label) == 0) {
+            found = cases[i];
+            ok = 1;
+        }
+    free(cases);
+    ck_assert_msg(ok, "case %s not in corpus %s", label, corpus);
+    return found;
+}
+
+START_TEST(compare_accepts_exact_and_rejects_errors)
+{
+    static const nsa_dtype dtypes[] = {NSA_DTYPE_F32, NSA_DTYPE_F16, NSA_DTYPE_BF16};
+    for (int d = 0; d < 3; ++d) {
+        tk_case c = find_case("small", "s-basic");
+        tk_case_set_dtype(&c, dtypes[d]);
+        tk_inputs in;
+        tk_oracle ref;
+        tk_output got;
+        tk_verdict v;
+        ck_assert_int_eq(tk_inputs_make(&c, &in), NSA_SUCCESS);
+        ck_assert_int_eq(tk_oracle_run(&c, &in, NULL, &ref), NSA_SUCCESS);
+        output_from_oracle(&c, &ref, &got);
+        ck_assert_msg(tk_compare(&c, &in, &ref, &got, &v), "exact output rejected: %s", v.msg);
+
+        /* one o element off by 20 tolerances */
+        tk_tolerance tol = tk_tolerance_for(dtypes[d]);
+        float saved = got.o[5];
+        got.o[5] += (float)(20.0 * (tol.o_rms * 1.0 + tol.o_abs) + 20.0 * tol.o_rel * fabs(saved));
+        ck_assert_msg(!tk_compare(&c, &in, &ref, &got, &v), "perturbed o accepted");
+        ck_assert_msg(strstr(v.msg, "o[t="), "message: %s", v.msg);
+        got.o[5] = NAN;
+        ck_assert_msg(!tk_compare(&c, &in, &ref, &got, &v), "NaN in o accepted");
+        got.o[5] = saved;
+
+        /* lse: -inf where the oracle is finite, and a finite value where it is -inf */
+        float l0 = got.lse[NSA_BRANCH_CMP][0], lend = got.lse[NSA_BRANCH_CMP][c.cfg.num_q_heads * 20];
+        ck_assert_msg(isinf(l0) && l0 < 0, "token 0 sees no compressed block, lse must be -inf");
+        got.lse[NSA_BRANCH_CMP][0] = 0.0f;
+        ck_assert_msg(!tk_compare(&c, &in, &ref, &got, &v), "finite lse where -inf accepted");
+        got.lse[NSA_BRANCH_CMP][0] = l0;
+        got.lse[NSA_BRANCH_CMP][c.cfg.num_q_heads * 20] = -INFINITY;
+        ck_assert_msg(!tk_compare(&c, &in, &ref, &got, &v), "-inf lse where finite accepted");
+        got.lse[NSA_BRANCH_CMP][c.cfg.num_q_heads * 20] = lend;
+
+        /* a stray write reported by the runner */
+        got.stray_writes = 1;
+        ck_assert_msg(!tk_compare(&c, &in, &ref, &got, &v), "stray write accepted");
+        got.stray_writes = 0;
+        ck_assert_msg(tk_compare(&c, &in, &ref, &got, &v), "restored output rejected: %s", v.msg);
+        tk_output_free(&got);
+        tk_oracle_free(&ref);
+        tk_inputs_free(&in);
+    }
+}
+END_TEST
+
+/* A selection that replaces a clearly better block must fail; a malformed row too. */
+START_TEST(compare_rejects_wrong_selection)
+{
+    tk_case c = find_case("full", "i0o0"); /* n = 3, nothing forced, T = 100, l_s = 16 */
+    tk_inputs in;
+    tk_oracle ref;
+    tk_output got;
+    tk_verdict v;
+    ck_assert_int_eq(tk_inputs_make(&c, &in), NSA_SUCCESS);
+    ck_assert_int_eq(tk_oracle_run(&c, &in, NULL, &ref), NSA_SUCCESS);
+    output_from_oracle(&c, &ref, &got);
+    const int64_t n = c.cfg.num_selected, t = 99; /* eligible blocks 0..6 */
+    int32_t *row = got.sel + t * n;
+    const double *s = ref.scores + t * ref.max_ns;
+    /* find the lowest-scoring unselected block and the best selected one */
+    int64_t worst = -1;
+    for (int64_t j = 0; j <= 6; ++j) {
+        int in_row = 0;
+        for (int64_t k = 0; k < n; ++k) in_row |= row[k] == j;
+        if (!in_row && (worst < 0 || s[j] < s[worst])) worst = j;
+    }
+    int64_t best_k = 0;
+    for (int64_t k = 1; k < n; ++k)
+        if (s[row[k]] > s[row[best_k]]) best_k = k;
+    ck_assert_msg(s[row[best_k]] - s[worst] > 1e-3, "scores too close for this test");
+    int32_t saved[8];
+    memcpy(saved, row, (size_t)n * sizeof *row);
+    row[best_k] = (int32_t)worst;
+    /* keep it ascending so that only the choice is wrong */
+    for (int64_t a = 0; a < n; ++a)
+        for (int64_t b = a + 1; b < n; ++b)
+            if (row[b] < row[a]) {
+                int32_t x = row[a];
+                row[a] = row[b];
+                row[b] = x;
+            }
+    ck_assert_msg(!tk_compare(&c, &in, &ref, &got, &v), "a clearly worse selection was accepted");
+    ck_assert_msg(strstr(v.msg, "block"), "message: %s", v.msg);
+    /* malformed: descending */
+    memcpy(row, saved, (size_t)n * sizeof *row);
+    int32_t x = row[0];
+    row[0] = row[1];
+    row[1] = x;
+    ck_assert_msg(!tk_compare(&c, &in, &ref, &got, &v), "a descending row was accepted");
+    /* malformed: an ineligible block */
+    memcpy(row, saved, (size_t)n * sizeof *row);
+    row[n - 1] = 7;
+    ck_assert_msg(!tk_compare(&c, &in, &ref, &got, &v), "an ineligible block was accepted");
+    memcpy(row, saved, (size_t)n * sizeof *row);
+    ck_assert_msg(tk_compare(&c, &in, &ref, &got, &v), "restored selection rejected: %s", v.msg);
+    tk_output_free(&got);
+    tk_oracle_free(&ref);
+    tk_inputs_free(&in);
+}
+END_TEST
+
+/* With every key equal, every fully visible block scores the same: a backend
+ * may pick any of them. The oracle picks the lowest index; a "backend" picking
+ * the highest must pass, with o judged against the oracle re-run on its indices. */
+START_TEST(compare_accepts_exact_ties)
+{
+    tk_case c = find_case("full", "l=d=ls8"); /* n = 3, init 1, local 1 */
+    c.cfg.num_init = 0;
+    c.cfg.num_local = 0;
+    c.cfg.num_selected = 1;
+    tk_inputs in;
+    tk_oracle ref, alt;
+    tk_output got;
+    tk_verdict v;
+    ck_assert_int_eq(tk_inputs_make(&c, &in), NSA_SUCCESS);
+    int64_t T = in.tokens, hkv = c.cfg.num_kv_heads, dk = c.cfg.head_dim_qk;
+    for (int64_t i = 0; i < T * hkv * dk; ++i) in.k[0][i] = 0.5f; /* aliased by k[1], k[2] */
+    ck_assert_int_eq(tk_oracle_run(&c, &in, NULL, &ref), NSA_SUCCESS);
+    /* the alternative: the highest-index fully visible block (j <= (t+1)/l_s - 1) */
+    int32_t *alt_idx = malloc((size_t)(T * hkv) * sizeof *alt_idx);
+    ck_assert_ptr_nonnull(alt_idx);
+    int64_t differing = 0;
+    for (int64_t t = 0; t < T; ++t) {
+        int64_t full = (t + 1) / c.cfg.slc_block; /* blocks wholly at or before t */
+        alt_idx[t] = full >= 1 ? (int32_t)(full - 1) : 0;
+        if (alt_idx[t] != ref.sel[t]) ++differing;
+    }
+    ck_assert_int_gt(differing, 0);
+    ck_assert_int_eq(tk_oracle_run(&c, &in, alt_idx, &alt), NSA_SUCCESS);
+    output_from_oracle(&c, &alt, &got);
+    ck_assert_msg(tk_compare(&c, &in, &ref, &got, &v), "an exact tie was rejected: %s", v.msg);
+    ck_assert_int_eq(v.tie_swaps, differing);
+    /* ... but the o of the oracle's own choice does not match the other choice */
+    tk_output mixed;
+    output_from_oracle(&c, &ref, &mixed);
+    memcpy(mixed.sel, alt_idx, (size_t)(T * hkv) * sizeof *alt_idx);
+    ck_assert_msg(!tk_compare(&c, &in, &ref, &mixed, &v), "o of other indices accepted for a tie swap");
+    tk_output_free(&mixed);
+    tk_output_free(&got);
+    free(alt_idx);
+    tk_oracle_free(&alt);
+    tk_oracle_free(&ref);
+    tk_inputs_free(&in);
+}
+END_TEST
+
+START_TEST(corpus_invariants)
+{
+    tk_case *full, *small;
+    int nf = tk_corpus("full", &full), ns = tk_corpus("small", &small);
+    ck_assert_int_ge(nf, 120);
+    ck_assert_int_ge(ns, 15);
+    tk_case *unknown = NULL;
+    ck_assert_int_eq(tk_corpus("nope", &unknown), -1);
+    int groups[17] = {0}, modes[4] = {0}, layouts[3] = {0}, zero_len = 0, fixed = 0, n0 = 0, w0 = 0, wbig = 0;
+    int odd = 0, dne = 0, lds = 0, scale = 0, nbig = 0, t_lt_l = 0, long_t = 0;
+    for (int i = 0; i < nf; ++i) {
+        const tk_case *c = &full[i];
+        const nsa_config *g = &c->cfg;
+        ck_assert_msg(nsa_config_validate(g) == NSA_SUCCESS, "%s: %s", c->label, nsa_last_error());
+        for (int j = 0; j < i; ++j) ck_assert_msg(strcmp(full[j].label, c->label) != 0, "duplicate %s", c->label);
+        int64_t G = g->num_q_heads / g->num_kv_heads, T = tk_case_tokens(c);
+        ck_assert_int_gt(T, 0);
+        if (G <= 16) groups[G]++;
+        modes[g->compress == NSA_COMPRESS_LINEAR && c->use_pe ? 3 : g->compress]++;
+        layouts[c->layout]++;
+        for (int64_t b = 0; b < c->batch; ++b) zero_len += c->cu_seqlens[b + 1] == c->cu_seqlens[b] && c->batch > 1;
+        fixed += c->fixed_indices;
+        n0 += g->num_selected == 0;
+        w0 += g->window == 0;
+        wbig += g->window >= T;
+        odd += g->head_dim_qk % 2 == 1 && g->head_dim_qk > 1;
+        dne += g->head_dim_qk != g->head_dim_v;
+        lds += g->cmp_block == g->cmp_stride && g->cmp_block == g->slc_block;
+        scale += g->scale != 0.0f;
+        nbig += g->num_selected > tk_case_max_slc(c);
+        t_lt_l += T < g->cmp_block;
+        long_t += T >= 1000;
+    }
+    int need[] = {1, 2, 3, 4, 8, 16};
+    for (int k = 0; k < 6; ++k) ck_assert_msg(groups[need[k]] > 0, "no case with G = %d", need[k]);
+    for (int k = 0; k < 4; ++k) ck_assert_msg(modes[k] > 0, "compression mode %d missing", k);
+    for (int k = 0; k < 3; ++k) ck_assert_msg(layouts[k] > 0, "layout %d missing", k);
+    ck_assert(zero_len > 0 && fixed > 0 && n0 > 0 && w0 > 0 && wbig > 0 && odd > 0 && dne > 0 && lds > 0);
+    ck_assert(scale > 0 && nbig > 0 && t_lt_l > 0 && long_t >= 3);
+    for (int i = 0; i < ns; ++i)
+        ck_assert_msg(nsa_config_validate(&small[i].cfg) == NSA_SUCCESS, "%s", small[i].label);
+    free(full);
+    free(small);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("testkit");
+    TCase *tc = tcase_create("testkit");
+    tcase_set_timeout(tc, 0);
+    tcase_add_test(tc, compare_accepts_exact_and_rejects_errors);
+    tcase_add_test(tc, compare_rejects_wrong_selection);
+    tcase_add_test(tc, compare_accepts_exact_ties);
+    tcase_add_test(tc, corpus_invariants);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}
