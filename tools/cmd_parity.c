@@ -26,6 +26,8 @@ typedef struct row {
     char reference[NSA_NAME_MAX + 64];
     nsa_dtype dtype;
     int available;
+    int first_of_backend; /* first row of this backend (unavailable rows print once) */
+    int own;              /* the reference backend's own row */
     char reason[NSA_NAME_MAX + 64];
     int cases, passed, failed, skipped;
     double max_o_err, max_o_ratio, max_lse_err;
@@ -109,6 +111,19 @@ static int is_unavailable(nsa_status s)
            s == NSA_ERR_VERSION_MISMATCH;
 }
 
+/* The backend list's one-line reason for an unavailable backend (the context
+ * error also lists every other backend); keeps the context's when unknown. */
+static void short_reason(const char *name, nsa_status s, char *reason, size_t size)
+{
+    nsa_backend_info infos[MAX_BACKENDS];
+    int count = 0;
+    if (s != NSA_ERR_BACKEND_UNAVAILABLE || nsa_backend_list(infos, MAX_BACKENDS, &count) != NSA_SUCCESS)
+        return;
+    for (int i = 0; i < count && i < MAX_BACKENDS; i++)
+        if (strcmp(infos[i].name, name) == 0 && !infos[i].available && infos[i].reason[0])
+            snprintf(reason, size, "%s", infos[i].reason);
+}
+
 typedef struct target {
     char name[64];
     nsa_context *ctx;    /* NULL: unavailable */
@@ -123,10 +138,13 @@ static void print_table(FILE *f, const row *rows, int nrows)
     for (int i = 0; i < nrows; i++) {
         const row *r = &rows[i];
         if (!r->available) {
-            fprintf(f, "%-8s %-5s %-22.22s unavailable: %s\n", r->backend, nsa_dtype_name(r->dtype),
-                    r->reference, r->reason);
+            if (r->first_of_backend) /* once, not per dtype */
+                fprintf(f, "%-8s %-5s %-22.22s unavailable: %s\n", r->backend, "-", r->reference,
+                        r->reason);
             continue;
         }
+        if (r->cases == 0 && r->own)
+            continue; /* the reference's own rows when nothing ran */
         fprintf(f, "%-8s %-5s %-22.22s %6d %6d %6d %7d %10.3g %8.3g  %s\n", r->backend,
                 nsa_dtype_name(r->dtype), r->reference, r->cases, r->passed, r->failed, r->skipped,
                 r->max_o_err, r->max_o_ratio, r->worst[0] ? r->worst : "-");
@@ -201,7 +219,7 @@ int cmd_parity(int argc, char **argv)
         {"--limit", ARGS_INT64, &limit, NULL, "N", "only the first N cases (0: all)", 0},
         {"--save", ARGS_STRING, &save_path, NULL, "FILE", "save every run's outputs to FILE", 0},
         {"--compare", ARGS_STRING, &compare_path, NULL, "FILE", "also compare with outputs saved in FILE", 0},
-        {"--compare-backend", ARGS_STRING, &compare_backend, NULL, "NAME", "use FILE's records of this backend (default: the first found)", 0},
+        {"--compare-backend", ARGS_STRING, &compare_backend, NULL, "NAME", "use FILE's records of this backend (default: the first of another backend)", 0},
         {"--json", ARGS_FLAG, &json, NULL, NULL, "print one JSON object", 0},
     };
     const int nopts = (int)(sizeof opts / sizeof opts[0]);
@@ -289,6 +307,7 @@ int cmd_parity(int argc, char **argv)
         s = nsa_context_create(names[i], (int)device, &t->ctx);
         if (s != NSA_SUCCESS) {
             snprintf(t->reason, sizeof t->reason, "%s: %s", nsa_status_string(s), nsa_last_error());
+            short_reason(names[i], s, t->reason, sizeof t->reason);
             t->ctx = NULL;
             if (!is_unavailable(s))
                 exit_code = TOOL_EXIT_FAIL;
@@ -335,13 +354,18 @@ int cmd_parity(int argc, char **argv)
         row *base = &rows[nrows];
         int k = 0;
         char file_ref[NSA_NAME_MAX + 64];
-        snprintf(file_ref, sizeof file_ref, "file %s", compare_path ? compare_path : "");
+        {
+            const char *base = compare_path ? strrchr(compare_path, '/') : NULL;
+            snprintf(file_ref, sizeof file_ref, "file %s",
+                     base ? base + 1 : compare_path ? compare_path : "");
+        }
         /* row layout of this dtype */
         for (int i = 0; i < nb; i++) {
             for (int pass = 0; pass < (compare_path ? 2 : 1); pass++) {
                 row *r = &base[k++];
                 snprintf(r->backend, sizeof r->backend, "%.63s", targets[i].name);
                 r->dtype = dt;
+                r->first_of_backend = di == 0 && pass == 0;
                 r->available = targets[i].ctx != NULL;
                 snprintf(r->reason, sizeof r->reason, "%s", targets[i].reason);
                 if (r->available)
@@ -355,9 +379,10 @@ int cmd_parity(int argc, char **argv)
             snprintf(r->backend, sizeof r->backend, "%s", reference);
             r->dtype = dt;
             r->available = 1;
+            r->own = 1;
             snprintf(r->device, sizeof r->device, "%s", nsa_context_device(ref_target.ctx));
             snprintf(r->reference, sizeof r->reference, "%s",
-                     k == nb * (compare_path ? 2 : 1) ? "oracle (reference check)" : file_ref);
+                     k == nb * (compare_path ? 2 : 1) ? "oracle (ref. check)" : file_ref);
             k++;
         }
         nrows += rows_per_dtype;
@@ -464,7 +489,7 @@ int cmd_parity(int argc, char **argv)
                         /* vs the saved file */
                         int mismatch = 0;
                         const parity_record *rec =
-                            parity_file_find(recs, nrecs, &c, compare_backend, &mismatch);
+                            parity_file_find(recs, nrecs, &c, compare_backend, t->name, &mismatch);
                         tk_oracle ref;
                         if (!rec || rec->status != NSA_SUCCESS) {
                             snprintf(why, sizeof why, "%s: %s", c.label,
@@ -474,9 +499,9 @@ int cmd_parity(int argc, char **argv)
                             row_skip(r, why);
                             continue;
                         }
-                        if (r->reference[0] == 'f' && !strchr(r->reference, '(')) {
+                        if (r->reference[0] == 'f' && !strchr(r->reference, ':')) {
                             char more[NSA_NAME_MAX + 64];
-                            snprintf(more, sizeof more, "%s (%s)", r->reference, rec->backend);
+                            snprintf(more, sizeof more, "%.200s:%s", r->reference, rec->backend);
                             snprintf(r->reference, sizeof r->reference, "%s", more);
                         }
                         if (ref_from_output(&c, &rec->out, &orc, &ref) != 0) {

@@ -180,6 +180,8 @@ static int read_file(const char *path, npy_array *out, int with_data, char *err,
         goto truncated;
     }
     header[hlen] = '\0';
+    while (hlen > 0 && (header[hlen - 1] == ' ' || header[hlen - 1] == '\n'))
+        header[--hlen] = '\0'; /* padding: keeps messages short */
 
     v = dict_value(header, "descr");
     if (parse_descr(v, &out->type) != 0) {

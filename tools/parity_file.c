@@ -329,8 +329,9 @@ static int same_case(const tk_case *a, const tk_case *b)
 }
 
 const parity_record *parity_file_find(const parity_record *recs, int count, const tk_case *c,
-                                      const char *backend, int *mismatch)
+                                      const char *backend, const char *avoid, int *mismatch)
 {
+    const parity_record *fallback = NULL;
     *mismatch = 0;
     for (int i = 0; i < count; i++) {
         const parity_record *r = &recs[i];
@@ -342,7 +343,12 @@ const parity_record *parity_file_find(const parity_record *recs, int count, cons
             *mismatch = 1;
             continue;
         }
+        if (!backend && avoid && strcmp(r->backend, avoid) == 0) {
+            if (!fallback)
+                fallback = r;
+            continue;
+        }
         return r;
     }
-    return NULL;
+    return fallback;
 }

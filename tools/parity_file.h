@@ -52,10 +52,11 @@ int parity_file_read(const char *path, parity_record **recs, char *err, size_t e
 void parity_records_free(parity_record *recs, int count);
 
 /* The record of case c (same label, dtype, config, batch and seed) made by
- * backend (NULL: the first of any backend), or NULL. *mismatch is set to 1
+ * backend (NULL: the first of a backend other than avoid, else the first of
+ * any), or NULL. *mismatch is set to 1
  * when a record with that label and dtype exists but its case differs (the
  * corpus changed between the two versions). */
 const parity_record *parity_file_find(const parity_record *recs, int count, const tk_case *c,
-                                      const char *backend, int *mismatch);
+                                      const char *backend, const char *avoid, int *mismatch);
 
 #endif /* NSA_TOOLS_PARITY_FILE_H */

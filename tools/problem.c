@@ -160,7 +160,8 @@ nsa_status problem_setup(nsa_context *ctx, const tk_case *c, const tk_inputs *in
         p->args.lse[br] = rows(b, Hq, 1);
         p->output_bytes += (size_t)(T * Hq) * sizeof(float);
     }
-    if (n > 0) {
+    p->given = indices && n > 0 ? indices : NULL;
+    if (n > 0 && !p->given) { /* the library refuses `selected` next to given indices */
         s = new_buffer(p, (size_t)(T * Hkv * n) * sizeof(int32_t), &b, what);
         if (s != NSA_SUCCESS)
             goto fail;
@@ -281,7 +282,10 @@ nsa_status problem_download(problem *p, tk_output *out, char *err, size_t err_si
             s = NSA_ERR_OUT_OF_MEMORY;
             goto fail;
         }
-        if (bytes && (s = nsa_buffer_read(p->args.selected.buffer, 0, out->sel, bytes)) != NSA_SUCCESS) {
+        if (p->given) {
+            memcpy(out->sel, p->given, bytes); /* the indices used are the given ones */
+        } else if (bytes &&
+                   (s = nsa_buffer_read(p->args.selected.buffer, 0, out->sel, bytes)) != NSA_SUCCESS) {
             *what = "nsa_buffer_read (selected)";
             goto fail;
         }

@@ -25,14 +25,17 @@ typedef struct problem {
     nsa_buffer *bufs[PROBLEM_MAX_BUFS];
     int nbufs;
     tk_case c;
+    const int32_t *given; /* block indices passed in (borrowed), or NULL */
     int64_t tokens;
     size_t input_bytes;  /* bytes of every input tensor (each distinct tensor once) */
     size_t output_bytes; /* o, the LSEs and selected */
 } problem;
 
 /* Uploads in (for case c) to ctx and plans. indices: optional [T, Hkv, n] block
- * indices passed as args.block_indices. Requests lse[b] of every enabled branch
- * and `selected` when n > 0. On failure: the status, err holds "<call>: <status>: <the
+ * indices passed as args.block_indices (borrowed: keep them alive). Requests
+ * lse[b] of every enabled branch and, when n > 0 and no indices are given,
+ * `selected` (the library refuses both at once; with given indices the download
+ * reports them as the selection). On failure: the status, err holds "<call>: <status>: <the
  * library's message>", and *p is freed. The same holds for the calls below. */
 nsa_status problem_setup(nsa_context *ctx, const tk_case *c, const tk_inputs *in,
                          const int32_t *indices, problem *p, char *err, size_t err_size);
