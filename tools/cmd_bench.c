@@ -1,2 +1,344 @@
+/*
+ * nsa bench: a sweep over T on one backend -- total time, TFLOP/s, GB/s,
+ * per-branch times estimated by difference, and the speedup over dense causal
+ * attention run by the same backend in the same process.
+ *
+ * Per-stage times: the public API has no per-stage timer, so the forward is
+ * timed whole for four configurations of the same shapes and inputs:
+ *   full          the configuration given
+ *   no-slc        n = 0 (drops block scores, top-n and selected attention)
+ *   no-win        w = 0 (drops window attention)
+ *   cmp-only      n = 0, w = 0 (compression, compressed attention, gating)
+ * and the branches are reported as differences: slc = full - no-slc,
+ * win = full - no-win, cmp = cmp-only. Such differences are estimates (stages
+ * overlap on a GPU, caches differ); a backend profiler gives exact stage times.
+ *
+ * Dense: the semantics cannot switch the compression branch off, so dense
+ * causal attention is run as the same shapes with w = T and n = 0 (window
+ * branch = exact causal attention) and the measured cmp-only time is
+ * subtracted: dense = t(w = T, n = 0) - t(cmp-only). Both numbers are printed.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
 #include "cmds.h"
-int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return 1; }
+#include "config_flags.h"
+#include "nsa.h"
+#include "problem.h"
+#include "testkit.h"
+#include "tool.h"
+
+#define CMD "nsa bench"
+#define MAX_T 32
+
+enum { V_FULL, V_NO_SLC, V_NO_WIN, V_CMP_ONLY, V_DENSE, V_COUNT };
+static const char *const variant_name[V_COUNT] = {"full", "no-slc", "no-win", "cmp-only", "dense"};
+
+typedef struct measure {
+    int ran;
+    double time_s, min_s, pairs, flops, bytes;
+    char note[TOOL_ERR_MAX];
+} measure;
+
+static void usage(FILE *f, const args_opt *opts, int n)
+{
+    fprintf(f,
+            "usage: nsa bench [--T N,N,...] [--backend NAME] [flags]\n\n"
+            "Times the NSA forward on one backend over a sweep of sequence lengths (default:\n"
+            "8192,16384,32768,65536 on GPUs, 256,512 on the cpu reference), with the\n"
+            "paper's configuration unless flags change it.\n\n"
+            "time: median of --iters forwards after --warmup, each bracketed by\n"
+            "  nsa_context_synchronize, wall clock, caller workspace.\n"
+            "TFLOP/s: 2 * (Dqk + Dv) per visible (query head, key) pair of the three\n"
+            "  branches, counted from the actual selection (see nsa run --help).\n"
+            "GB/s: compulsory bytes (every input tensor read once, every output written\n"
+            "  once) / time. With --peak-tflops / --peak-gbps the %% of peak is shown\n"
+            "  (n/a otherwise).\n"
+            "branches: there is no per-stage timer in the API, so the forward is also timed\n"
+            "  with n = 0 (no selection), w = 0 (no window) and both (cmp only), and\n"
+            "  slc = full - (n=0), win = full - (w=0), cmp = (n=0,w=0) are estimates by\n"
+            "  difference (a backend profiler gives exact stage times). --no-stages skips.\n"
+            "dense: causal attention by the same backend: the same shapes with w = T, n = 0\n"
+            "  (the window branch is then exact dense causal attention); the compression\n"
+            "  branch cannot be switched off, so its measured cmp-only time is subtracted:\n"
+            "  dense = t(w=T, n=0) - t(cmp only); speedup = dense / full. The raw\n"
+            "  t(w=T, n=0) is printed too. --no-dense skips it.\n\n"
+            "%s\nflags:\n",
+            config_flags_help);
+    args_print_options(f, opts, n);
+}
+
+/* Sets up variant v of case base on ctx with inputs in, times it. */
+static void run_variant(nsa_context *ctx, const tk_case *base, const tk_inputs *in, int v,
+                        int warmup, int iters, measure *m)
+{
+    tk_case c = *base;
+    problem p;
+    tk_output out;
+    nsa_status s;
+    char label[96];
+    memset(m, 0, sizeof *m);
+    if (v == V_NO_SLC || v == V_CMP_ONLY || v == V_DENSE) {
+        c.cfg.num_selected = 0;
+        c.cfg.num_init = 0;
+        c.cfg.num_local = 0;
+    }
+    if (v == V_NO_WIN || v == V_CMP_ONLY)
+        c.cfg.window = 0;
+    if (v == V_DENSE) {
+        int64_t longest = 0;
+        for (int64_t b = 0; b < c.batch; b++) {
+            int64_t len = c.cu_seqlens[b + 1] - c.cu_seqlens[b];
+            longest = len > longest ? len : longest;
+        }
+        c.cfg.window = longest > 0 ? longest : 1;
+    }
+    s = nsa_config_validate(&c.cfg);
+    if (s != NSA_SUCCESS) {
+        tool_format_error(m->note, sizeof m->note, "nsa_config_validate", s);
+        return;
+    }
+    s = problem_setup(ctx, &c, in, NULL, &p, m->note, sizeof m->note);
+    if (s != NSA_SUCCESS)
+        return;
+    snprintf(label, sizeof label, CMD " T=%lld %s", (long long)tk_case_tokens(&c), variant_name[v]);
+    s = problem_time(&p, warmup, iters, label, &m->time_s, &m->min_s, m->note, sizeof m->note);
+    if (s == NSA_SUCCESS)
+        s = problem_download(&p, &out, m->note, sizeof m->note);
+    if (s == NSA_SUCCESS) {
+        /* dense: only the causal attention pairs (its cmp branch is subtracted) */
+        m->pairs = v == V_DENSE ? problem_dense_pairs(&c) : problem_pairs(&c, out.sel);
+        m->flops = 2.0 * (double)(c.cfg.head_dim_qk + c.cfg.head_dim_v) * m->pairs;
+        m->bytes = (double)(p.input_bytes + p.output_bytes);
+        m->ran = 1;
+        problem_output_free(&out);
+    }
+    problem_free(&p);
+}
+
+static void print_pct(double value, double peak)
+{
+    if (peak > 0)
+        printf(" %5.1f%%", 100.0 * value / peak);
+    else
+        printf(" %6s", "n/a");
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    config_flags cf;
+    const char *backend = NULL, *T_arg = NULL;
+    int64_t device = -1, iters = -1, warmup = -1, batch = 1;
+    double peak_tflops = 0, peak_gbps = 0;
+    int json = 0, no_stages = 0, no_dense = 0;
+    args_opt opts[CONFIG_FLAGS_COUNT + 14];
+    int nopts, rc, nT, exit_code = TOOL_EXIT_OK;
+    int64_t Ts[MAX_T];
+    nsa_context *ctx = NULL;
+    nsa_status s;
+    const char *bname;
+
+    config_flags_defaults(&cf);
+    nopts = config_flags_options(&cf, opts, 0);
+#define OPT(name, kind, dest, mv, help) opts[nopts++] = (args_opt){name, kind, dest, NULL, mv, help, 0}
+    OPT("--T", ARGS_STRING, &T_arg, "N,N,..", "tokens per sequence to sweep (default: sized for the backend)");
+    OPT("--batch", ARGS_INT64, &batch, "B", "sequences of T tokens each (1)");
+    OPT("--backend", ARGS_STRING, &backend, "NAME", "backend (default: NSA_BACKEND, else the best available)");
+    OPT("--device", ARGS_INT64, &device, "N", "device index (default: NSA_DEVICE, else 0)");
+    OPT("--iters", ARGS_INT64, &iters, "N", "timed iterations (default 10; 1 on cpu)");
+    OPT("--warmup", ARGS_INT64, &warmup, "N", "warm-up runs (default 2; 0 on cpu)");
+    OPT("--peak-tflops", ARGS_DOUBLE, &peak_tflops, "X", "device peak TFLOP/s for the dtype (for % of peak)");
+    OPT("--peak-gbps", ARGS_DOUBLE, &peak_gbps, "X", "device peak memory GB/s (for % of peak)");
+    OPT("--no-stages", ARGS_FLAG, &no_stages, NULL, "skip the per-branch estimates (n=0 / w=0 runs)");
+    OPT("--no-dense", ARGS_FLAG, &no_dense, NULL, "skip the dense causal attention comparison");
+    OPT("--json", ARGS_FLAG, &json, NULL, "print one JSON object");
+#undef OPT
+    rc = args_parse(CMD, opts, nopts, argc, argv, 1);
+    if (rc == ARGS_HELP) {
+        usage(stdout, opts, nopts);
+        return TOOL_EXIT_OK;
+    }
+    if (rc != ARGS_OK)
+        return TOOL_EXIT_USAGE;
+    if (device < -1 || iters == 0 || iters < -1 || warmup < -1 || batch < 1 ||
+        batch > TK_MAX_BATCH || peak_tflops < 0 || peak_gbps < 0) {
+        fprintf(stderr, CMD ": bad value: need --iters >= 1, --warmup >= 0, --batch 1..%d, "
+                        "peaks >= 0\n", TK_MAX_BATCH);
+        return TOOL_EXIT_USAGE;
+    }
+
+    s = nsa_context_create(backend, (int)device, &ctx);
+    if (s != NSA_SUCCESS)
+        return tool_report(CMD, "nsa_context_create", s);
+    bname = nsa_context_backend(ctx);
+    if (T_arg) {
+        nT = args_parse_i64_list(CMD, "--T", T_arg, Ts, MAX_T);
+        if (nT < 0) {
+            nsa_context_destroy(ctx);
+            return TOOL_EXIT_USAGE;
+        }
+        for (int i = 0; i < nT; i++)
+            if (Ts[i] < 1) {
+                fprintf(stderr, CMD ": --T values must be >= 1\n");
+                nsa_context_destroy(ctx);
+                return TOOL_EXIT_USAGE;
+            }
+    } else if (strcmp(bname, "cpu") == 0) {
+        Ts[0] = 256;
+        Ts[1] = 512;
+        nT = 2;
+    } else {
+        for (nT = 0; nT < 4; nT++)
+            Ts[nT] = (int64_t)8192 << nT;
+    }
+    if (iters < 0)
+        iters = strcmp(bname, "cpu") == 0 ? 1 : 10;
+    if (warmup < 0)
+        warmup = strcmp(bname, "cpu") == 0 ? 0 : 2;
+
+    if (json) {
+        printf("{\"command\": \"bench\", \"version\": ");
+        json_str(stdout, nsa_version_string());
+        printf(", \"backend\": ");
+        json_str(stdout, bname);
+        printf(", \"device\": ");
+        json_str(stdout, nsa_context_device(ctx));
+        printf(", \"iters\": %lld, \"warmup\": %lld, \"peak_tflops\": ", (long long)iters,
+               (long long)warmup);
+        json_num(stdout, peak_tflops > 0 ? peak_tflops : NAN);
+        printf(", \"peak_gbps\": ");
+        json_num(stdout, peak_gbps > 0 ? peak_gbps : NAN);
+        printf(", \"results\": [");
+    } else {
+        char desc[512];
+        tk_case c0;
+        int64_t lens[TK_MAX_BATCH];
+        for (int64_t b = 0; b < batch; b++)
+            lens[b] = Ts[0];
+        if (config_flags_case(CMD, &cf, lens, batch, &c0) != 0) {
+            nsa_context_destroy(ctx);
+            return TOOL_EXIT_USAGE;
+        }
+        printf("backend: %s, device: %s (libnsa %s); median of %lld after %lld warm-up\n", bname,
+               nsa_context_device(ctx), nsa_version_string(), (long long)iters, (long long)warmup);
+        printf("config:  %s (T swept)\n", tk_case_describe(&c0, desc, sizeof desc));
+        printf("%8s %10s %9s %7s %9s %7s %9s %9s %9s %10s %10s %8s\n", "T", "nsa ms", "TFLOP/s",
+               "%peak", "GB/s", "%peak", "cmp ms", "slc ms", "win ms", "dense ms", "dense raw", "speedup");
+    }
+
+    for (int i = 0; i < nT; i++) {
+        int64_t lens[TK_MAX_BATCH];
+        tk_case c;
+        tk_inputs in;
+        measure m[V_COUNT];
+        double dense_s = NAN, speedup = NAN, cmp_s = NAN, slc_s = NAN, win_s = NAN;
+        for (int64_t b = 0; b < batch; b++)
+            lens[b] = Ts[i];
+        if (config_flags_case(CMD, &cf, lens, batch, &c) != 0) {
+            exit_code = TOOL_EXIT_USAGE;
+            break;
+        }
+        tool_progress(CMD " T=%lld: drawing inputs", (long long)Ts[i]);
+        s = tk_inputs_make(&c, &in);
+        tool_progress_end();
+        if (s != NSA_SUCCESS) {
+            fprintf(stderr, CMD ": T=%lld: drawing inputs failed: %s\n", (long long)Ts[i],
+                    nsa_status_string(s));
+            exit_code = TOOL_EXIT_FAIL;
+            break;
+        }
+        memset(m, 0, sizeof m);
+        for (int v = 0; v < V_COUNT; v++) {
+            if ((v == V_NO_SLC || v == V_NO_WIN) && no_stages)
+                continue;
+            if (v == V_CMP_ONLY && no_stages && no_dense)
+                continue;
+            if (v == V_DENSE && no_dense)
+                continue;
+            run_variant(ctx, &c, &in, v, (int)warmup, (int)iters, &m[v]);
+            if (!m[v].ran && m[v].note[0]) {
+                fprintf(stderr, CMD ": T=%lld %s: %s\n", (long long)Ts[i], variant_name[v], m[v].note);
+                if (v == V_FULL)
+                    exit_code = TOOL_EXIT_FAIL;
+            }
+            if (v == V_FULL && !m[v].ran)
+                break;
+        }
+        tk_inputs_free(&in);
+        if (m[V_CMP_ONLY].ran)
+            cmp_s = m[V_CMP_ONLY].time_s;
+        if (m[V_FULL].ran && m[V_NO_SLC].ran && c.cfg.num_selected > 0)
+            slc_s = m[V_FULL].time_s - m[V_NO_SLC].time_s;
+        if (m[V_FULL].ran && m[V_NO_WIN].ran && c.cfg.window > 0)
+            win_s = m[V_FULL].time_s - m[V_NO_WIN].time_s;
+        if (m[V_DENSE].ran && m[V_CMP_ONLY].ran)
+            dense_s = m[V_DENSE].time_s - m[V_CMP_ONLY].time_s;
+        if (m[V_FULL].ran && dense_s > 0)
+            speedup = dense_s / m[V_FULL].time_s;
+
+        if (json) {
+            printf("%s{\"T\": %lld, \"batch\": %lld, \"ok\": %s", i ? ", " : "", (long long)Ts[i],
+                   (long long)batch, m[V_FULL].ran ? "true" : "false");
+            for (int v = 0; v < V_COUNT; v++) {
+                printf(", \"%s\": ", variant_name[v]);
+                if (!m[v].ran) {
+                    printf("null");
+                    continue;
+                }
+                printf("{\"time_s\": ");
+                json_num(stdout, m[v].time_s);
+                printf(", \"time_min_s\": ");
+                json_num(stdout, m[v].min_s);
+                printf(", \"pairs\": ");
+                json_num(stdout, m[v].pairs);
+                printf(", \"flops\": ");
+                json_num(stdout, m[v].flops);
+                printf(", \"tflops\": ");
+                json_num(stdout, m[v].flops / m[v].time_s / 1e12);
+                printf(", \"bytes\": ");
+                json_num(stdout, m[v].bytes);
+                printf(", \"gbps\": ");
+                json_num(stdout, m[v].bytes / m[v].time_s / 1e9);
+                printf("}");
+            }
+            printf(", \"est_cmp_s\": ");
+            json_num(stdout, cmp_s);
+            printf(", \"est_slc_s\": ");
+            json_num(stdout, slc_s);
+            printf(", \"est_win_s\": ");
+            json_num(stdout, win_s);
+            printf(", \"dense_s\": ");
+            json_num(stdout, dense_s);
+            printf(", \"dense_tflops\": ");
+            json_num(stdout, dense_s > 0 && m[V_DENSE].ran ? m[V_DENSE].flops / dense_s / 1e12 : NAN);
+            printf(", \"speedup_vs_dense\": ");
+            json_num(stdout, speedup);
+            printf("}");
+        } else if (m[V_FULL].ran) {
+            double tf = m[V_FULL].flops / m[V_FULL].time_s / 1e12;
+            double gb = m[V_FULL].bytes / m[V_FULL].time_s / 1e9;
+            printf("%8lld %10.4g %9.4g", (long long)Ts[i], m[V_FULL].time_s * 1e3, tf);
+            print_pct(tf, peak_tflops);
+            printf(" %9.4g", gb);
+            print_pct(gb, peak_gbps);
+            printf(" %9.4g %9.4g %9.4g %10.4g %10.4g %7.3gx\n", cmp_s * 1e3, slc_s * 1e3, win_s * 1e3,
+                   dense_s * 1e3, m[V_DENSE].ran ? m[V_DENSE].time_s * 1e3 : NAN, speedup);
+        } else {
+            printf("%8lld failed: %s\n", (long long)Ts[i], m[V_FULL].note);
+        }
+        fflush(stdout);
+    }
+    if (json) {
+        printf("], \"exit_code\": %d}\n", exit_code);
+    } else {
+        printf("cmp/slc/win: branch times estimated by difference (cmp = n=0,w=0 run; slc = full - "
+               "n=0; win = full - w=0)\n"
+               "dense: t(w=T, n=0) - t(cmp only) = causal attention by this backend; dense raw "
+               "includes its cmp branch; speedup = dense / nsa\n");
+    }
+    nsa_context_destroy(ctx);
+    return exit_code;
+}
