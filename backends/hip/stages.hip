@@ -1,0 +1,226 @@
+/*
+ * stages.hip -- the HIP backend's side of the stage contract (core/backend.h):
+ * which stages it runs, the per-plan tiling, and run(), which turns an
+ * nsa_bk_args into kernel arguments and queues the stage's kernels on the
+ * context's stream (no synchronization, no allocation).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hip_backend.h"
+#include "nsa_dtype.h"
+
+static size_t dtype_size(nsa_dtype d)
+{
+    switch (d) {
+    case NSA_DTYPE_F32: return 4;
+    case NSA_DTYPE_F16: return 2;
+    case NSA_DTYPE_BF16: return 2;
+    case NSA_DTYPE_I32: return 4;
+    }
+    return 0;
+}
+
+/* Shape part of the kernel arguments (enough for tiling decisions). */
+static nsa_hip_dims dims_of_config(const nsa_config *c)
+{
+    nsa_hip_dims d;
+    memset(&d, 0, sizeof d);
+    d.Hq = c->num_q_heads;
+    d.Hkv = c->num_kv_heads;
+    d.G = c->num_kv_heads > 0 ? c->num_q_heads / c->num_kv_heads : 1;
+    d.Dqk = c->head_dim_qk;
+    d.Dv = c->head_dim_v;
+    d.l = c->cmp_block;
+    d.d = c->cmp_stride;
+    d.ls = c->slc_block;
+    d.n = c->num_selected;
+    d.n_init = c->num_init;
+    d.n_local = c->num_local;
+    d.w = c->window;
+    d.scale_log2 = c->scale * 1.4426950408889634f;
+    d.dtype = c->dtype == NSA_DTYPE_F16 ? NSA_DT_F16 : c->dtype == NSA_DTYPE_BF16 ? NSA_DT_BF16 : NSA_DT_F32;
+    return d;
+}
+
+static nsa_hip_dims dims_of_plan(const nsa_bk_plan *p)
+{
+    nsa_hip_dims d = dims_of_config(&p->cfg);
+    d.T = p->total_tokens;
+    d.B = p->batch;
+    d.total_cmp = p->total_cmp;
+    d.max_ns = p->max_ns;
+    const hip_buf *tb = (const hip_buf *)p->dev_tables;
+    const int64_t *base = tb ? (const int64_t *)tb->ptr : NULL;
+    d.cu_seqlens = base ? base + p->dev_cu_seqlens : NULL;
+    d.cu_cmp = base ? base + p->dev_cu_cmp : NULL;
+    d.tok_seq = base ? base + p->dev_tok_seq : NULL;
+    return d;
+}
+
+static nsa_hip_tensor view(const nsa_bk_tensor &t)
+{
+    const hip_buf *b = (const hip_buf *)t.buf;
+    nsa_hip_tensor v;
+    v.ptr = b ? b->ptr + (size_t)t.offset * dtype_size(t.dtype) : NULL;
+    v.st = t.stride_token;
+    v.sh = t.stride_head;
+    return v;
+}
+
+/* Stage names as in messages of the core (the module does not link libnsa). */
+static const char *stage_name(nsa_stage s)
+{
+    static const char *const names[NSA_STAGE_COUNT] = {"compress",     "cmp_attn", "block_scores", "select_topn",
+                                                       "slc_attn",     "win_attn", "combine",      "scores_topn"};
+    return (int)s >= 0 && s < NSA_STAGE_COUNT ? names[s] : "unknown";
+}
+
+static int dtype_ok(nsa_dtype d) { return d == NSA_DTYPE_F32 || d == NSA_DTYPE_F16 || d == NSA_DTYPE_BF16; }
+
+int nsa_hip_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
+{
+    const hip_ctx *c = (const hip_ctx *)bctx;
+    if (!dtype_ok(cfg->dtype)) return 0;
+    nsa_hip_dims d = dims_of_config(cfg);
+    nsa_hip_tile t;
+    switch (stage) {
+    case NSA_STAGE_COMPRESS:
+    case NSA_STAGE_SELECT_TOPN:
+    case NSA_STAGE_COMBINE: return 1;
+    case NSA_STAGE_CMP_ATTN:
+    case NSA_STAGE_SLC_ATTN:
+    case NSA_STAGE_WIN_ATTN: return nsa_hip_attn_tile(&d, c->lds_bytes, &t) == 0;
+    case NSA_STAGE_BLOCK_SCORES: return nsa_hip_scores_tile(&d, c->lds_bytes, &t) == 0;
+    default: return 0; /* SCORES_TOPN (fused) is not implemented: BLOCK_SCORES + SELECT_TOPN run instead */
+    }
+}
+
+nsa_status nsa_hip_plan_prepare(void *bctx, nsa_bk_plan *plan)
+{
+    const hip_ctx *c = (const hip_ctx *)bctx;
+    hip_plan *hp = (hip_plan *)calloc(1, sizeof *hp);
+    if (!hp) return nsa_hip_host->set_error(NSA_ERR_OUT_OF_MEMORY, "hip backend: out of host memory for a plan");
+    nsa_hip_dims d = dims_of_plan(plan);
+    if (nsa_hip_attn_tile(&d, c->lds_bytes, &hp->attn) != 0 || nsa_hip_scores_tile(&d, c->lds_bytes, &hp->scores) != 0) {
+        free(hp);
+        return nsa_hip_host->set_error(NSA_ERR_UNSUPPORTED,
+                                       "hip backend: head dims Dqk = %lld, Dv = %lld do not fit the %zu bytes of LDS "
+                                       "of this device even with one head and one key per block",
+                                       (long long)d.Dqk, (long long)d.Dv, c->lds_bytes);
+    }
+    if (d.T > 0 && (!d.cu_seqlens || !d.cu_cmp || !d.tok_seq)) {
+        free(hp);
+        return nsa_hip_host->set_error(NSA_ERR_INTERNAL, "hip backend: the plan has no device tables");
+    }
+    plan->backend_plan = hp;
+    return NSA_SUCCESS;
+}
+
+void nsa_hip_plan_release(void *bctx, nsa_bk_plan *plan)
+{
+    (void)bctx;
+    free(plan->backend_plan);
+    plan->backend_plan = NULL;
+}
+
+/* The stage's required tensors are present (the core checks; this guards the
+ * device against a NULL pointer if it ever did not). */
+static nsa_status need(const nsa_bk_tensor &t, const char *name, nsa_stage stage)
+{
+    if (t.buf) return NSA_SUCCESS;
+    return nsa_hip_host->set_error(NSA_ERR_MISSING_TENSOR, "hip backend: stage %s needs tensor %s", stage_name(stage),
+                                   name);
+}
+
+nsa_status nsa_hip_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
+{
+    const hip_ctx *c = (const hip_ctx *)bctx;
+    const nsa_bk_plan *p = a->plan;
+    const hip_plan *hp = (const hip_plan *)p->backend_plan;
+    if (p->total_tokens == 0) return NSA_SUCCESS;
+    if (!hp) return nsa_hip_host->set_error(NSA_ERR_INTERNAL, "hip backend: run() on a plan that was not prepared");
+    hipError_t e = hipSetDevice(c->device);
+    if (e != hipSuccess) return nsa_hip_fail(e, "hipSetDevice");
+
+    const nsa_hip_dims d = dims_of_plan(p);
+    const nsa_hip_tensor none = {NULL, 0, 0};
+    const int C = NSA_BRANCH_CMP, S = NSA_BRANCH_SLC, W = NSA_BRANCH_WIN;
+    nsa_status s;
+    switch (stage) {
+    case NSA_STAGE_COMPRESS:
+        if ((s = need(a->kc, "kc", stage)) || (s = need(a->vc, "vc", stage))) return s;
+        if (p->cfg.compress == NSA_COMPRESS_EXTERNAL) {
+            if ((s = need(a->kc_in, "kc_in", stage)) || (s = need(a->vc_in, "vc_in", stage))) return s;
+            e = nsa_hip_compress_copy(&d, view(a->kc_in), view(a->kc), d.Dqk, c->stream);
+            if (e == hipSuccess) e = nsa_hip_compress_copy(&d, view(a->vc_in), view(a->vc), d.Dv, c->stream);
+        } else if (p->cfg.compress == NSA_COMPRESS_LINEAR) {
+            if ((s = need(a->k[C], "k[cmp]", stage)) || (s = need(a->v[C], "v[cmp]", stage)) ||
+                (s = need(a->w_k, "w_k", stage)) || (s = need(a->w_v, "w_v", stage)))
+                return s;
+            e = nsa_hip_compress_linear(&d, view(a->k[C]), view(a->w_k), view(a->pe_k), view(a->kc), d.Dqk, c->stream);
+            if (e == hipSuccess)
+                e = nsa_hip_compress_linear(&d, view(a->v[C]), view(a->w_v), view(a->pe_v), view(a->vc), d.Dv,
+                                            c->stream);
+        } else {
+            if ((s = need(a->k[C], "k[cmp]", stage)) || (s = need(a->v[C], "v[cmp]", stage))) return s;
+            e = nsa_hip_compress_mean(&d, view(a->k[C]), view(a->kc), d.Dqk, c->stream);
+            if (e == hipSuccess) e = nsa_hip_compress_mean(&d, view(a->v[C]), view(a->vc), d.Dv, c->stream);
+        }
+        break;
+    case NSA_STAGE_CMP_ATTN:
+        if ((s = need(a->q, "q", stage)) || (s = need(a->kc, "kc", stage)) || (s = need(a->vc, "vc", stage)) ||
+            (s = need(a->o_b[C], "o_b[cmp]", stage)) || (s = need(a->lse[C], "lse[cmp]", stage)))
+            return s;
+        e = nsa_hip_attention(&d, NSA_HIP_CMP, &hp->attn, view(a->q), view(a->kc), view(a->vc), none,
+                              view(a->o_b[C]), view(a->lse[C]), c->stream);
+        break;
+    case NSA_STAGE_BLOCK_SCORES:
+        if ((s = need(a->q, "q", stage)) || (s = need(a->kc, "kc", stage)) || (s = need(a->lse[C], "lse[cmp]", stage)) ||
+            (s = need(a->scores, "scores", stage)))
+            return s;
+        e = nsa_hip_block_scores(&d, &hp->scores, view(a->q), view(a->kc), view(a->lse[C]), view(a->scores),
+                                 c->stream);
+        break;
+    case NSA_STAGE_SELECT_TOPN:
+        if ((s = need(a->scores, "scores", stage)) || (s = need(a->indices, "indices", stage))) return s;
+        e = nsa_hip_select_topn(&d, view(a->scores), view(a->indices), c->stream);
+        break;
+    case NSA_STAGE_SLC_ATTN:
+        if ((s = need(a->q, "q", stage)) || (s = need(a->k[S], "k[slc]", stage)) || (s = need(a->v[S], "v[slc]", stage)) ||
+            (s = need(a->indices, "indices", stage)) || (s = need(a->o_b[S], "o_b[slc]", stage)))
+            return s;
+        e = nsa_hip_attention(&d, NSA_HIP_SLC, &hp->attn, view(a->q), view(a->k[S]), view(a->v[S]), view(a->indices),
+                              view(a->o_b[S]), view(a->lse[S]), c->stream);
+        break;
+    case NSA_STAGE_WIN_ATTN:
+        if ((s = need(a->q, "q", stage)) || (s = need(a->k[W], "k[win]", stage)) || (s = need(a->v[W], "v[win]", stage)) ||
+            (s = need(a->o_b[W], "o_b[win]", stage)))
+            return s;
+        e = nsa_hip_attention(&d, NSA_HIP_WIN, &hp->attn, view(a->q), view(a->k[W]), view(a->v[W]), none,
+                              view(a->o_b[W]), view(a->lse[W]), c->stream);
+        break;
+    case NSA_STAGE_COMBINE: {
+        if ((s = need(a->o, "o", stage))) return s;
+        nsa_hip_tensor gate[3], ob[3];
+        for (int b = 0; b < 3; b++) {
+            ob[b] = view(a->o_b[b]);
+            gate[b] = ob[b].ptr ? view(a->gate[b]) : none;
+            if (ob[b].ptr && !gate[b].ptr)
+                return nsa_hip_host->set_error(NSA_ERR_MISSING_TENSOR, "hip backend: stage combine needs gate[%d]", b);
+        }
+        e = nsa_hip_combine(&d, gate, ob, view(a->o), c->stream);
+        break;
+    }
+    default:
+        return nsa_hip_host->set_error(NSA_ERR_UNSUPPORTED, "hip backend: stage %s is not implemented",
+                                       stage_name(stage));
+    }
+    if (e != hipSuccess) {
+        char what[96];
+        snprintf(what, sizeof what, "launching stage %s", stage_name(stage));
+        return nsa_hip_fail(e, what);
+    }
+    return NSA_SUCCESS;
+}

@@ -1,0 +1,110 @@
+/*
+ * nsa_hip.h -- what the HIP backend (backends/hip) and the HIP kernels
+ * (kernels/hip/<stage>.hip) share: the kernel argument structs and the host-side
+ * launchers, one per stage of core/backend.h.
+ *
+ * Kernels never see core/ types: the backend turns an nsa_bk_args into the
+ * plain structs below. Every launcher queues its kernel(s) on `stream`, never
+ * synchronizes or allocates, and returns hipGetLastError() of the launch.
+ *
+ * Work decomposition (all kernels use NSA_HIP_THREADS threads per block and
+ * never assume a wave size: reductions go through LDS, so the same code is
+ * right for wave32 (gfx10/gfx11) and wave64 (gfx9/CDNA)):
+ *   compress      MEAN/EXTERNAL: one thread per output element; LINEAR: a
+ *                 32 x 64 output tile per block (an LDS-tiled GEMM per KV head)
+ *   attention     one block per (token, KV group, head chunk, Dv chunk): the
+ *                 rows are the G query heads of the group, which share every
+ *                 K/V fetch (group-centric; the selected blocks of a token are
+ *                 the same for all G heads). Online softmax over key chunks.
+ *   scores        one block per (token, KV group): recomputes p_cmp from the
+ *                 LSE and sums it into selection blocks by token overlap
+ *   topn          one block per (token, KV group): exact radix select
+ *   combine       one thread per output element
+ * Every reduction has a fixed order: results are bitwise reproducible.
+ */
+#ifndef NSA_KERNELS_HIP_NSA_HIP_H
+#define NSA_KERNELS_HIP_NSA_HIP_H
+
+#include <hip/hip_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define NSA_HIP_THREADS 256
+/* Output elements one thread of the attention kernel accumulates in registers
+ * (rows * Dv chunk <= NSA_HIP_THREADS * NSA_HIP_ACC). */
+#define NSA_HIP_ACC 16
+/* Most query heads one attention block handles (head chunk). */
+#define NSA_HIP_MAX_ROWS 32
+
+/* A tensor as kernels see it: ptr points at element (0, 0, 0) (the element
+ * offset already applied); strides in elements; the last dimension is
+ * contiguous. ptr == NULL: absent. */
+struct nsa_hip_tensor {
+    void *ptr;
+    int64_t st; /* token (or row) stride */
+    int64_t sh; /* head stride */
+};
+
+/* The problem: config, shape and the device copies of the plan's tables. */
+struct nsa_hip_dims {
+    int64_t T, B, Hq, Hkv, G, Dqk, Dv;
+    int64_t l, d, ls, n, n_init, n_local, w;
+    int64_t total_cmp, max_ns;
+    float scale_log2;            /* softmax scale * log2(e): kernels use exp2 */
+    int dtype;                   /* NSA_DT_* (nsa_dtype.h) of q, k, v, W, pe, kc_in, o */
+    const int64_t *cu_seqlens;   /* [B + 1] token offsets */
+    const int64_t *cu_cmp;       /* [B + 1] compressed-row offsets */
+    const int64_t *tok_seq;      /* [T] sequence of each token */
+};
+
+/* Which key set an attention block walks. */
+enum nsa_hip_kind { NSA_HIP_CMP = 0, NSA_HIP_SLC = 1, NSA_HIP_WIN = 2 };
+
+/* LDS tiling of the attention and block-score kernels, chosen on the host for
+ * the head dims and the device's LDS size (nsa_hip_attn_tile). */
+struct nsa_hip_tile {
+    int rows;        /* query heads per block (<= G, <= NSA_HIP_MAX_ROWS) */
+    int keys;        /* keys per LDS chunk */
+    int dv_chunk;    /* output columns per block */
+    int head_chunks; /* ceil(G / rows) */
+    int dv_chunks;   /* ceil(Dv / dv_chunk) */
+    int sel_chunk;   /* scores only: selection blocks per pass */
+    int psum_len;    /* scores only: compressed blocks per pass */
+    size_t lds_bytes;
+};
+
+/* Tile choice; returns 0, or -1 when even the smallest tile does not fit in
+ * lds_budget bytes (head dims too large). */
+int nsa_hip_attn_tile(const nsa_hip_dims *dm, size_t lds_budget, nsa_hip_tile *out);
+int nsa_hip_scores_tile(const nsa_hip_dims *dm, size_t lds_budget, nsa_hip_tile *out);
+
+/* COMPRESS. src: k or v [T, Hkv, D] (dtype); dst: f32 [total_cmp, Hkv, D]. */
+hipError_t nsa_hip_compress_mean(const nsa_hip_dims *dm, nsa_hip_tensor src, nsa_hip_tensor dst, int64_t D,
+                                 hipStream_t stream);
+/* LINEAR: w [Hkv, l, D, D] and pe [Hkv, l, D] (pe.ptr may be NULL), contiguous. */
+hipError_t nsa_hip_compress_linear(const nsa_hip_dims *dm, nsa_hip_tensor src, nsa_hip_tensor w, nsa_hip_tensor pe,
+                                   nsa_hip_tensor dst, int64_t D, hipStream_t stream);
+/* EXTERNAL: src [total_cmp, Hkv, D] (dtype) -> dst f32. */
+hipError_t nsa_hip_compress_copy(const nsa_hip_dims *dm, nsa_hip_tensor src, nsa_hip_tensor dst, int64_t D,
+                                 hipStream_t stream);
+
+/* CMP_ATTN / SLC_ATTN / WIN_ATTN. k, v: f32 kc/vc for CMP, else dtype.
+ * idx: int32 [T, Hkv, n] (SLC only). o: f32 [T, Hq, Dv]. lse: f32 [T, Hq] or
+ * absent. mfma: use the matrix-core kernel where one exists for the target. */
+hipError_t nsa_hip_attention(const nsa_hip_dims *dm, int kind, const nsa_hip_tile *tile, nsa_hip_tensor q,
+                             nsa_hip_tensor k, nsa_hip_tensor v, nsa_hip_tensor idx, nsa_hip_tensor o,
+                             nsa_hip_tensor lse, hipStream_t stream);
+
+/* BLOCK_SCORES: scores f32 [T, Hkv, max_ns] from q, kc (f32) and lse[CMP]. */
+hipError_t nsa_hip_block_scores(const nsa_hip_dims *dm, const nsa_hip_tile *tile, nsa_hip_tensor q,
+                                nsa_hip_tensor kc, nsa_hip_tensor lse, nsa_hip_tensor scores, hipStream_t stream);
+
+/* SELECT_TOPN: indices int32 [T, Hkv, n], ascending, -1 padded. */
+hipError_t nsa_hip_select_topn(const nsa_hip_dims *dm, nsa_hip_tensor scores, nsa_hip_tensor idx,
+                               hipStream_t stream);
+
+/* COMBINE: o = sum over branches with o_b[b].ptr != NULL of gate[b] * o_b[b]. */
+hipError_t nsa_hip_combine(const nsa_hip_dims *dm, const nsa_hip_tensor gate[3], const nsa_hip_tensor o_b[3],
+                           nsa_hip_tensor o, hipStream_t stream);
+
+#endif /* NSA_KERNELS_HIP_NSA_HIP_H */
