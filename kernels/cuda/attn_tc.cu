@@ -1,0 +1,246 @@
+/*
+ * attn_tc.cu -- version 2 of the compressed and window branches:
+ * FlashAttention-2-style tiles on the tensor cores (sm_80+, f16 / bf16).
+ *
+ * CTA = 8 warps, 128 query rows (tile_qk.cuh: tokens x heads of one KV
+ * group, head fastest), each warp 16 rows. The CTA walks the union of its
+ * rows' visible key ranges in tiles of BN keys, K/V double-buffered in shared
+ * memory with cp.async; per tile each warp computes S = Q K^T (mma.sync
+ * m16n8k16, fp32 accumulation), masks keys outside its rows' ranges, does the
+ * online-softmax update in fp32 (exp2 with the scale folded in) and adds
+ * P V with P taken straight from the accumulator registers (rounded to the
+ * input type). Head dims are padded with zeros to DQK/DV (32, 64, 128, 192,
+ * 256), so any Dqk, Dv <= 256 runs here, odd ones included.
+ *
+ *   compressed (MODE 0): keys = compressed rows, pre-packed to the input type
+ *                        (pack_cmp16), row visible iff i < nc(t).
+ *   window     (MODE 2): keys = tokens max(0, t-w+1) .. t of the sequence.
+ *
+ * Shared memory (D = 128, BN = 64): Q 34 KB + K 2x17 KB + V 2x17 KB = 102 KB,
+ * one CTA (8 warps) per SM. Register budget: o 64 + s 32 + q 32 floats.
+ *
+ * Measured speeds: backends/cuda/NOTES.md.
+ */
+#include "tile_qk.cuh"
+
+namespace nsa_cuda {
+
+template <typename T, int DQK, int DV, int MODE>
+__global__ void __launch_bounds__(TC_THREADS, 1)
+    attn_tc_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
+                   const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst,
+                   int64_t vsh, int64_t kd, int64_t vd, bool qvec, bool kvvec, float *o, int64_t ost, int64_t osh,
+                   float *lse, int64_t lst, int64_t lsh)
+{
+    constexpr int BM = TC_BM, NT = TC_THREADS, BN = TcBn<DQK>::value;
+    constexpr int SQ = DQK + 8, SV = DV + 8;
+    constexpr bool QREG = DQK <= 192;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sQ = (T *)smem_raw;
+    T *sK = sQ + BM * SQ;
+    T *sV = sK + 2 * BN * SQ;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const TileCtx c = tile_ctx(g, tl);
+    const int64_t tlast = c.tl0 + c.ntok - 1;
+    int64_t klo, khi, tmp;
+    row_range<MODE>(g, c.tl0, klo, tmp);
+    row_range<MODE>(g, tlast, tmp, khi);
+    const int64_t kbase = MODE == 0 ? g.cu_cmp[c.seq] : c.s0;
+    const T *kg = k + kbase * kst + c.gi * ksh;
+    const T *vg = v + kbase * vst + c.gi * vsh;
+
+    load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
+        return r < c.nrows ? (c.t0 + r / c.hca) * qst + (c.h0 + r % c.hca) * qsh : -1;
+    });
+    cp_async_commit();
+    const int64_t nkt = khi >= klo ? (khi - klo + BN) / BN : 0;
+    auto load_kv = [&](int64_t kt, int buf) {
+        const int64_t ks = klo + kt * BN;
+        load_tile<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg, kd, kvvec,
+                                      [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
+        load_tile<T, BN, DV, SV, NT>(sV + buf * BN * SV, vg, vd, kvvec,
+                                     [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * vst : -1; });
+    };
+    if (nkt > 0) load_kv(0, 0);
+    cp_async_commit();
+
+    /* this thread's two rows and the warp's range summaries */
+    int64_t lo[2], hi[2];
+    int64_t wminlo = INT64_MAX, wmaxhi = INT64_MIN, wmaxlo = INT64_MIN, wminhi = INT64_MAX;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        if (r < c.nrows) {
+            row_range<MODE>(g, c.tl0 + r / c.hca, lo[i], hi[i]);
+            wminlo = min(wminlo, lo[i]);
+            wmaxhi = max(wmaxhi, hi[i]);
+            wmaxlo = max(wmaxlo, lo[i]);
+            wminhi = min(wminhi, hi[i]);
+        } else {
+            lo[i] = 1;
+            hi[i] = 0; /* empty */
+        }
+    }
+    wminlo = warp_min64(wminlo);
+    wmaxhi = warp_max64(wmaxhi);
+    wmaxlo = warp_max64(wmaxlo);
+    wminhi = warp_min64(wminhi);
+    const bool warp_rows = warp * 16 < c.nrows;
+
+    cp_async_wait<1>();
+    __syncthreads();
+    const T *sQw = sQ + warp * 16 * SQ;
+    uint32_t qf[QREG ? DQK / 16 : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? DQK / 16 : 1); kk++) q_frag<SQ>(qf[kk], sQw, kk, lane);
+    }
+
+    const float sl = g.scale * NSA_LOG2E;
+    float oacc[DV / 8][4];
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
+
+    for (int64_t kt = 0; kt < nkt; kt++) {
+        if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const int buf = (int)(kt & 1);
+        const int64_t ks = klo + kt * BN;
+        if (warp_rows && ks <= wmaxhi && ks + BN - 1 >= wminlo) {
+            float s[BN / 8][4];
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
+
+            const bool full = ks >= wmaxlo && ks + BN - 1 <= wminhi;
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = s[j][e] * sl;
+                    if (!full) {
+                        const int64_t key = ks + j * 8 + 2 * (lane & 3) + (e & 1);
+                        if (key < lo[e >> 1] || key > hi[e >> 1]) x = -INFINITY;
+                    }
+                    s[j][e] = x;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                }
+            float mu[2], alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                const float mn = fmaxf(m[i], mx[i]);
+                mu[i] = mn == -INFINITY ? 0.f : mn;
+                alpha[i] = exp2f(m[i] - mu[i]);
+                m[i] = mn;
+            }
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = exp2f(s[j][e] - mu[e >> 1]);
+                    s[j][e] = p;
+                    rs[e >> 1] += p;
+                }
+#pragma unroll
+            for (int i = 0; i < 2; i++) ls[i] = ls[i] * alpha[i] + rs[i];
+#pragma unroll
+            for (int j = 0; j < DV / 8; j++) {
+                oacc[j][0] *= alpha[0];
+                oacc[j][1] *= alpha[0];
+                oacc[j][2] *= alpha[1];
+                oacc[j][3] *= alpha[1];
+            }
+            warp_pv<T, DV, BN / 16, SV>(oacc, s, sV + buf * BN * SV, 0, lane);
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
+        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        if (r >= c.nrows) continue;
+        const int64_t t = c.t0 + r / c.hca, h = c.h0 + r % c.hca;
+        const float inv = ls[i] > 0.f ? 1.0f / ls[i] : 0.f;
+        float *orow = o + t * ost + h * osh;
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            const int col = j * 8 + 2 * (lane & 3);
+            if (col < g.Dv) orow[col] = oacc[j][2 * i] * inv;
+            if (col + 1 < g.Dv) orow[col + 1] = oacc[j][2 * i + 1] * inv;
+        }
+        if (lse && (lane & 3) == 0)
+            lse[t * lst + h * lsh] = ls[i] > 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
+    }
+}
+
+template <typename T, int DQK, int DV, int MODE>
+static cudaError_t launch_tc(const Geom &g, const Tiles &tl, View q, View k, View v, MView o, MView lse,
+                             cudaStream_t s)
+{
+    constexpr int BN = TcBn<DQK>::value;
+    const size_t smem = sizeof(T) * (size_t)(TC_BM * (DQK + 8) + 2 * BN * (DQK + 8) + 2 * BN * (DV + 8));
+    cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<T, DQK, DV, MODE>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
+    /* the packed compressed rows are padded and aligned: always vector loads */
+    const bool kvvec = MODE == 0 || (vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv));
+    const int64_t kd = MODE == 0 ? DQK : g.Dqk, vd = MODE == 0 ? DV : g.Dv;
+    const dim3 grid((unsigned)tl.count, (unsigned)(g.Hkv * tl.nchunk));
+    attn_tc_kernel<T, DQK, DV, MODE><<<grid, TC_THREADS, smem, s>>>(
+        g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh, kd, vd, qvec,
+        kvvec, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh);
+    return cudaGetLastError();
+}
+
+template <typename T, int MODE>
+static cudaError_t attn_tc_t(const Geom &g, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
+                             MView lse, cudaStream_t s)
+{
+    switch (dqkp * 1000 + dvp) {
+    case 32032: return launch_tc<T, 32, 32, MODE>(g, tl, q, k, v, o, lse, s);
+    case 64064: return launch_tc<T, 64, 64, MODE>(g, tl, q, k, v, o, lse, s);
+    case 128128: return launch_tc<T, 128, 128, MODE>(g, tl, q, k, v, o, lse, s);
+    case 192128: return launch_tc<T, 192, 128, MODE>(g, tl, q, k, v, o, lse, s);
+    case 256256: return launch_tc<T, 256, 256, MODE>(g, tl, q, k, v, o, lse, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+void tc_dims(int64_t dqk, int64_t dv, int *dqkp, int *dvp)
+{
+    *dqkp = *dvp = 0;
+    if (dqk > 256 || dv > 256) return;
+    if (dqk > 128 && dqk <= 192 && dv <= 128) {
+        *dqkp = 192;
+        *dvp = 128;
+        return;
+    }
+    const int64_t m = dqk > dv ? dqk : dv;
+    const int p = m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 ? 128 : 256;
+    *dqkp = *dvp = p;
+}
+
+cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
+                    MView lse, cudaStream_t s)
+{
+    if (tl.count == 0) return cudaSuccess;
+    if (g.dtype == 1)
+        return mode == 0 ? attn_tc_t<__half, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s)
+                         : attn_tc_t<__half, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s);
+    if (g.dtype == 2)
+        return mode == 0 ? attn_tc_t<__nv_bfloat16, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s)
+                         : attn_tc_t<__nv_bfloat16, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s);
+    return cudaErrorInvalidValue;
+}
+
+} // namespace nsa_cuda

@@ -1,0 +1,88 @@
+/*
+ * nsa_cuda_kernels.h -- the launchers of the CUDA kernels, as the backend
+ * (backends/cuda) calls them. Host-side C++; no core header is needed here:
+ * the backend translates its nsa_bk_args into these plain views.
+ *
+ * A View is a strided [rows, heads, dim] (or [rows, heads]) tensor: p points
+ * at its first element (the element offset already applied), st/sh are the
+ * element strides of the token and head axes; the last axis is contiguous.
+ * Every launcher only queues work on `stream` and returns the launch status.
+ */
+#ifndef NSA_KERNELS_CUDA_NSA_CUDA_KERNELS_H
+#define NSA_KERNELS_CUDA_NSA_CUDA_KERNELS_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace nsa_cuda {
+
+struct View {
+    const void *p;
+    int64_t st, sh;
+};
+struct MView {
+    void *p;
+    int64_t st, sh;
+};
+
+/* The shape facts every kernel needs (copied from the core's plan). */
+struct Geom {
+    int64_t T, B, Hq, Hkv, G, Dqk, Dv;
+    int64_t l, d, ls, n, n_init, n_local, w;
+    int64_t total_cmp, max_ns;
+    float scale;
+    int dtype; /* 0 f32, 1 f16, 2 bf16 (enum nsa_dtype) */
+    const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
+};
+
+/* A work decomposition for the tiled tensor-core kernels (made per plan):
+ * tiles[3*i] = first global token, tiles[3*i+1] = tokens (<= qt), tiles[3*i+2]
+ * = sequence. A tile covers qt tokens x hc query heads of one KV group (rows
+ * = tokens x heads, 128 per CTA); nchunk = ceil(G / hc). */
+struct Tiles {
+    const int64_t *tiles;
+    int64_t count;
+    int qt, hc, nchunk;
+};
+
+/* Padded head dims of the tensor-core kernels for (Dqk, Dv); 0 when the dims
+ * are too large (then the reference kernels run). */
+void tc_dims(int64_t dqk, int64_t dv, int *dqkp, int *dvp);
+
+/* compress.cu: kc/vc (f32, dense [total_cmp, Hkv, D]) */
+cudaError_t compress_mean(const Geom &g, View src, int64_t D, MView dst, cudaStream_t s);
+cudaError_t compress_linear(const Geom &g, View src, int64_t D, const void *W, const void *pe, MView dst,
+                            cudaStream_t s);
+cudaError_t compress_copy(const Geom &g, View src, int64_t D, MView dst, cudaStream_t s);
+/* f32 [total_cmp, Hkv, D] -> cfg dtype (16-bit) dense [total_cmp, Hkv, DP], zero padded */
+cudaError_t pack_cmp16(const Geom &g, View src, int64_t D, int DP, void *dst, cudaStream_t s);
+
+/* attn_ref.cu: one warp per (token, head); every dtype, any head dim.
+ * mode 0 compressed (k, v = f32 kc, vc), 1 selected (idx given), 2 window. */
+cudaError_t attn_ref(const Geom &g, int mode, View q, View k, View v, View idx, MView o, MView lse,
+                     cudaStream_t s);
+
+/* attn_tc.cu: tensor-core FlashAttention-style tiles; mode 0 (k, v = packed
+ * 16-bit compressed rows, st = Hkv*DP) or 2 (window). f16 / bf16 only. */
+cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
+                    MView lse, cudaStream_t s);
+
+/* slc_tc.cu: group-centric selected attention, f16 / bf16. */
+cudaError_t slc_tc(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
+                   cudaStream_t s);
+
+/* scores.cu: s(t, g, j) for every eligible j. ref: any dtype (kc f32);
+ * tc: f16 / bf16 (kc packed 16-bit), needs G <= 128. */
+cudaError_t scores_ref(const Geom &g, View q, View kc, View lse, MView scores, cudaStream_t s);
+cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse, MView scores,
+                      cudaStream_t s);
+
+/* topn.cu: indices [T, Hkv, n], ascending, -1 padded */
+cudaError_t select_topn(const Geom &g, View scores, MView idx, cudaStream_t s);
+
+/* combine.cu: o = sum_b gate_b * o_b over the branches whose ob[b].p != NULL */
+cudaError_t combine(const Geom &g, const View gate[3], const View ob[3], MView o, cudaStream_t s);
+
+} // namespace nsa_cuda
+
+#endif

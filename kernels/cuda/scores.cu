@@ -1,0 +1,238 @@
+/*
+ * scores.cu -- BLOCK_SCORES (semantics section 3): for every token t, KV group
+ * g and eligible selection block j (j <= floor(t/l_s)),
+ *     s(t, g, j) = sum_{h in g} sum_i overlap(i, j) / d * p_cmp(t, h, i),
+ *     p_cmp(t, h, i) = exp(scale q(t,h).kc_i - lse_cmp(t, h))   for i < nc(t).
+ * Eligible blocks no visible compressed block overlaps get 0.
+ *
+ * v1 scores_ref_kernel (every dtype): one warp per (t, g), a lane per j; for
+ *    each compressed block overlapping j it recomputes the G logits in fp32
+ *    (blocks shared by two j are computed twice). Readable, slow.
+ * v2 scores_tc_kernel (f16 / bf16, G <= 128): the attn_tc tiling (tile_qk.cuh,
+ *    rows = tokens x all G heads of a group); per K tile of BN compressed
+ *    blocks: S = Q K^T on the tensor cores, P = exp2(S*scale*log2e - lse*log2e)
+ *    into shared memory, a column sum over each token's G rows (the group
+ *    sum), then the overlap map onto the selection blocks the tile touches,
+ *    added to the scores row in global memory (zeroed first). Every (t, j)
+ *    entry is updated by one thread per tile, tiles in order: reproducible.
+ */
+#include "tile_qk.cuh"
+
+namespace nsa_cuda {
+
+template <typename T>
+__global__ void __launch_bounds__(128) scores_ref_kernel(const Geom g, const T *q, int64_t qst, int64_t qsh,
+                                                         const float *kc, int64_t kst, int64_t ksh, const float *lse,
+                                                         int64_t lst, int64_t lsh, float *sc, int64_t sst,
+                                                         int64_t ssh)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t pairs = g.T * g.Hkv;
+    for (int64_t pr = (int64_t)blockIdx.x * 4 + warp; pr < pairs; pr += (int64_t)gridDim.x * 4) {
+        const int64_t t = pr / g.Hkv, gi = pr % g.Hkv;
+        const int64_t seq = g.tok_seq[t], tl = t - g.cu_seqlens[seq];
+        const int64_t nc = nsa_cmp_visible(tl, g.l, g.d), cur = nsa_slc_last(tl, g.ls);
+        for (int64_t j = lane; j <= cur; j += 32) {
+            const int64_t i0 = nsa_cmp_first_overlapping(j, g.l, g.d, g.ls);
+            const int64_t i1 = nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), nc - 1);
+            float acc = 0.f;
+            for (int64_t i = i0; i <= i1; i++) {
+                const float wgt = (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d;
+                const float *kr = kc + (g.cu_cmp[seq] + i) * kst + gi * ksh;
+                float psum = 0.f;
+                for (int64_t hh = 0; hh < g.G; hh++) {
+                    const int64_t h = gi * g.G + hh;
+                    const T *qr = q + t * qst + h * qsh;
+                    float dot = 0.f;
+                    for (int64_t e = 0; e < g.Dqk; e++) dot += to_f(qr[e]) * kr[e];
+                    psum += expf(dot * g.scale - lse[t * lst + h * lsh]);
+                }
+                acc += wgt * psum;
+            }
+            sc[t * sst + gi * ssh + j] = acc;
+        }
+    }
+}
+
+cudaError_t scores_ref(const Geom &g, View q, View kc, View lse, MView scores, cudaStream_t s)
+{
+    const int64_t pairs = g.T * g.Hkv;
+    if (pairs == 0) return cudaSuccess;
+    int64_t blocks = (pairs + 3) / 4;
+    if (blocks > (1 << 30)) blocks = 1 << 30;
+    NSA_DISPATCH_DTYPE(g.dtype, T,
+                       scores_ref_kernel<T><<<(unsigned)blocks, 128, 0, s>>>(
+                           g, (const T *)q.p, q.st, q.sh, (const float *)kc.p, kc.st, kc.sh, (const float *)lse.p,
+                           lse.st, lse.sh, (float *)scores.p, scores.st, scores.sh));
+    return cudaGetLastError();
+}
+
+template <typename T, int DQK>
+__global__ void __launch_bounds__(TC_THREADS, 1)
+    scores_tc_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
+                     const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec, const float *lse, int64_t lst,
+                     int64_t lsh, float *sc, int64_t sst, int64_t ssh)
+{
+    constexpr int BM = TC_BM, NT = TC_THREADS, BN = TcBn<DQK>::value;
+    constexpr int SQ = DQK + 8, SP = BN + 4;
+    constexpr bool QREG = DQK <= 192;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sQ = (T *)smem_raw;
+    T *sK = sQ + BM * SQ;
+    float *sP = (float *)(sK + 2 * BN * SQ); /* [BM][SP] probabilities */
+    float *sC = sP + BM * SP;                /* [tokens][BN] group sums */
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const TileCtx c = tile_ctx(g, tl);
+    const int64_t tlast = c.tl0 + c.ntok - 1;
+    const int64_t khi = nsa_cmp_visible(tlast, g.l, g.d) - 1;
+    const T *kg = k + g.cu_cmp[c.seq] * kst + c.gi * ksh;
+    float *scg = sc + c.t0 * sst + c.gi * ssh; /* row of token t0 + tok at scg + tok * sst */
+
+    load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
+        return r < c.nrows ? (c.t0 + r / c.hca) * qst + (c.h0 + r % c.hca) * qsh : -1;
+    });
+    cp_async_commit();
+    const int64_t nkt = khi >= 0 ? (khi + BN) / BN : 0;
+    auto load_k = [&](int64_t kt, int buf) {
+        const int64_t ks = kt * BN;
+        load_tile<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg, DQK, true,
+                                      [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
+    };
+    if (nkt > 0) load_k(0, 0);
+    cp_async_commit();
+
+    /* zero the eligible part of every token's scores row */
+    {
+        const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
+        for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
+            const int64_t tok = e / width, j = e % width;
+            if (j <= nsa_slc_last(c.tl0 + tok, g.ls)) scg[tok * sst + j] = 0.f;
+        }
+    }
+
+    int64_t hi[2];
+    float lse2[2];
+    int64_t wmaxhi = INT64_MIN, wminhi = INT64_MAX;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        if (r < c.nrows) {
+            const int64_t tq = c.tl0 + r / c.hca;
+            hi[i] = nsa_cmp_visible(tq, g.l, g.d) - 1;
+            lse2[i] = lse[(c.t0 + r / c.hca) * lst + (c.h0 + r % c.hca) * lsh] * NSA_LOG2E;
+            wmaxhi = max(wmaxhi, hi[i]);
+            wminhi = min(wminhi, hi[i]);
+        } else {
+            hi[i] = -1;
+            lse2[i] = 0.f;
+        }
+    }
+    wmaxhi = warp_max64(wmaxhi);
+    wminhi = warp_min64(wminhi);
+    const bool warp_rows = warp * 16 < c.nrows;
+
+    cp_async_wait<1>();
+    __syncthreads();
+    const T *sQw = sQ + warp * 16 * SQ;
+    uint32_t qf[QREG ? DQK / 16 : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? DQK / 16 : 1); kk++) q_frag<SQ>(qf[kk], sQw, kk, lane);
+    }
+    const float sl = g.scale * NSA_LOG2E;
+
+    for (int64_t kt = 0; kt < nkt; kt++) {
+        if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const int buf = (int)(kt & 1);
+        const int64_t ks = kt * BN;
+        if (warp_rows) {
+            float s[BN / 8][4];
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            if (ks <= wmaxhi) warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
+            const bool full = ks + BN - 1 <= wminhi;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = e >> 1;
+                    const int col = j * 8 + 2 * (lane & 3) + (e & 1);
+                    float p = 0.f;
+                    if (full || ks + col <= hi[i]) p = exp2f(s[j][e] * sl - lse2[i]);
+                    sP[(warp * 16 + (lane >> 2) + 8 * i) * SP + col] = p;
+                }
+        }
+        __syncthreads();
+        /* group sum over each token's heads */
+        for (int e = tid; e < c.ntok * BN; e += NT) {
+            const int tok = e / BN, col = e % BN;
+            const float *pp = sP + tok * c.hca * SP + col;
+            float acc = 0.f;
+            for (int hh = 0; hh < c.hca; hh++) acc += pp[hh * SP];
+            sC[e] = acc;
+        }
+        __syncthreads();
+        /* overlap map onto the selection blocks this tile touches */
+        const int64_t last = nsa_min64(ks + BN - 1, khi);
+        const int64_t jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
+        const int64_t nj = nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1;
+        for (int64_t e = tid; e < (int64_t)c.ntok * nj; e += NT) {
+            const int tok = (int)(e / nj);
+            const int64_t j = jlo + e % nj;
+            const int64_t nc = nsa_cmp_visible(c.tl0 + tok, g.l, g.d);
+            const int64_t i0 = nsa_max64(nsa_cmp_first_overlapping(j, g.l, g.d, g.ls), ks);
+            const int64_t i1 = nsa_min64(nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), ks + BN - 1), nc - 1);
+            if (i0 > i1) continue;
+            float acc = 0.f;
+            for (int64_t i = i0; i <= i1; i++)
+                acc += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * sC[tok * BN + (int)(i - ks)];
+            scg[tok * sst + j] += acc;
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T, int DQK>
+static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc, View lse, MView sc, cudaStream_t s)
+{
+    constexpr int BN = TcBn<DQK>::value;
+    const size_t smem = sizeof(T) * (size_t)(TC_BM * (DQK + 8) + 2 * BN * (DQK + 8)) +
+                        sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
+    cudaError_t e = cudaFuncSetAttribute(scores_tc_kernel<T, DQK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
+    scores_tc_kernel<T, DQK><<<grid, TC_THREADS, smem, s>>>(
+        g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, kc.st, kc.sh, vec_ok(q.p, q.st, q.sh, g.Dqk),
+        (const float *)lse.p, lse.st, lse.sh, (float *)sc.p, sc.st, sc.sh);
+    return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t scores_tc_t(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc,
+                               cudaStream_t s)
+{
+    switch (dqkp) {
+    case 32: return launch_scores<T, 32>(g, tl, q, kc, lse, sc, s);
+    case 64: return launch_scores<T, 64>(g, tl, q, kc, lse, sc, s);
+    case 128: return launch_scores<T, 128>(g, tl, q, kc, lse, sc, s);
+    case 192: return launch_scores<T, 192>(g, tl, q, kc, lse, sc, s);
+    case 256: return launch_scores<T, 256>(g, tl, q, kc, lse, sc, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc, cudaStream_t s)
+{
+    if (tl.count == 0) return cudaSuccess;
+    if (tl.nchunk != 1) return cudaErrorInvalidValue;
+    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, lse, sc, s);
+    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, lse, sc, s);
+    return cudaErrorInvalidValue;
+}
+
+} // namespace nsa_cuda

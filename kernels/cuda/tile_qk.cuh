@@ -1,0 +1,150 @@
+/*
+ * tile_qk.cuh -- the pieces the tiled tensor-core kernels (attn_tc.cu,
+ * scores.cu, slc_tc.cu) share: how a CTA's 128 rows map to (token, head), the
+ * per-row visible key range, and one warp's S = Q K^T on a shared-memory K
+ * tile with mma.sync m16n8k16.
+ *
+ * Row mapping (attn_tc, scores): a CTA owns `ntok` consecutive tokens of one
+ * sequence and `hca` query heads of one KV group, head fastest:
+ *   row r -> token t0 + r / hca, head h0 + r % hca      (r < ntok * hca)
+ * With G = 16 that is 8 tokens x 16 heads: one fetch of each K/V tile serves
+ * all 16 heads of the group and 8 neighbouring tokens (whose visible ranges
+ * differ by at most a few keys). Rows past ntok*hca are padding: their key
+ * range is empty and they are never stored.
+ */
+#ifndef NSA_KERNELS_CUDA_TILE_QK_CUH
+#define NSA_KERNELS_CUDA_TILE_QK_CUH
+
+#include "nsa_cuda.cuh"
+#include "nsa_cuda_kernels.h"
+
+namespace nsa_cuda {
+
+constexpr int TC_BM = 128;     /* rows per CTA */
+constexpr int TC_THREADS = 256; /* 8 warps x 16 rows */
+
+/* K tile length for a padded Dqk: 64 keys, 32 for the widest heads. */
+template <int DQK> struct TcBn {
+    static constexpr int value = DQK > 192 ? 32 : 64;
+};
+
+struct TileCtx {
+    int64_t t0, seq, s0, tl0; /* first global token, its sequence, sequence start, first local position */
+    int ntok, hca, nrows;
+    int64_t gi, h0; /* KV group, first query head */
+};
+
+NSA_DEV TileCtx tile_ctx(const Geom &g, const Tiles &tl)
+{
+    TileCtx c;
+    const int64_t *tp = tl.tiles + 3 * (int64_t)blockIdx.x;
+    c.t0 = tp[0];
+    c.ntok = (int)tp[1];
+    c.seq = tp[2];
+    c.s0 = g.cu_seqlens[c.seq];
+    c.tl0 = c.t0 - c.s0;
+    c.gi = blockIdx.y / tl.nchunk;
+    const int64_t chunk = blockIdx.y % tl.nchunk;
+    c.h0 = c.gi * g.G + chunk * tl.hc;
+    c.hca = (int)nsa_min64(tl.hc, g.G - chunk * tl.hc);
+    c.nrows = c.ntok * c.hca;
+    return c;
+}
+
+/* Visible key range [lo, hi] of local query position tq.
+ * MODE 0: compressed blocks [0, nc(tq) - 1]; MODE 2: window [max(0, tq-w+1), tq]. */
+template <int MODE> NSA_DEV void row_range(const Geom &g, int64_t tq, int64_t &lo, int64_t &hi)
+{
+    if (MODE == 0) {
+        lo = 0;
+        hi = nsa_cmp_visible(tq, g.l, g.d) - 1;
+    } else {
+        lo = nsa_win_start(tq, g.w);
+        hi = tq;
+    }
+}
+
+NSA_DEV int64_t warp_min64(int64_t v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const int64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+NSA_DEV int64_t warp_max64(int64_t v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const int64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+/* Q fragments of the warp's 16 rows (row-major, stride SQ) for k-step kk. */
+template <int SQ> NSA_DEV void q_frag(uint32_t a[4], const void *sQw, int kk, int lane)
+{
+    const unsigned short *p = (const unsigned short *)sQw;
+    ldsm_x4(a, p + (lane & 15) * SQ + kk * 16 + (lane >> 4) * 8);
+}
+
+/* s[NB8][4] += Q(16 x DQK) K^T for keys [key0, key0 + NB8*8) of the K tile
+ * (row-major [key][dim], stride SQ). qf holds the Q fragments when QREG. */
+template <typename T, int DQK, int NB8, int SQ, bool QREG>
+NSA_DEV void warp_qk(float (*s)[4], const uint32_t (*qf)[4], const T *sQw, const T *sK, int key0, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; kk++) {
+        uint32_t a[4];
+        if (QREG) {
+            a[0] = qf[kk][0];
+            a[1] = qf[kk][1];
+            a[2] = qf[kk][2];
+            a[3] = qf[kk][3];
+        } else {
+            q_frag<SQ>(a, sQw, kk, lane);
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB8 / 2; nb++) {
+            uint32_t b[4];
+            ldsm_x4(b, sK + (key0 + nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * SQ + kk * 16 +
+                           (((lane >> 3) & 1) << 3));
+            Mma<T>::run(s[2 * nb], a, b[0], b[1]);
+            Mma<T>::run(s[2 * nb + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* o[DV/8][4] += P(16 x 16*KS) V for keys [key0, key0 + 16*KS) of the V tile
+ * (row-major [key][dim], stride SV); p holds the probabilities as C fragments
+ * of 2*KS n-tiles. */
+template <typename T, int DV, int KS, int SV>
+NSA_DEV void warp_pv(float (*o)[4], float (*p)[4], const T *sV, int key0, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t a[4];
+        a[0] = Mma<T>::pack(p[2 * kk][0], p[2 * kk][1]);
+        a[1] = Mma<T>::pack(p[2 * kk][2], p[2 * kk][3]);
+        a[2] = Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        a[3] = Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+        for (int nb = 0; nb < DV / 16; nb++) {
+            uint32_t b[4];
+            ldsm_x4_t(b, sV + (key0 + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * SV + nb * 16 +
+                             ((lane >> 4) << 3));
+            Mma<T>::run(o[2 * nb], a, b[0], b[1]);
+            Mma<T>::run(o[2 * nb + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* Is a 16-bit tensor [*, *, D] at p with strides st, sh loadable with 16-byte copies? */
+inline bool vec_ok(const void *p, int64_t st, int64_t sh, int64_t D)
+{
+    return ((uintptr_t)p % 16) == 0 && st % 8 == 0 && sh % 8 == 0 && D % 8 == 0;
+}
+
+} // namespace nsa_cuda
+
+#endif
