@@ -26,6 +26,7 @@ static const char *const known[] = {"cuda", "hip", "opencl", "cpu"};
 #define MAX_ENTRIES 16
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static char search_path[1024]; /* the folders searched for the last missing module */
 static nsa_registered entries[MAX_ENTRIES];
 static int num_entries;
 
@@ -104,8 +105,8 @@ static void load_module(nsa_registered *r)
         if (exists)
             snprintf(r->reason, sizeof r->reason, "module failed to load: %s", why);
         else
-            snprintf(r->reason, sizeof r->reason, "module libnsa_backend_%s.so not found (searched %s)", r->name,
-                     searched);
+            snprintf(r->reason, sizeof r->reason, "module libnsa_backend_%s.so not found", r->name);
+        snprintf(search_path, sizeof search_path, "%s", searched);
         return;
     }
     const int *version = (const int *)dlsym(h, NSA_BACKEND_VERSION_SYMBOL);
@@ -295,8 +296,13 @@ nsa_status nsa_registry_choose(const char *request, const nsa_registered **out)
     char all[1536];
     describe_all(all, sizeof all);
     nsa_status st = mismatch ? NSA_ERR_VERSION_MISMATCH : NSA_ERR_BACKEND_UNAVAILABLE;
+    pthread_mutex_lock(&lock);
+    char where[1100];
+    snprintf(where, sizeof where, "%s%s%s", search_path[0] ? " (modules searched in: " : "", search_path,
+             search_path[0] ? ")" : "");
+    pthread_mutex_unlock(&lock);
     if (source)
-        return nsa_set_error(st, "%s = \"%s\": no listed backend is available (%s). All backends: %s", source,
-                             request, tried, all);
-    return nsa_set_error(st, "no backend is available. All backends: %s", all);
+        return nsa_set_error(st, "%s = \"%s\": no listed backend is available (%s). All backends: %s%s", source,
+                             request, tried, all, where);
+    return nsa_set_error(st, "no backend is available. All backends: %s%s", all, where);
 }
