@@ -60,6 +60,13 @@ struct CudaCtx {
     cudaStream_t stream;
     bool own_stream;
     bool force_ref;
+    unsigned ref_stages; /* bit per stage: run the reference kernel there */
+    /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
+     * waits for its stream and prints the stage times to stderr (debugging
+     * only: this synchronizes). */
+    bool profile;
+    cudaEvent_t ev[2 * NSA_STAGE_COUNT];
+    bool ev_used[NSA_STAGE_COUNT];
 };
 
 struct CudaBuf {
@@ -143,6 +150,17 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->device = device;
     const char *k = getenv("NSA_CUDA_KERNELS");
     c->force_ref = k && strcmp(k, "ref") == 0;
+    /* NSA_CUDA_REF=cmp_attn,win_attn,...: reference kernels for those stages only
+     * (bisecting a tensor-core kernel against its reference) */
+    const char *rs = getenv("NSA_CUDA_REF");
+    for (int i = 0; rs && i < NSA_STAGE_COUNT; i++)
+        if (strstr(rs, stage_name((nsa_stage)i))) c->ref_stages |= 1u << i;
+    const char *prof = getenv("NSA_CUDA_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") != 0) {
+        c->profile = true;
+        for (int i = 0; i < 2 * NSA_STAGE_COUNT && c->profile; i++)
+            if (cudaEventCreate(&c->ev[i]) != cudaSuccess) c->profile = false;
+    }
     if (native_stream) {
         c->stream = (cudaStream_t)native_stream;
     } else {
@@ -166,6 +184,8 @@ static void cu_context_destroy(void *bctx)
         cudaStreamSynchronize(c->stream);
         cudaStreamDestroy(c->stream);
     }
+    if (c->profile)
+        for (int i = 0; i < 2 * NSA_STAGE_COUNT; i++) cudaEventDestroy(c->ev[i]);
     free(c);
 }
 
@@ -436,6 +456,9 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     const View none = {NULL, 0, 0};
     cudaError_t e = cudaSuccess;
     const View kc16 = {p->kc16, g.Hkv * p->dqkp, p->dqkp}, vc16 = {p->vc16, g.Hkv * p->dvp, p->dvp};
+    const bool fast = p->fast && !(c->ref_stages & (1u << stage));
+    const bool prof = c->profile && stage >= 0 && stage < NSA_STAGE_COUNT;
+    if (prof) cudaEventRecord(c->ev[2 * stage], s);
 
     switch (stage) {
     case NSA_STAGE_COMPRESS:
@@ -472,7 +495,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
             NEED(a->kc, "kc");
             NEED(a->vc, "vc");
         }
-        if (p->fast) {
+        if (fast) {
             e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, s);
             if (e == cudaSuccess) e = pack_cmp16(g, view(a->vc), g.Dv, p->dvp, p->vc16, s);
             if (e == cudaSuccess)
@@ -488,7 +511,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->lse[NSA_BRANCH_CMP], "lse[cmp]");
         NEED(a->scores, "scores");
         if (g.total_cmp > 0) NEED(a->kc, "kc");
-        if (p->fast && p->tiles.nchunk == 1) {
+        if (fast && p->tiles.nchunk == 1) {
             e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, s);
             if (e == cudaSuccess)
                 e = scores_tc(g, p->tiles, p->dqkp, view(a->q), kc16, view(a->lse[NSA_BRANCH_CMP]), mview(a->scores), s);
@@ -507,7 +530,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->v[NSA_BRANCH_SLC], "v[slc]");
         NEED(a->indices, "indices");
         NEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
-        if (p->fast)
+        if (fast)
             e = slc_tc(g, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC]),
                        view(a->indices), mview(a->o_b[NSA_BRANCH_SLC]), mview(a->lse[NSA_BRANCH_SLC]), s);
         else
@@ -519,7 +542,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->k[NSA_BRANCH_WIN], "k[win]");
         NEED(a->v[NSA_BRANCH_WIN], "v[win]");
         NEED(a->o_b[NSA_BRANCH_WIN], "o_b[win]");
-        if (p->fast)
+        if (fast)
             e = attn_tc(g, 2, p->tiles, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_WIN]),
                         view(a->v[NSA_BRANCH_WIN]), mview(a->o_b[NSA_BRANCH_WIN]), mview(a->lse[NSA_BRANCH_WIN]), s);
         else
@@ -542,6 +565,25 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: stage %s is not implemented", stage_name(stage));
     }
     if (e != cudaSuccess) return cuda_fail(e, stage_name(stage));
+    if (prof) {
+        cudaEventRecord(c->ev[2 * stage + 1], s);
+        c->ev_used[stage] = true;
+        if (stage == NSA_STAGE_COMBINE) {
+            cudaEventSynchronize(c->ev[2 * stage + 1]);
+            fprintf(stderr, "nsa-cuda profile (%s, T=%lld):", p->fast ? "tensor cores" : "reference",
+                    (long long)g.T);
+            float total = 0.f;
+            for (int i = 0; i < NSA_STAGE_COUNT; i++) {
+                if (!c->ev_used[i]) continue;
+                float ms = 0.f;
+                cudaEventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]);
+                total += ms;
+                fprintf(stderr, " %s %.3f", stage_name((nsa_stage)i), ms);
+                c->ev_used[i] = false;
+            }
+            fprintf(stderr, " | sum %.3f ms\n", total);
+        }
+    }
     return NSA_SUCCESS;
 }
 

@@ -1,0 +1,100 @@
+#!/bin/bash
+# One device call: build (sm_90 only), parity, sanitizers, checks at real sizes,
+# per-stage profile, the T sweep and the cuDNN baseline in the same call.
+# Run from the repository root on the GPU machine:  bash backends/cuda/device_check.sh [steps]
+# steps (default all): build parity bisect sanitize check profile bench sdpa
+# Logs go to $OUT (or /tmp/nsa-out); the last lines printed are a summary.
+OUT=${OUT:-/tmp/nsa-out}
+mkdir -p "$OUT"
+STEPS=${1:-build,parity,bisect,sanitize,check,profile,bench,sdpa}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+SUM=$OUT/summary.txt
+: > "$SUM"
+note() { echo "$*" | tee -a "$SUM"; }
+
+mkdir -p /tmp/r && for f in .debs/*.deb; do dpkg -x "$f" /tmp/r; done
+export PKG_CONFIG_SYSROOT_DIR=/tmp/r PKG_CONFIG_PATH=/tmp/r/usr/lib/x86_64-linux-gnu/pkgconfig
+export LD_LIBRARY_PATH=/tmp/r/usr/lib/x86_64-linux-gnu
+B=build-dev
+export NSA_BACKEND_PATH=$PWD/$B/backends/cuda
+NSA=$B/tools/nsa
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$SUM"
+
+if has build; then
+  t0=$(date +%s)
+  { meson setup $B -Dnvcc_archs=90 -Dhip=disabled -Dopencl=disabled && ninja -C $B -j16; } > "$OUT/build.log" 2>&1
+  rc=$?
+  note "build rc=$rc in $(( $(date +%s) - t0 )) s"
+  grep -i "check" "$OUT/build.log" | grep -i "dependency" | head -2 | tee -a "$SUM"
+  if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
+  $NSA info 2>&1 | head -8 | tee -a "$SUM"
+fi
+
+if has parity; then
+  t0=$(date +%s)
+  $B/tests/test_oracle cuda > "$OUT/parity.log" 2>&1; rc=$?
+  note "parity-cuda (tensor-core path) rc=$rc in $(( $(date +%s) - t0 )) s"
+  grep -E "^parity-cuda" "$OUT/parity.log" | tee -a "$SUM"
+  grep -E "^FAIL" -A1 "$OUT/parity.log" | head -12 | tee -a "$SUM"
+  NSA_CUDA_KERNELS=ref $B/tests/test_oracle cuda f16,bf16 > "$OUT/parity_ref.log" 2>&1
+  note "parity-cuda (reference kernels, 16-bit) rc=$?"
+  grep -E "^parity-cuda" "$OUT/parity_ref.log" | tee -a "$SUM"
+  grep -E "^FAIL" -A1 "$OUT/parity_ref.log" | head -6 | tee -a "$SUM"
+fi
+
+if has bisect; then
+  # each tensor-core stage alone (the others on their reference kernels)
+  all="cmp_attn,block_scores,slc_attn,win_attn"
+  for st in cmp_attn block_scores slc_attn win_attn; do
+    NSA_CUDA_REF=${all/$st/none} $B/tests/test_oracle cuda bf16 > "$OUT/bisect_$st.log" 2>&1
+    note "only $st on tensor cores: rc=$? $(grep -E '^parity-cuda bf16' "$OUT/bisect_$st.log")"
+  done
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    t0=$(date +%s)
+    NSA_TEST_CORPUS=small timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
+      $B/tests/test_oracle cuda bf16,f32 small > "$OUT/san_$tool.log" 2>&1
+    note "compute-sanitizer $tool (small corpus, bf16+f32) rc=$? in $(( $(date +%s) - t0 )) s: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | tail -1)"
+  done
+fi
+
+if has check; then
+  for args in "--dqk 128 --dv 128" "--dqk 192 --dv 128" "--dqk 128 --dv 128 --dtype f16" \
+              "--hq 32 --hkv 1 --dqk 64 --dv 64" "--hq 8 --hkv 8 --dqk 96 --dv 80" \
+              "--dqk 128 --dv 128 --compress linear" "--dqk 128 --dv 128 --seqlens 3000,0,5000,190"; do
+    $NSA run --backend cuda --T 8192 $args --iters 5 --warmup 1 > "$OUT/check.log.tmp" 2>&1
+    rc=$?
+    cat "$OUT/check.log.tmp" >> "$OUT/check.log"
+    note "run $args: rc=$rc $(grep -E '^(time|check)' "$OUT/check.log.tmp" | tr '\n' ' ' | cut -c1-260)"
+  done
+fi
+
+if has profile; then
+  for dqk in 128 192; do
+    for T in 16384 65536; do
+      NSA_CUDA_PROFILE=1 $NSA run --backend cuda --T $T --dqk $dqk --dv 128 --iters 3 --warmup 1 --check-tokens 0 \
+        > "$OUT/profile.tmp" 2>&1
+      note "profile Dqk=$dqk T=$T: $(grep 'nsa-cuda profile' "$OUT/profile.tmp" | tail -1)"
+      cat "$OUT/profile.tmp" >> "$OUT/profile.log"
+    done
+  done
+fi
+
+if has bench; then
+  for dqk in 128 192; do
+    $NSA bench --backend cuda --T 8192,16384,32768,65536 --dqk $dqk --dv 128 --iters 5 --warmup 1 --no-dense \
+      > "$OUT/bench_$dqk.log" 2>&1
+    note "bench Dqk=$dqk rc=$?"; tail -12 "$OUT/bench_$dqk.log" | tee -a "$SUM"
+  done
+fi
+
+if has sdpa; then
+  for dqk in 128 192; do
+    python3 .bench/sdpa_baseline.py --T 8192 16384 32768 65536 --hq 64 --hkv 4 --dqk $dqk --dv 128 --no-backward \
+      > "$OUT/sdpa_$dqk.log" 2>&1
+    note "sdpa Dqk=$dqk:"; grep -o '"baseline": "[a-z-]*".*"fwd_ms": [0-9.]*' "$OUT/sdpa_$dqk.log" | sed 's/"hq.*"dtype": "bf16", "device": "[^"]*", //' | tee -a "$SUM"
+  done
+fi
+echo "==== summary"; cat "$SUM"
