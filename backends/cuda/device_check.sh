@@ -42,7 +42,7 @@ if has parity; then
   grep -E "^FAIL" -A1 "$OUT/parity_ref.log" | head -6 | tee -a "$SUM"
 fi
 
-if has bisect; then
+if has bisect && grep -q "^FAIL" "$OUT/parity.log" 2>/dev/null; then
   # each tensor-core stage alone (the others on their reference kernels)
   all="cmp_attn,block_scores,slc_attn,win_attn"
   for st in cmp_attn block_scores slc_attn win_attn; do
@@ -54,7 +54,7 @@ fi
 if has sanitize; then
   for tool in memcheck racecheck; do
     t0=$(date +%s)
-    NSA_TEST_CORPUS=small timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
+    NSA_TEST_CORPUS=small timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
       $B/tests/test_oracle cuda bf16,f32 small > "$OUT/san_$tool.log" 2>&1
     note "compute-sanitizer $tool (small corpus, bf16+f32) rc=$? in $(( $(date +%s) - t0 )) s: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | tail -1)"
   done
