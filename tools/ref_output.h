@@ -15,7 +15,9 @@
 #include "testkit.h"
 
 /* ref.o and ref.lse are fresh fp64 copies of out's; ref.sel (out's) and
- * ref.scores (orc's) are borrowed and must outlive ref. Returns 0 or -1 (out of
+ * ref.scores (orc's) are borrowed and must outlive ref. orc may be NULL when
+ * the compared selection is known to equal out's (tk_compare reads the scores
+ * only for rows whose selections differ). Returns 0 or -1 (out of
  * memory; ref is then freed). */
 int ref_from_output(const tk_case *c, const tk_output *out, const tk_oracle *orc, tk_oracle *ref);
 

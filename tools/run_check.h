@@ -7,8 +7,9 @@
  * compressed rows they cover). So the check re-solves the first P tokens of a
  * few sequences with the reference and compares those rows of the run:
  *   backend != cpu: the reference is the cpu backend (run through the testkit's
- *                   runner), with the testkit's fp64 oracle supplying the block
- *                   scores for the near-tie rule;
+ *                   runner); where the two selections differ, the testkit's fp64
+ *                   oracle is run too and supplies the block scores for the
+ *                   near-tie rule (it is slow, so only then);
  *   backend == cpu: the reference is the testkit's fp64 oracle itself.
  * The comparison is the testkit's (tk_compare): dtype tolerances, NaN never
  * passes, near-tied selections count as equal and are judged against the
@@ -33,6 +34,7 @@ typedef struct run_check {
     int64_t sel_rows;                /* (token, kv head) selections compared */
     double tie_fraction;             /* tie_swaps / sel_rows */
     double seconds;                  /* time the reference took */
+    int oracle_used;                 /* the fp64 oracle ran (cpu runs; or selections differed) */
     tk_verdict v;
     char note[256];                  /* why not checked, or what was restricted */
 } run_check;
