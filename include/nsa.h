@@ -124,7 +124,7 @@ typedef struct nsa_config {
     int64_t num_init;        /* n_init >= 0: forced initial blocks */
     int64_t num_local;       /* n_local >= 0: forced local blocks; n >= n_init + n_local when n > 0 */
     int64_t window;          /* w >= 0; 0 turns the window branch off */
-    float scale;             /* softmax scale; 0 means 1/sqrt(Dqk); must be finite */
+    float scale;             /* softmax scale, finite and >= 0; 0 means 1/sqrt(Dqk) */
     nsa_compress_mode compress;
     nsa_dtype dtype;         /* F32, F16 or BF16: q, k, v, kc, vc, W, pe and o */
 } nsa_config;
@@ -163,7 +163,7 @@ NSA_API nsa_status nsa_device_name(const char *backend, int index, char *name, s
 /* ------------------------------------------------------------------ contexts */
 
 /* backend: "cpu", "cuda", "hip", "opencl", a comma list in order of preference,
- * or NULL to read NSA_BACKEND (unset: the best available, cpu last).
+ * or NULL (or "") to read NSA_BACKEND (unset: the best available, cpu last).
  * device: index, or -1 to read NSA_DEVICE (unset: 0). Explicit arguments win over
  * the environment. An unavailable backend is NSA_ERR_BACKEND_UNAVAILABLE with a
  * message that lists what is available and why each other backend is not. */
@@ -176,7 +176,8 @@ NSA_API nsa_status nsa_context_create(const char *backend, int device, nsa_conte
 NSA_API nsa_status nsa_context_create_with_stream(const char *backend, int device,
                                                   void *native_stream, nsa_context **out);
 
-/* Frees the context. Buffers and plans made from it must be freed first;
+/* Frees the context. Buffers and plans made from it must be freed first:
+ * while any is alive this returns NSA_ERR_INVALID_VALUE and frees nothing.
  * NULL is accepted and ignored. */
 NSA_API nsa_status nsa_context_destroy(nsa_context *ctx);
 
@@ -272,7 +273,9 @@ typedef struct nsa_forward_args {
     nsa_tensor block_indices;
     /* outputs */
     nsa_tensor o;            /* [T, Hq, Dv], dtype = cfg.dtype */
-    nsa_tensor lse[3];       /* optional fp32 [T, Hq]; -inf where a branch sees nothing */
+    nsa_tensor lse[3];       /* optional fp32 [T, Hq]; -inf where a branch sees nothing;
+                              * giving the LSE of a disabled branch (n = 0 or w = 0)
+                              * is NSA_ERR_INVALID_VALUE */
     nsa_tensor selected;     /* optional int32 [T, Hkv, n]: the indices the library
                               * selected; not allowed together with block_indices */
     unsigned flags;          /* NSA_FORWARD_* bits, 0 by default */
