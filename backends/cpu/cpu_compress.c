@@ -124,6 +124,8 @@ nsa_status nsa_cpu_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     const nsa_bk_plan *p = a->plan;
     const char *s = "compress";
     nsa_status st;
+    if (p->total_cmp == 0) /* no sequence reaches l tokens: nothing to compress */
+        return NSA_SUCCESS;
     if ((st = nsa_cpu_need(&a->kc, s, "kc", 1, 0)) || (st = nsa_cpu_need(&a->vc, s, "vc", 1, 0)))
         return st;
     switch (p->cfg.compress) {
