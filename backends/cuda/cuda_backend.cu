@@ -80,7 +80,7 @@ struct CudaPlan {
     int dqkp, dvp;  /* padded head dims of the tensor-core kernels */
     Tiles tiles;    /* tile list of attn_tc / scores_tc (device) */
     int64_t *tiles_dev;
-    void *kc16, *vc16; /* packed compressed keys / values */
+    void *kc16, *kc16lo, *vc16; /* packed compressed keys (hi, lo) / values */
 };
 
 /* ------------------------------------------------------------------ probe */
@@ -317,6 +317,7 @@ static void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     cudaSetDevice(c->device);
     if (p->tiles_dev) cudaFree(p->tiles_dev);
     if (p->kc16) cudaFree(p->kc16);
+    if (p->kc16lo) cudaFree(p->kc16lo);
     if (p->vc16) cudaFree(p->vc16);
     free(p);
     plan->backend_plan = NULL;
@@ -369,6 +370,7 @@ static nsa_status cu_plan_prepare(void *bctx, nsa_bk_plan *plan)
     const size_t rows = (size_t)plan->total_cmp * (size_t)cfg->num_kv_heads;
     if (e == cudaSuccess && rows > 0) {
         e = cudaMalloc(&p->kc16, rows * p->dqkp * 2);
+        if (e == cudaSuccess) e = cudaMalloc(&p->kc16lo, rows * p->dqkp * 2);
         if (e == cudaSuccess) e = cudaMalloc(&p->vc16, rows * p->dvp * 2);
     }
     if (e != cudaSuccess) {
@@ -496,11 +498,11 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
             NEED(a->vc, "vc");
         }
         if (fast) {
-            e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, s);
-            if (e == cudaSuccess) e = pack_cmp16(g, view(a->vc), g.Dv, p->dvp, p->vc16, s);
+            e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, p->kc16lo, s);
+            if (e == cudaSuccess) e = pack_cmp16(g, view(a->vc), g.Dv, p->dvp, p->vc16, NULL, s);
             if (e == cudaSuccess)
-                e = attn_tc(g, 0, p->tiles, p->dqkp, p->dvp, view(a->q), kc16, vc16, mview(a->o_b[NSA_BRANCH_CMP]),
-                            mview(a->lse[NSA_BRANCH_CMP]), s);
+                e = attn_tc(g, 0, p->tiles, p->dqkp, p->dvp, view(a->q), kc16, p->kc16lo, vc16,
+                            mview(a->o_b[NSA_BRANCH_CMP]), mview(a->lse[NSA_BRANCH_CMP]), s);
         } else {
             e = attn_ref(g, 0, view(a->q), view(a->kc), view(a->vc), none, mview(a->o_b[NSA_BRANCH_CMP]),
                          mview(a->lse[NSA_BRANCH_CMP]), s);
@@ -512,9 +514,10 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->scores, "scores");
         if (g.total_cmp > 0) NEED(a->kc, "kc");
         if (fast && p->tiles.nchunk == 1) {
-            e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, s);
+            e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, p->kc16lo, s);
             if (e == cudaSuccess)
-                e = scores_tc(g, p->tiles, p->dqkp, view(a->q), kc16, view(a->lse[NSA_BRANCH_CMP]), mview(a->scores), s);
+                e = scores_tc(g, p->tiles, p->dqkp, view(a->q), kc16, p->kc16lo, view(a->lse[NSA_BRANCH_CMP]),
+                              mview(a->scores), s);
         } else {
             e = scores_ref(g, view(a->q), view(a->kc), view(a->lse[NSA_BRANCH_CMP]), mview(a->scores), s);
         }
@@ -543,7 +546,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->v[NSA_BRANCH_WIN], "v[win]");
         NEED(a->o_b[NSA_BRANCH_WIN], "o_b[win]");
         if (fast)
-            e = attn_tc(g, 2, p->tiles, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_WIN]),
+            e = attn_tc(g, 2, p->tiles, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_WIN]), NULL,
                         view(a->v[NSA_BRANCH_WIN]), mview(a->o_b[NSA_BRANCH_WIN]), mview(a->lse[NSA_BRANCH_WIN]), s);
         else
             e = attn_ref(g, 2, view(a->q), view(a->k[NSA_BRANCH_WIN]), view(a->v[NSA_BRANCH_WIN]), none,

@@ -102,14 +102,20 @@ __global__ void compress_copy_kernel(const Geom g, const T *src, int64_t sst, in
     }
 }
 
+/* hi = T(x); lo = T(x - hi) when dst_lo is given: hi + lo carries ~16 (bf16) or
+ * ~22 (f16) mantissa bits, so Q (exact in T) times hi and lo on the tensor cores
+ * gives logits as accurate as fp32 (the lse and the block scores need that). */
 template <typename T>
 __global__ void pack_cmp16_kernel(const Geom g, const float *src, int64_t sst, int64_t ssh, int64_t D, int DP,
-                                  T *dst)
+                                  T *dst, T *dst_lo)
 {
     const int64_t n = g.total_cmp * g.Hkv * DP;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t k = e % DP, rh = e / DP, h = rh % g.Hkv, r = rh / g.Hkv;
-        dst[e] = from_f<T>(k < D ? src[r * sst + h * ssh + k] : 0.f);
+        const float x = k < D ? src[r * sst + h * ssh + k] : 0.f;
+        const T hi = from_f<T>(x);
+        dst[e] = hi;
+        if (dst_lo) dst_lo[e] = from_f<T>(x - to_f(hi));
     }
 }
 
@@ -164,16 +170,16 @@ cudaError_t compress_copy(const Geom &g, View src, int64_t D, MView dst, cudaStr
     return cudaGetLastError();
 }
 
-cudaError_t pack_cmp16(const Geom &g, View src, int64_t D, int DP, void *dst, cudaStream_t s)
+cudaError_t pack_cmp16(const Geom &g, View src, int64_t D, int DP, void *dst, void *dst_lo, cudaStream_t s)
 {
     const int64_t n = g.total_cmp * g.Hkv * DP;
     if (n == 0) return cudaSuccess;
     if (g.dtype == 1)
         pack_cmp16_kernel<__half><<<grid_for(n, 256), 256, 0, s>>>(g, (const float *)src.p, src.st, src.sh, D, DP,
-                                                                   (__half *)dst);
+                                                                   (__half *)dst, (__half *)dst_lo);
     else
-        pack_cmp16_kernel<__nv_bfloat16><<<grid_for(n, 256), 256, 0, s>>>(g, (const float *)src.p, src.st, src.sh,
-                                                                          D, DP, (__nv_bfloat16 *)dst);
+        pack_cmp16_kernel<__nv_bfloat16><<<grid_for(n, 256), 256, 0, s>>>(
+            g, (const float *)src.p, src.st, src.sh, D, DP, (__nv_bfloat16 *)dst, (__nv_bfloat16 *)dst_lo);
     return cudaGetLastError();
 }
 

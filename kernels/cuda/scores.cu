@@ -13,8 +13,14 @@
  *    blocks: S = Q K^T on the tensor cores, P = exp2(S*scale*log2e - lse*log2e)
  *    into shared memory, a column sum over each token's G rows (the group
  *    sum), then the overlap map onto the selection blocks the tile touches,
- *    added to the scores row in global memory (zeroed first). Every (t, j)
+ *    added to the CTA's score rows (in shared memory when the rows fit, written
+ *    out once at the end; else in global memory, zeroed first). Every (t, j)
  *    entry is updated by one thread per tile, tiles in order: reproducible.
+ *    Keys are the packed compressed rows split as hi + lo (pack_cmp16), two
+ *    MMAs per k-step, so the probabilities are fp32-accurate (the near-tie
+ *    rule of the selection allows 1e-4).
+ *    v2.0 (global read-modify-write per tile): 32.4 ms at T = 64k, D = 128
+ *    (H200) -- latency bound on the RMW; v2.1 keeps the rows in shared memory.
  */
 #include "tile_qk.cuh"
 
@@ -67,26 +73,33 @@ cudaError_t scores_ref(const Geom &g, View q, View kc, View lse, MView scores, c
     return cudaGetLastError();
 }
 
+template <int DQK> struct ScBn {
+    static constexpr int value = DQK > 128 ? 32 : 64;
+};
+
 template <typename T, int DQK>
 __global__ void __launch_bounds__(TC_THREADS, 1)
     scores_tc_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
-                     const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec, const float *lse, int64_t lst,
-                     int64_t lsh, float *sc, int64_t sst, int64_t ssh)
+                     const T *__restrict__ k, const T *__restrict__ klo_p, int64_t kst, int64_t ksh, bool qvec,
+                     const float *lse, int64_t lst, int64_t lsh, float *sc, int64_t sst, int64_t ssh, int accw)
 {
-    constexpr int BM = TC_BM, NT = TC_THREADS, BN = TcBn<DQK>::value;
+    constexpr int BM = TC_BM, NT = TC_THREADS, BN = ScBn<DQK>::value;
     constexpr int SQ = DQK + 8, SP = BN + 4;
     constexpr bool QREG = DQK <= 192;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = (T *)smem_raw;
-    T *sK = sQ + BM * SQ;
-    float *sP = (float *)(sK + 2 * BN * SQ); /* [BM][SP] probabilities */
-    float *sC = sP + BM * SP;                /* [tokens][BN] group sums */
+    T *sK = sQ + BM * SQ;                    /* [2][BN][SQ] hi */
+    T *sKl = sK + 2 * BN * SQ;               /* [2][BN][SQ] lo */
+    float *sP = (float *)(sKl + 2 * BN * SQ); /* [BM][SP] probabilities */
+    float *sC = sP + BM * SP;                 /* [tokens][BN] group sums */
+    float *sAcc = sC + BM * BN;               /* [tokens][accw] score rows (accw > 0) */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const TileCtx c = tile_ctx(g, tl);
     const int64_t tlast = c.tl0 + c.ntok - 1;
     const int64_t khi = nsa_cmp_visible(tlast, g.l, g.d) - 1;
     const T *kg = k + g.cu_cmp[c.seq] * kst + c.gi * ksh;
+    const T *klg = klo_p + g.cu_cmp[c.seq] * kst + c.gi * ksh;
     float *scg = sc + c.t0 * sst + c.gi * ssh; /* row of token t0 + tok at scg + tok * sst */
 
     load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
@@ -98,13 +111,17 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
         const int64_t ks = kt * BN;
         load_tile<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg, DQK, true,
                                       [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
+        load_tile<T, BN, DQK, SQ, NT>(sKl + buf * BN * SQ, klg, DQK, true,
+                                      [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
     };
     if (nkt > 0) load_k(0, 0);
     cp_async_commit();
 
     /* zero the eligible part of every token's scores row */
-    {
-        const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
+    const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
+    if (accw > 0) {
+        for (int64_t e = tid; e < (int64_t)c.ntok * accw; e += NT) sAcc[e] = 0.f;
+    } else {
         for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
             const int64_t tok = e / width, j = e % width;
             if (j <= nsa_slc_last(c.tl0 + tok, g.ls)) scg[tok * sst + j] = 0.f;
@@ -153,7 +170,10 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
             float s[BN / 8][4];
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            if (ks <= wmaxhi) warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
+            if (ks <= wmaxhi) {
+                warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
+                warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sKl + buf * BN * SQ, 0, lane);
+            }
             const bool full = ks + BN - 1 <= wminhi;
 #pragma unroll
             for (int j = 0; j < BN / 8; j++)
@@ -190,48 +210,65 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
             float acc = 0.f;
             for (int64_t i = i0; i <= i1; i++)
                 acc += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * sC[tok * BN + (int)(i - ks)];
-            scg[tok * sst + j] += acc;
+            if (accw > 0)
+                sAcc[tok * accw + j] += acc;
+            else
+                scg[tok * sst + j] += acc;
         }
         __syncthreads();
     }
+    if (accw > 0)
+        for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
+            const int64_t tok = e / width, j = e % width;
+            if (j <= nsa_slc_last(c.tl0 + tok, g.ls)) scg[tok * sst + j] = sAcc[tok * accw + j];
+        }
 }
 
 template <typename T, int DQK>
-static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc, View lse, MView sc, cudaStream_t s)
+static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc, const void *klo, View lse, MView sc,
+                                 cudaStream_t s)
 {
-    constexpr int BN = TcBn<DQK>::value;
-    const size_t smem = sizeof(T) * (size_t)(TC_BM * (DQK + 8) + 2 * BN * (DQK + 8)) +
-                        sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
+    constexpr int BN = ScBn<DQK>::value;
+    size_t smem = sizeof(T) * (size_t)(TC_BM * (DQK + 8) + 4 * BN * (DQK + 8)) +
+                  sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
+    /* score rows in shared memory when they fit beside the tiles */
+    const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
+    int accw = 0;
+    if (acc <= 64 * 1024 && smem + acc <= 220 * 1024) {
+        accw = (int)g.max_ns;
+        smem += acc;
+    }
     cudaError_t e = cudaFuncSetAttribute(scores_tc_kernel<T, DQK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
     scores_tc_kernel<T, DQK><<<grid, TC_THREADS, smem, s>>>(
-        g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, kc.st, kc.sh, vec_ok(q.p, q.st, q.sh, g.Dqk),
-        (const float *)lse.p, lse.st, lse.sh, (float *)sc.p, sc.st, sc.sh);
+        g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, (const T *)klo, kc.st, kc.sh,
+        vec_ok(q.p, q.st, q.sh, g.Dqk), (const float *)lse.p, lse.st, lse.sh, (float *)sc.p, sc.st, sc.sh, accw);
     return cudaGetLastError();
 }
 
 template <typename T>
-static cudaError_t scores_tc_t(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc,
-                               cudaStream_t s)
+static cudaError_t scores_tc_t(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *klo, View lse,
+                               MView sc, cudaStream_t s)
 {
     switch (dqkp) {
-    case 32: return launch_scores<T, 32>(g, tl, q, kc, lse, sc, s);
-    case 64: return launch_scores<T, 64>(g, tl, q, kc, lse, sc, s);
-    case 128: return launch_scores<T, 128>(g, tl, q, kc, lse, sc, s);
-    case 192: return launch_scores<T, 192>(g, tl, q, kc, lse, sc, s);
-    case 256: return launch_scores<T, 256>(g, tl, q, kc, lse, sc, s);
+    case 32: return launch_scores<T, 32>(g, tl, q, kc, klo, lse, sc, s);
+    case 64: return launch_scores<T, 64>(g, tl, q, kc, klo, lse, sc, s);
+    case 128: return launch_scores<T, 128>(g, tl, q, kc, klo, lse, sc, s);
+    case 192: return launch_scores<T, 192>(g, tl, q, kc, klo, lse, sc, s);
+    case 256: return launch_scores<T, 256>(g, tl, q, kc, klo, lse, sc, s);
     default: return cudaErrorInvalidValue;
     }
 }
 
-cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc, cudaStream_t s)
+cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *klo, View lse, MView sc,
+                      cudaStream_t s)
 {
     if (tl.count == 0) return cudaSuccess;
     if (tl.nchunk != 1) return cudaErrorInvalidValue;
-    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, lse, sc, s);
-    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, lse, sc, s);
+    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, klo, lse, sc, s);
+    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, klo, lse, sc, s);
     return cudaErrorInvalidValue;
 }
 
