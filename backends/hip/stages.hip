@@ -91,8 +91,8 @@ int nsa_hip_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
     case NSA_STAGE_COMBINE: return 1;
     case NSA_STAGE_CMP_ATTN:
     case NSA_STAGE_SLC_ATTN:
-    case NSA_STAGE_WIN_ATTN: return nsa_hip_attn_tile(&d, c->lds_bytes, &t) == 0;
-    case NSA_STAGE_BLOCK_SCORES: return nsa_hip_scores_tile(&d, c->lds_bytes, &t) == 0;
+    case NSA_STAGE_WIN_ATTN: return nsa_hip_attn_tile(&d, c->lds_bytes, 0, &t) == 0;
+    case NSA_STAGE_BLOCK_SCORES: return nsa_hip_scores_tile(&d, c->lds_bytes, 0, &t) == 0;
     default: return 0; /* SCORES_TOPN (fused) is not implemented: BLOCK_SCORES + SELECT_TOPN run instead */
     }
 }
@@ -103,7 +103,12 @@ nsa_status nsa_hip_plan_prepare(void *bctx, nsa_bk_plan *plan)
     hip_plan *hp = (hip_plan *)calloc(1, sizeof *hp);
     if (!hp) return nsa_hip_host->set_error(NSA_ERR_OUT_OF_MEMORY, "hip backend: out of host memory for a plan");
     nsa_hip_dims d = dims_of_plan(plan);
-    if (nsa_hip_attn_tile(&d, c->lds_bytes, &hp->attn) != 0 || nsa_hip_scores_tile(&d, c->lds_bytes, &hp->scores) != 0) {
+    /* matrix-core tiles on CDNA where they fit, else the portable ones */
+    if (!c->mfma || nsa_hip_attn_tile(&d, c->lds_bytes, 1, &hp->attn) != 0)
+        (void)nsa_hip_attn_tile(&d, c->lds_bytes, 0, &hp->attn);
+    if (!c->mfma || nsa_hip_scores_tile(&d, c->lds_bytes, 1, &hp->scores) != 0)
+        (void)nsa_hip_scores_tile(&d, c->lds_bytes, 0, &hp->scores);
+    if (hp->attn.rows == 0 || hp->scores.rows == 0) {
         free(hp);
         return nsa_hip_host->set_error(NSA_ERR_UNSUPPORTED,
                                        "hip backend: head dims Dqk = %lld, Dv = %lld do not fit the %zu bytes of LDS "

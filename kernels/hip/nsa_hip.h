@@ -70,13 +70,19 @@ struct nsa_hip_tile {
     int dv_chunks;   /* ceil(Dv / dv_chunk) */
     int sel_chunk;   /* scores only: selection blocks per pass */
     int psum_len;    /* scores only: compressed blocks per pass */
+    int dpad;        /* Dqk rounded up for the tile (MFMA: a multiple of 4) */
+    int ldq;         /* LDS row stride of the query and key tiles */
+    int ldv;         /* LDS row stride of the value tile (>= dv_chunk, MFMA: multiple of 16) */
+    int mfma;        /* 1: the matrix-core kernels (mfma.h), 0: the portable ones */
     size_t lds_bytes;
 };
 
 /* Tile choice; returns 0, or -1 when even the smallest tile does not fit in
- * lds_budget bytes (head dims too large). */
-int nsa_hip_attn_tile(const nsa_hip_dims *dm, size_t lds_budget, nsa_hip_tile *out);
-int nsa_hip_scores_tile(const nsa_hip_dims *dm, size_t lds_budget, nsa_hip_tile *out);
+ * lds_budget bytes (head dims too large). mfma = 1 asks for the matrix-core
+ * tiling (16 heads x 16 keys, CDNA only) and returns -1 where it does not fit;
+ * the caller then uses the portable tiling (mfma = 0). */
+int nsa_hip_attn_tile(const nsa_hip_dims *dm, size_t lds_budget, int mfma, nsa_hip_tile *out);
+int nsa_hip_scores_tile(const nsa_hip_dims *dm, size_t lds_budget, int mfma, nsa_hip_tile *out);
 
 /* COMPRESS. src: k or v [T, Hkv, D] (dtype); dst: f32 [total_cmp, Hkv, D]. */
 hipError_t nsa_hip_compress_mean(const nsa_hip_dims *dm, nsa_hip_tensor src, nsa_hip_tensor dst, int64_t D,
@@ -90,7 +96,7 @@ hipError_t nsa_hip_compress_copy(const nsa_hip_dims *dm, nsa_hip_tensor src, nsa
 
 /* CMP_ATTN / SLC_ATTN / WIN_ATTN. k, v: f32 kc/vc for CMP, else dtype.
  * idx: int32 [T, Hkv, n] (SLC only). o: f32 [T, Hq, Dv]. lse: f32 [T, Hq] or
- * absent. mfma: use the matrix-core kernel where one exists for the target. */
+ * absent. tile->mfma selects the matrix-core kernel. */
 hipError_t nsa_hip_attention(const nsa_hip_dims *dm, int kind, const nsa_hip_tile *tile, nsa_hip_tensor q,
                              nsa_hip_tensor k, nsa_hip_tensor v, nsa_hip_tensor idx, nsa_hip_tensor o,
                              nsa_hip_tensor lse, hipStream_t stream);

@@ -35,31 +35,33 @@ NSA_DEV int64_t nsa_hip_seq_of_row(const int64_t *cu_cmp, int64_t B, int64_t r)
     return lo;
 }
 
-/* Qs[r][c] = q[t, h0 + r, c] * scale for r < rows, 0 for rows <= r < R.
- * Row stride ldq (padded to avoid LDS bank conflicts). */
+/* Qs[r][c] = q[t, h0 + r, c] * scale for r < rows and c < D; 0 for the
+ * padding rows rows <= r < R and columns D <= c < dpad. Row stride ldq
+ * (padded against LDS bank conflicts). */
 template <typename T>
 NSA_DEV void nsa_hip_load_q(float *Qs, int ldq, nsa_hip_tensor q, int64_t t, int64_t h0, int rows, int R,
-                            int64_t D, float scale)
+                            int64_t D, int dpad, float scale)
 {
     const T *base = (const T *)q.ptr + t * q.st + h0 * q.sh;
-    const int n = R * (int)D;
+    const int n = R * dpad;
     for (int i = threadIdx.x; i < n; i += NSA_HIP_THREADS) {
-        int r = i / (int)D, c = i - r * (int)D;
-        Qs[r * ldq + c] = r < rows ? nsa_ld(base + r * q.sh + c) * scale : 0.0f;
+        int r = i / dpad, c = i - r * dpad;
+        Qs[r * ldq + c] = (r < rows && c < D) ? nsa_ld(base + r * q.sh + c) * scale : 0.0f;
     }
 }
 
-/* Xs[k][c] = x[krow[k], g, c0 + c] for c < cols, 0 where krow[k] < 0. */
+/* Xs[k][c] = x[krow[k], g, c0 + c] for c < cols; 0 where krow[k] < 0 and in
+ * the padding columns cols <= c < cpad. */
 template <typename T>
 NSA_DEV void nsa_hip_load_keys(float *Xs, int ldx, nsa_hip_tensor x, const int64_t *krow, int nk, int64_t g,
-                               int64_t c0, int cols)
+                               int64_t c0, int cols, int cpad)
 {
     const T *base = (const T *)x.ptr + g * x.sh + c0;
-    const int n = nk * cols;
+    const int n = nk * cpad;
     for (int i = threadIdx.x; i < n; i += NSA_HIP_THREADS) {
-        int k = i / cols, c = i - k * cols;
+        int k = i / cpad, c = i - k * cpad;
         int64_t row = krow[k];
-        Xs[k * ldx + c] = row >= 0 ? nsa_ld(base + row * x.st + c) : 0.0f;
+        Xs[k * ldx + c] = (row >= 0 && c < cols) ? nsa_ld(base + row * x.st + c) : 0.0f;
     }
 }
 
