@@ -60,8 +60,23 @@ typedef enum nsa_stage {
     NSA_STAGE_COUNT = 8
 } nsa_stage;
 
-/* Stage name for messages and plan info ("cmp_attn"). Defined in core. */
-const char *nsa_stage_name(nsa_stage stage);
+/* Stage name for messages and plan info ("cmp_attn"). Inline, so that modules
+ * (which do not link libnsa) can use it too. */
+static inline const char *nsa_stage_name(nsa_stage stage)
+{
+    switch (stage) {
+    case NSA_STAGE_COMPRESS: return "compress";
+    case NSA_STAGE_CMP_ATTN: return "cmp_attn";
+    case NSA_STAGE_BLOCK_SCORES: return "block_scores";
+    case NSA_STAGE_SELECT_TOPN: return "select_topn";
+    case NSA_STAGE_SLC_ATTN: return "slc_attn";
+    case NSA_STAGE_WIN_ATTN: return "win_attn";
+    case NSA_STAGE_COMBINE: return "combine";
+    case NSA_STAGE_SCORES_TOPN: return "scores_topn";
+    case NSA_STAGE_COUNT: break;
+    }
+    return "unknown";
+}
 
 /* A tensor as a backend sees it: its own buffer object, element offset and
  * strides (last dimension contiguous), and the element type. buf == NULL: absent. */

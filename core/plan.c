@@ -17,22 +17,6 @@ int64_t nsa_num_cmp_blocks(int64_t len, int64_t l, int64_t d) { return len >= l 
 /* Semantics 3: Ns = ceil(T / l_s). */
 int64_t nsa_num_slc_blocks(int64_t len, int64_t ls) { return (len + ls - 1) / ls; }
 
-const char *nsa_stage_name(nsa_stage stage)
-{
-    switch (stage) {
-    case NSA_STAGE_COMPRESS: return "compress";
-    case NSA_STAGE_CMP_ATTN: return "cmp_attn";
-    case NSA_STAGE_BLOCK_SCORES: return "block_scores";
-    case NSA_STAGE_SELECT_TOPN: return "select_topn";
-    case NSA_STAGE_SLC_ATTN: return "slc_attn";
-    case NSA_STAGE_WIN_ATTN: return "win_attn";
-    case NSA_STAGE_COMBINE: return "combine";
-    case NSA_STAGE_SCORES_TOPN: return "scores_topn";
-    case NSA_STAGE_COUNT: break;
-    }
-    return "unknown";
-}
-
 /* Largest token count a plan accepts: keeps T * H * D products inside int64. */
 #define MAX_TOKENS (INT64_C(1) << 40)
 #define WS_ALIGN 256

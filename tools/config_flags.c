@@ -11,7 +11,7 @@ const char *const dtype_choices = "f32|f16|bf16";
 
 const char config_flags_help[] =
     "problem (defaults: the paper's configuration, nsa_config_init):\n"
-    "  Hq query heads, Hkv key/value heads (Hq %% Hkv == 0), Dqk/Dv head dims,\n"
+    "  Hq query heads, Hkv key/value heads (Hq % Hkv == 0), Dqk/Dv head dims,\n"
     "  l/d compression block length/stride, l_s selection block, n selected blocks\n"
     "  (0: branch off), n_init/n_local forced blocks, w window (0: branch off),\n"
     "  scale 0 = 1/sqrt(Dqk). Inputs are drawn by the testkit from --seed with\n"

@@ -48,6 +48,7 @@ int main(int argc, char **argv)
         return TOOL_EXIT_USAGE;
     }
     sub = argv[1];
+    tool_use_build_tree_modules();
     if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0 || strcmp(sub, "help") == 0) {
         usage(stdout);
         return TOOL_EXIT_OK;

@@ -31,6 +31,9 @@ nsa_status tool_format_error(char *buf, size_t size, const char *what, nsa_statu
 /* Seconds from a monotonic clock. */
 double tool_now(void);
 
+/* Run from the build tree with NSA_BACKEND_PATH unset: use the modules built there. */
+void tool_use_build_tree_modules(void);
+
 /* 1 when stderr is a terminal: progress lines are shown only then. */
 int tool_tty(void);
 
