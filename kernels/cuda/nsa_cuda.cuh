@@ -69,6 +69,14 @@ template <> struct Mma<__nv_bfloat16> {
         __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<uint32_t *>(&v);
     }
+    /* x ~ hi + lo with both parts in the 16-bit type (about 16 mantissa bits) */
+    static NSA_DEV void split(float x, float y, uint32_t &hi, uint32_t &lo)
+    {
+        __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        const float2 f = __bfloat1622float2(h);
+        hi = *reinterpret_cast<uint32_t *>(&h);
+        lo = pack(x - f.x, y - f.y);
+    }
 };
 
 template <> struct Mma<__half> {
@@ -83,6 +91,13 @@ template <> struct Mma<__half> {
     {
         __half2 v = __floats2half2_rn(lo, hi);
         return *reinterpret_cast<uint32_t *>(&v);
+    }
+    static NSA_DEV void split(float x, float y, uint32_t &hi, uint32_t &lo)
+    {
+        __half2 h = __floats2half2_rn(x, y);
+        const float2 f = __half22float2(h);
+        hi = *reinterpret_cast<uint32_t *>(&h);
+        lo = pack(x - f.x, y - f.y);
     }
 };
 

@@ -19,8 +19,11 @@
  *    Keys are the packed compressed rows split as hi + lo (pack_cmp16), two
  *    MMAs per k-step, so the probabilities are fp32-accurate (the near-tie
  *    rule of the selection allows 1e-4).
- *    v2.0 (global read-modify-write per tile): 32.4 ms at T = 64k, D = 128
- *    (H200) -- latency bound on the RMW; v2.1 keeps the rows in shared memory.
+ *    With G = 16 each warp is one token and the group sum is done with warp
+ *    shuffles straight from the accumulators (no probability tile in smem).
+ *    v2.0 (bf16 keys, global read-modify-write per tile): 32.4 ms at T = 64k,
+ *    D = 128 (H200); v2.1 (hi + lo keys, rows in shared memory): 39.6 ms --
+ *    the extra MMAs cost more than the RMW saved; v2.2: shuffle group sum.
  */
 #include "tile_qk.cuh"
 
@@ -93,6 +96,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     float *sP = (float *)(sKl + 2 * BN * SQ); /* [BM][SP] probabilities */
     float *sC = sP + BM * SP;                 /* [tokens][BN] group sums */
     float *sAcc = sC + BM * BN;               /* [tokens][accw] score rows (accw > 0) */
+    __shared__ int64_t sNc[TC_BM];            /* nc(t) of the tile's tokens */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const TileCtx c = tile_ctx(g, tl);
@@ -120,7 +124,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     /* zero the eligible part of every token's scores row */
     const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
     if (accw > 0) {
-        for (int64_t e = tid; e < (int64_t)c.ntok * accw; e += NT) sAcc[e] = 0.f;
+        for (int e = tid; e < c.ntok * accw; e += NT) sAcc[e] = 0.f;
     } else {
         for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
             const int64_t tok = e / width, j = e % width;
@@ -128,6 +132,8 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
         }
     }
 
+    for (int tok = tid; tok < c.ntok; tok += NT) sNc[tok] = nsa_cmp_visible(c.tl0 + tok, g.l, g.d);
+    const bool g16 = c.hca == 16; /* one token per warp */
     int64_t hi[2];
     float lse2[2];
     int64_t wmaxhi = INT64_MIN, wminhi = INT64_MAX;
@@ -183,27 +189,44 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
                     const int col = j * 8 + 2 * (lane & 3) + (e & 1);
                     float p = 0.f;
                     if (full || ks + col <= hi[i]) p = exp2f(s[j][e] * sl - lse2[i]);
-                    sP[(warp * 16 + (lane >> 2) + 8 * i) * SP + col] = p;
+                    s[j][e] = p;
+                    if (!g16) sP[(warp * 16 + (lane >> 2) + 8 * i) * SP + col] = p;
                 }
+            if (g16) {
+                /* the warp's 16 rows are the 16 heads of token `warp`: column
+                 * sums by shuffles (rows g and g+8, then over g) */
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int b = 0; b < 2; b++) {
+                        float v = s[j][b] + s[j][2 + b];
+                        v += __shfl_xor_sync(0xffffffffu, v, 4);
+                        v += __shfl_xor_sync(0xffffffffu, v, 8);
+                        v += __shfl_xor_sync(0xffffffffu, v, 16);
+                        if (lane < 4) sC[warp * BN + j * 8 + 2 * lane + b] = v;
+                    }
+            }
         }
         __syncthreads();
-        /* group sum over each token's heads */
-        for (int e = tid; e < c.ntok * BN; e += NT) {
-            const int tok = e / BN, col = e % BN;
-            const float *pp = sP + tok * c.hca * SP + col;
-            float acc = 0.f;
-            for (int hh = 0; hh < c.hca; hh++) acc += pp[hh * SP];
-            sC[e] = acc;
+        if (!g16) {
+            /* group sum over each token's heads */
+            for (int e = tid; e < c.ntok * BN; e += NT) {
+                const int tok = e / BN, col = e % BN;
+                const float *pp = sP + tok * c.hca * SP + col;
+                float acc = 0.f;
+                for (int hh = 0; hh < c.hca; hh++) acc += pp[hh * SP];
+                sC[e] = acc;
+            }
+            __syncthreads();
         }
-        __syncthreads();
         /* overlap map onto the selection blocks this tile touches */
         const int64_t last = nsa_min64(ks + BN - 1, khi);
         const int64_t jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
-        const int64_t nj = nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1;
-        for (int64_t e = tid; e < (int64_t)c.ntok * nj; e += NT) {
-            const int tok = (int)(e / nj);
+        const int nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
+        for (int e = tid; e < c.ntok * nj; e += NT) {
+            const int tok = e / nj;
             const int64_t j = jlo + e % nj;
-            const int64_t nc = nsa_cmp_visible(c.tl0 + tok, g.l, g.d);
+            const int64_t nc = sNc[tok];
             const int64_t i0 = nsa_max64(nsa_cmp_first_overlapping(j, g.l, g.d, g.ls), ks);
             const int64_t i1 = nsa_min64(nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), ks + BN - 1), nc - 1);
             if (i0 > i1) continue;
@@ -217,11 +240,13 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
         }
         __syncthreads();
     }
-    if (accw > 0)
-        for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
-            const int64_t tok = e / width, j = e % width;
+    if (accw > 0) {
+        const int wi = (int)width; /* <= accw */
+        for (int e = tid; e < c.ntok * wi; e += NT) {
+            const int tok = e / wi, j = e % wi;
             if (j <= nsa_slc_last(c.tl0 + tok, g.ls)) scg[tok * sst + j] = sAcc[tok * accw + j];
         }
+    }
 }
 
 template <typename T, int DQK>
