@@ -63,8 +63,10 @@ if has sanitize; then
 fi
 
 if has check; then
-  for args in "--dqk 128 --dv 128" "--dqk 192 --dv 128" "--hq 32 --hkv 1 --dqk 64 --dv 64 --dtype f16" \
-              "--dqk 128 --dv 128 --seqlens 3000,0,5000,190"; do
+  if [ -n "$CHECK_ONE" ]; then set -- "$CHECK_ONE"; else
+  set -- "--dqk 128 --dv 128" "--dqk 192 --dv 128" "--hq 32 --hkv 1 --dqk 64 --dv 64 --dtype f16" \
+         "--dqk 128 --dv 128 --seqlens 3000,0,5000,190"; fi
+  for args in "$@"; do
     $NSA run --backend cuda --T 8192 $args --iters 5 --warmup 1 > "$OUT/check.log.tmp" 2>&1
     rc=$?
     cat "$OUT/check.log.tmp" >> "$OUT/check.log"
