@@ -83,7 +83,7 @@ static nsa_status hip_context_create(int device, void *native_stream, void **out
     snprintf(c->arch, sizeof c->arch, "%s", p.gcnArchName);
 #endif
     const char *no_mfma = getenv("NSA_HIP_NO_MFMA");
-    c->mfma = arch_has_mfma(c->arch) && !(no_mfma && strcmp(no_mfma, "1") == 0);
+    c->mfma = arch_has_mfma(c->arch) && c->wave == 64 && !(no_mfma && strcmp(no_mfma, "1") == 0);
 #ifdef NSA_HIP_MFMA_EMULATED /* test builds that emulate the MFMA instruction on another GPU */
     c->mfma = !(no_mfma && strcmp(no_mfma, "1") == 0);
 #endif

@@ -37,6 +37,11 @@
 #define NSA_HIP_HAS_MFMA 0
 #endif
 
+/* The MFMA tiles map lanes 0..63 of one wave: CDNA runs wave64 only. */
+#if NSA_HIP_HAS_MFMA && defined(__AMDGCN_WAVEFRONT_SIZE) && __AMDGCN_WAVEFRONT_SIZE != 64
+#error "the MFMA kernels need wave64"
+#endif
+
 #ifndef NSA_HIP_MFMA_EMULATED /* a test build may supply both names (emulating the instruction) */
 typedef float nsa_f32x4 __attribute__((ext_vector_type(4)));
 
