@@ -11,6 +11,12 @@
  * variable NSA_CUDA_KERNELS=ref run the reference kernels (attn_ref,
  * scores_ref). Compression, top-n and combine have one version each.
  *
+ * v3 (default; NSA_CUDA_V3=0 restores the v2.2 stage list): supports() offers
+ * the fused SCORES_TOPN stage on the tensor-core path (G <= 128): the block
+ * scores stay in shared memory and are ranked there (scores_topn_tc). Where a
+ * plan's score rows do not fit in shared memory, plan_prepare allocates a
+ * private scores buffer and the stage runs scores_tc + select_topn on it.
+ *
  * Memory outside the workspace, allocated once per plan in plan_prepare (never
  * in run()): the tile list of the tiled kernels, and for the tensor-core path a
  * copy of the compressed keys/values in the input type, zero padded to the
@@ -33,14 +39,6 @@ using namespace nsa_cuda;
 
 static const nsa_host_api *g_host;
 
-/* The core's nsa_stage_name is not reachable from a module (it does not link libnsa). */
-static const char *stage_name(nsa_stage st)
-{
-    static const char *const names[] = {"compress", "cmp_attn", "block_scores", "select_topn",
-                                        "slc_attn", "win_attn", "combine",      "scores_topn"};
-    return st >= 0 && st < NSA_STAGE_COUNT ? names[st] : "unknown";
-}
-
 #define FAIL(status, ...) g_host->set_error(status, __VA_ARGS__)
 
 static nsa_status cuda_fail(cudaError_t e, const char *what)
@@ -60,6 +58,8 @@ struct CudaCtx {
     cudaStream_t stream;
     bool own_stream;
     bool force_ref;
+    bool v3;             /* NSA_CUDA_V3 (default 1): fused SCORES_TOPN */
+    int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
      * waits for its stream and prints the stage times to stderr (debugging
@@ -81,6 +81,7 @@ struct CudaPlan {
     Tiles tiles;    /* tile list of attn_tc / scores_tc (device) */
     int64_t *tiles_dev;
     void *kc16, *kc16lo, *vc16; /* packed compressed keys (hi, lo) / values */
+    float *sc_scratch; /* v3 SCORES_TOPN when the rows do not fit in shared memory: f32 [T, Hkv, max_ns] */
 };
 
 /* ------------------------------------------------------------------ probe */
@@ -150,11 +151,19 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->device = device;
     const char *k = getenv("NSA_CUDA_KERNELS");
     c->force_ref = k && strcmp(k, "ref") == 0;
+    const char *v3 = getenv("NSA_CUDA_V3");
+    c->v3 = !(v3 && strcmp(v3, "0") == 0);
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        optin = 0;
+    }
+    c->smem_optin = (int64_t)optin - 2048; /* margin for the kernels' static shared memory */
     /* NSA_CUDA_REF=cmp_attn,win_attn,...: reference kernels for those stages only
      * (bisecting a tensor-core kernel against its reference) */
     const char *rs = getenv("NSA_CUDA_REF");
     for (int i = 0; rs && i < NSA_STAGE_COUNT; i++)
-        if (strstr(rs, stage_name((nsa_stage)i))) c->ref_stages |= 1u << i;
+        if (strstr(rs, nsa_stage_name((nsa_stage)i))) c->ref_stages |= 1u << i;
     const char *prof = getenv("NSA_CUDA_PROFILE");
     if (prof && *prof && strcmp(prof, "0") != 0) {
         c->profile = true;
@@ -302,10 +311,21 @@ static nsa_status cu_buffer_fill(void *bctx, void *bbuf, size_t offset, unsigned
 
 /* ------------------------------------------------------------------ plans */
 
+/* Will plans of this config on this context run the fused SCORES_TOPN stage?
+ * (v3 on, tensor-core path, one head chunk per KV group, and no reference
+ * kernel asked for any part of the selection.) */
+static bool fused_topn(const CudaCtx *c, const nsa_config *cfg)
+{
+    const unsigned sel = (1u << NSA_STAGE_BLOCK_SCORES) | (1u << NSA_STAGE_SELECT_TOPN) | (1u << NSA_STAGE_SCORES_TOPN);
+    int dqkp = 0, dvp = 0;
+    tc_dims(cfg->head_dim_qk, cfg->head_dim_v, &dqkp, &dvp);
+    return c && c->v3 && !c->force_ref && !(c->ref_stages & sel) && cfg->dtype != NSA_DTYPE_F32 && dqkp > 0 &&
+           cfg->num_kv_heads > 0 && cfg->num_q_heads / cfg->num_kv_heads <= 128;
+}
+
 static int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 {
-    (void)bctx;
-    (void)cfg;
+    if (stage == NSA_STAGE_SCORES_TOPN) return fused_topn((const CudaCtx *)bctx, cfg) ? 1 : 0;
     return stage >= NSA_STAGE_COMPRESS && stage <= NSA_STAGE_COMBINE;
 }
 
@@ -319,6 +339,7 @@ static void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     if (p->kc16) cudaFree(p->kc16);
     if (p->kc16lo) cudaFree(p->kc16lo);
     if (p->vc16) cudaFree(p->vc16);
+    if (p->sc_scratch) cudaFree(p->sc_scratch);
     free(p);
     plan->backend_plan = NULL;
 }
@@ -373,10 +394,17 @@ static nsa_status cu_plan_prepare(void *bctx, nsa_bk_plan *plan)
         if (e == cudaSuccess) e = cudaMalloc(&p->kc16lo, rows * p->dqkp * 2);
         if (e == cudaSuccess) e = cudaMalloc(&p->vc16, rows * p->dvp * 2);
     }
+    /* v3 SCORES_TOPN whose score rows do not fit in shared memory: a private
+     * scores buffer (the bytes the core reserves for the unfused stages) */
+    if (e == cudaSuccess && fused_topn(c, cfg) && cfg->num_selected > 0 && plan->total_tokens > 0 &&
+        !scores_topn_fits(p->dqkp, qt, plan->max_ns, c->smem_optin)) {
+        const size_t bytes = (size_t)plan->total_tokens * (size_t)cfg->num_kv_heads * (size_t)plan->max_ns * 4;
+        e = cudaMalloc((void **)&p->sc_scratch, bytes);
+    }
     if (e != cudaSuccess) {
         cudaGetLastError();
         cu_plan_release(bctx, plan);
-        return cuda_fail(e, "plan_prepare (tile list / packed compressed rows)");
+        return cuda_fail(e, "plan_prepare (tile list / packed compressed rows / scores)");
     }
     p->tiles.tiles = p->tiles_dev;
     p->tiles.count = count;
@@ -435,7 +463,7 @@ static Geom geom(const nsa_bk_plan *pl)
 static nsa_status need(const nsa_bk_tensor &t, nsa_stage st, const char *name)
 {
     if (t.buf) return NSA_SUCCESS;
-    return FAIL(NSA_ERR_MISSING_TENSOR, "cuda backend: stage %s needs tensor %s, which is absent", stage_name(st),
+    return FAIL(NSA_ERR_MISSING_TENSOR, "cuda backend: stage %s needs tensor %s, which is absent", nsa_stage_name(st),
                 name);
 }
 
@@ -522,6 +550,24 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
             e = scores_ref(g, view(a->q), view(a->kc), view(a->lse[NSA_BRANCH_CMP]), mview(a->scores), s);
         }
         break;
+    case NSA_STAGE_SCORES_TOPN:
+        NEED(a->q, "q");
+        NEED(a->lse[NSA_BRANCH_CMP], "lse[cmp]");
+        NEED(a->indices, "indices");
+        if (g.total_cmp > 0) NEED(a->kc, "kc");
+        if (!p->fast || p->tiles.nchunk != 1)
+            return FAIL(NSA_ERR_INTERNAL, "cuda backend: stage scores_topn planned without the tensor-core path");
+        e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, p->kc16lo, s);
+        if (e == cudaSuccess && p->sc_scratch) {
+            const MView sc = {p->sc_scratch, g.Hkv * g.max_ns, g.max_ns};
+            const View scv = {p->sc_scratch, g.Hkv * g.max_ns, g.max_ns};
+            e = scores_tc(g, p->tiles, p->dqkp, view(a->q), kc16, p->kc16lo, view(a->lse[NSA_BRANCH_CMP]), sc, s);
+            if (e == cudaSuccess) e = select_topn(g, scv, mview(a->indices), s);
+        } else if (e == cudaSuccess) {
+            e = scores_topn_tc(g, p->tiles, p->dqkp, view(a->q), kc16, p->kc16lo, view(a->lse[NSA_BRANCH_CMP]),
+                               mview(a->indices), s);
+        }
+        break;
     case NSA_STAGE_SELECT_TOPN:
         NEED(a->scores, "scores");
         NEED(a->indices, "indices");
@@ -565,23 +611,23 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         break;
     }
     default:
-        return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: stage %s is not implemented", stage_name(stage));
+        return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: stage %s is not implemented", nsa_stage_name(stage));
     }
-    if (e != cudaSuccess) return cuda_fail(e, stage_name(stage));
+    if (e != cudaSuccess) return cuda_fail(e, nsa_stage_name(stage));
     if (prof) {
         cudaEventRecord(c->ev[2 * stage + 1], s);
         c->ev_used[stage] = true;
         if (stage == NSA_STAGE_COMBINE) {
             cudaEventSynchronize(c->ev[2 * stage + 1]);
-            fprintf(stderr, "nsa-cuda profile (%s, T=%lld):", p->fast ? "tensor cores" : "reference",
-                    (long long)g.T);
+            fprintf(stderr, "nsa-cuda profile (%s, %s, T=%lld):", p->fast ? "tensor cores" : "reference",
+                    c->v3 ? "v3" : "v2.2", (long long)g.T);
             float total = 0.f;
             for (int i = 0; i < NSA_STAGE_COUNT; i++) {
                 if (!c->ev_used[i]) continue;
                 float ms = 0.f;
                 cudaEventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]);
                 total += ms;
-                fprintf(stderr, " %s %.3f", stage_name((nsa_stage)i), ms);
+                fprintf(stderr, " %s %.3f", nsa_stage_name((nsa_stage)i), ms);
                 c->ev_used[i] = false;
             }
             fprintf(stderr, " | sum %.3f ms\n", total);

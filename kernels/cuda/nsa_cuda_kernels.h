@@ -79,6 +79,15 @@ cudaError_t scores_ref(const Geom &g, View q, View kc, View lse, MView scores, c
 cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *kc_lo, View lse,
                       MView scores, cudaStream_t s);
 
+/* scores.cu, v3 fused SCORES_TOPN (f16 / bf16, G <= 128): the scores_tc
+ * kernel with its score rows kept in shared memory, then ranked there (the
+ * ranking of select_topn) and written as indices; no scores buffer. Only for
+ * plans where scores_topn_fits(dqkp, tiles.qt, max_ns, device's opt-in shared
+ * memory per block) holds. */
+bool scores_topn_fits(int dqkp, int qt, int64_t max_ns, int64_t smem_optin);
+cudaError_t scores_topn_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *kc_lo, View lse,
+                           MView idx, cudaStream_t s);
+
 /* topn.cu: indices [T, Hkv, n], ascending, -1 padded */
 cudaError_t select_topn(const Geom &g, View scores, MView idx, cudaStream_t s);
 

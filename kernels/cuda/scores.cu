@@ -26,6 +26,7 @@
  *    the extra MMAs cost more than the RMW saved; v2.2: shuffle group sum.
  */
 #include "tile_qk.cuh"
+#include "topn.cuh"
 
 namespace nsa_cuda {
 
@@ -80,11 +81,15 @@ template <int DQK> struct ScBn {
     static constexpr int value = DQK > 128 ? 32 : 64;
 };
 
-template <typename T, int DQK>
+/* FUSED (v3, SCORES_TOPN): the score rows stay in shared memory (accw > 0 is
+ * required) and each warp then ranks one token's row (warp_select_row, the
+ * same keys as topn_kernel) and writes its n indices; sc is not touched. */
+template <typename T, int DQK, bool FUSED>
 __global__ void __launch_bounds__(TC_THREADS, 1)
     scores_tc_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                      const T *__restrict__ k, const T *__restrict__ klo_p, int64_t kst, int64_t ksh, bool qvec,
-                     const float *lse, int64_t lst, int64_t lsh, float *sc, int64_t sst, int64_t ssh, int accw)
+                     const float *lse, int64_t lst, int64_t lsh, float *sc, int64_t sst, int64_t ssh, int accw,
+                     int *idx, int64_t ist, int64_t ish)
 {
     constexpr int BM = TC_BM, NT = TC_THREADS, BN = ScBn<DQK>::value;
     constexpr int SQ = DQK + 8, SP = BN + 4;
@@ -104,7 +109,8 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     const int64_t khi = nsa_cmp_visible(tlast, g.l, g.d) - 1;
     const T *kg = k + g.cu_cmp[c.seq] * kst + c.gi * ksh;
     const T *klg = klo_p + g.cu_cmp[c.seq] * kst + c.gi * ksh;
-    float *scg = sc + c.t0 * sst + c.gi * ssh; /* row of token t0 + tok at scg + tok * sst */
+    /* row of token t0 + tok at scg + tok * sst (unused when FUSED: sc may be NULL) */
+    float *scg = FUSED ? nullptr : sc + c.t0 * sst + c.gi * ssh;
 
     load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
         return r < c.nrows ? (c.t0 + r / c.hca) * qst + (c.h0 + r % c.hca) * qsh : -1;
@@ -123,7 +129,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
 
     /* zero the eligible part of every token's scores row */
     const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
-    if (accw > 0) {
+    if (FUSED || accw > 0) {
         for (int e = tid; e < c.ntok * accw; e += NT) sAcc[e] = 0.f;
     } else {
         for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
@@ -233,14 +239,20 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
             float acc = 0.f;
             for (int64_t i = i0; i <= i1; i++)
                 acc += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * sC[tok * BN + (int)(i - ks)];
-            if (accw > 0)
+            if (FUSED || accw > 0)
                 sAcc[tok * accw + j] += acc;
             else
                 scg[tok * sst + j] += acc;
         }
         __syncthreads();
     }
-    if (accw > 0) {
+    if (FUSED) {
+        /* sAcc holds exactly the values the plain path stores in the scores
+         * buffer (same arithmetic, same order), so the ranking matches it */
+        __syncthreads();
+        for (int tok = warp; tok < c.ntok; tok += NT / 32)
+            warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane);
+    } else if (accw > 0) {
         const int wi = (int)width; /* <= accw */
         for (int e = tid; e < c.ntok * wi; e += NT) {
             const int tok = e / wi, j = e % wi;
@@ -249,9 +261,25 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     }
 }
 
+/* Shared memory of scores_tc_kernel without the score rows, and the rows'
+ * bytes; the rows live in shared memory when they fit beside the tiles. */
+static size_t scores_smem_base(int dqkp)
+{
+    const int BN = dqkp > 128 ? 32 : 64; /* ScBn */
+    return 2 * (size_t)(TC_BM * (dqkp + 8) + 4 * BN * (dqkp + 8)) + sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
+}
+static bool rows_fit(size_t base, size_t acc) { return acc <= 64 * 1024 && base + acc <= 220 * 1024; }
+
+bool scores_topn_fits(int dqkp, int qt, int64_t max_ns, int64_t smem_optin)
+{
+    if (dqkp <= 0 || max_ns <= 0 || max_ns > (1 << 20)) return false;
+    const size_t base = scores_smem_base(dqkp), acc = sizeof(float) * (size_t)qt * (size_t)max_ns;
+    return rows_fit(base, acc) && (int64_t)(base + acc) <= smem_optin;
+}
+
 template <typename T, int DQK>
 static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc, const void *klo, View lse, MView sc,
-                                 cudaStream_t s)
+                                 MView idx, cudaStream_t s)
 {
     constexpr int BN = ScBn<DQK>::value;
     size_t smem = sizeof(T) * (size_t)(TC_BM * (DQK + 8) + 4 * BN * (DQK + 8)) +
@@ -259,30 +287,32 @@ static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc
     /* score rows in shared memory when they fit beside the tiles */
     const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
     int accw = 0;
-    if (acc <= 64 * 1024 && smem + acc <= 220 * 1024) {
+    if (rows_fit(smem, acc)) {
         accw = (int)g.max_ns;
         smem += acc;
     }
-    cudaError_t e = cudaFuncSetAttribute(scores_tc_kernel<T, DQK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+    const bool fused = idx.p != nullptr;
+    if (fused && accw == 0) return cudaErrorInvalidConfiguration; /* the backend checks scores_topn_fits first */
+    auto kern = fused ? scores_tc_kernel<T, DQK, true> : scores_tc_kernel<T, DQK, false>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
-    scores_tc_kernel<T, DQK><<<grid, TC_THREADS, smem, s>>>(
-        g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, (const T *)klo, kc.st, kc.sh,
-        vec_ok(q.p, q.st, q.sh, g.Dqk), (const float *)lse.p, lse.st, lse.sh, (float *)sc.p, sc.st, sc.sh, accw);
+    kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, (const T *)klo, kc.st,
+                                        kc.sh, vec_ok(q.p, q.st, q.sh, g.Dqk), (const float *)lse.p, lse.st, lse.sh,
+                                        (float *)sc.p, sc.st, sc.sh, accw, (int *)idx.p, idx.st, idx.sh);
     return cudaGetLastError();
 }
 
 template <typename T>
 static cudaError_t scores_tc_t(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *klo, View lse,
-                               MView sc, cudaStream_t s)
+                               MView sc, MView idx, cudaStream_t s)
 {
     switch (dqkp) {
-    case 32: return launch_scores<T, 32>(g, tl, q, kc, klo, lse, sc, s);
-    case 64: return launch_scores<T, 64>(g, tl, q, kc, klo, lse, sc, s);
-    case 128: return launch_scores<T, 128>(g, tl, q, kc, klo, lse, sc, s);
-    case 192: return launch_scores<T, 192>(g, tl, q, kc, klo, lse, sc, s);
-    case 256: return launch_scores<T, 256>(g, tl, q, kc, klo, lse, sc, s);
+    case 32: return launch_scores<T, 32>(g, tl, q, kc, klo, lse, sc, idx, s);
+    case 64: return launch_scores<T, 64>(g, tl, q, kc, klo, lse, sc, idx, s);
+    case 128: return launch_scores<T, 128>(g, tl, q, kc, klo, lse, sc, idx, s);
+    case 192: return launch_scores<T, 192>(g, tl, q, kc, klo, lse, sc, idx, s);
+    case 256: return launch_scores<T, 256>(g, tl, q, kc, klo, lse, sc, idx, s);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -292,8 +322,20 @@ cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc,
 {
     if (tl.count == 0) return cudaSuccess;
     if (tl.nchunk != 1) return cudaErrorInvalidValue;
-    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, klo, lse, sc, s);
-    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, klo, lse, sc, s);
+    const MView noidx = {nullptr, 0, 0};
+    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, klo, lse, sc, noidx, s);
+    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, klo, lse, sc, noidx, s);
+    return cudaErrorInvalidValue;
+}
+
+cudaError_t scores_topn_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *kc_lo, View lse,
+                           MView idx, cudaStream_t s)
+{
+    if (tl.count == 0 || g.n == 0) return cudaSuccess;
+    if (tl.nchunk != 1 || !idx.p) return cudaErrorInvalidValue;
+    const MView nosc = {nullptr, 0, 0};
+    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, kc_lo, lse, nosc, idx, s);
+    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, kc_lo, lse, nosc, idx, s);
     return cudaErrorInvalidValue;
 }
 

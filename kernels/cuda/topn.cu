@@ -3,38 +3,16 @@
  * selection blocks of each (token, KV group), reported in ascending order.
  *
  * One warp per (token, group). Every eligible block j gets a unique 64-bit
- * rank key:
- *   forced:   1 << 63 | (2^31 - 1 - j)                  (above all, lower j first)
- *   unforced: ord(score) << 31 | (2^31 - 1 - j)         (higher score first, ties: lower j)
- * where ord() maps a float's bits to an order-preserving unsigned integer.
+ * rank key (rank_key in topn.cuh, shared with the fused SCORES_TOPN kernel).
  * n rounds of a warp-wide "largest key below the previous one" find the n-th
  * largest key; one ballot/popc pass then writes every block whose key is at
  * least that threshold, in ascending j, with -1 in the unused slots.
  * When j <= 1023 the keys live in registers (32 per lane), else they are
  * recomputed from the scores each round.
  */
-#include "nsa_cuda.cuh"
-#include "nsa_cuda_kernels.h"
+#include "topn.cuh"
 
 namespace nsa_cuda {
-
-NSA_DEV uint64_t rank_key(float score, int64_t j, bool forced)
-{
-    const uint64_t low = (uint64_t)(0x7fffffffLL - j);
-    if (forced) return (1ull << 63) | low;
-    uint32_t u = __float_as_uint(score);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((uint64_t)u << 31) | low;
-}
-
-NSA_DEV uint64_t warp_max_u64(uint64_t v)
-{
-    for (int o = 16; o > 0; o >>= 1) {
-        const uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
 
 template <bool CACHED>
 __global__ void __launch_bounds__(128) topn_kernel(const Geom g, const float *sc, int64_t sst, int64_t ssh, int *out,

@@ -1,0 +1,73 @@
+/*
+ * topn.cuh -- the ranking of SELECT_TOPN (semantics section 3), shared by the
+ * plain top-n kernel (topn.cu) and the fused SCORES_TOPN kernel (scores.cu),
+ * so that both pick bitwise the same blocks from the same f32 scores.
+ *
+ * Every eligible block j gets a unique 64-bit rank key:
+ *   forced:   1 << 63 | (2^31 - 1 - j)                  (above all, lower j first)
+ *   unforced: ord(score) << 31 | (2^31 - 1 - j)         (higher score first, ties: lower j)
+ * where ord() maps a float's bits to an order-preserving unsigned integer.
+ */
+#ifndef NSA_KERNELS_CUDA_TOPN_CUH
+#define NSA_KERNELS_CUDA_TOPN_CUH
+
+#include "nsa_cuda.cuh"
+#include "nsa_cuda_kernels.h"
+
+namespace nsa_cuda {
+
+NSA_DEV uint64_t rank_key(float score, int64_t j, bool forced)
+{
+    const uint64_t low = (uint64_t)(0x7fffffffLL - j);
+    if (forced) return (1ull << 63) | low;
+    uint32_t u = __float_as_uint(score);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((uint64_t)u << 31) | low;
+}
+
+NSA_DEV uint64_t warp_max_u64(uint64_t v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+/* One warp selects for one (token, group): row[j] (j <= cur = floor(tl / l_s))
+ * holds the scores, dst the n output slots (contiguous). The whole warp must
+ * call it (shuffles, ballots). Same keys and the same threshold rule as
+ * topn_kernel: n rounds of "largest key below the previous one", then every
+ * block whose key is at least the n-th largest, in ascending j, -1 padded. */
+NSA_DEV void warp_select_row(const Geom &g, const float *row, int64_t tl, int *dst, int lane)
+{
+    const int64_t cur = nsa_slc_last(tl, g.ls), E = cur + 1;
+    if (E <= g.n) {
+        for (int64_t b = lane; b < g.n; b += 32) dst[b] = b < E ? (int)b : -1;
+        return;
+    }
+    auto key = [&](int64_t j) {
+        return rank_key(row[j], j, nsa_slc_forced(j, tl, g.ls, g.n_init, g.n_local) != 0);
+    };
+    uint64_t prev = ~0ull;
+    for (int64_t r = 0; r < g.n; r++) {
+        uint64_t best = 0;
+        for (int64_t j = lane; j < E; j += 32) {
+            const uint64_t kj = key(j);
+            if (kj < prev && kj > best) best = kj;
+        }
+        prev = warp_max_u64(best);
+    }
+    int64_t cnt = 0;
+    for (int64_t base = 0; base < E; base += 32) {
+        const int64_t j = base + lane;
+        const bool sel = j < E && key(j) >= prev;
+        const unsigned bal = __ballot_sync(0xffffffffu, sel);
+        if (sel) dst[cnt + __popc(bal & ((1u << lane) - 1u))] = (int)j;
+        cnt += __popc(bal);
+    }
+}
+
+} // namespace nsa_cuda
+
+#endif
