@@ -453,6 +453,7 @@ static Geom geom(const nsa_bk_plan *pl)
     g.max_ns = pl->max_ns;
     g.scale = c.scale;
     g.dtype = (int)c.dtype;
+    g.v3 = 0;
     const int64_t *tab = (const int64_t *)((CudaBuf *)pl->dev_tables)->ptr;
     g.cu_seqlens = tab + pl->dev_cu_seqlens;
     g.cu_cmp = tab + pl->dev_cu_cmp;
@@ -481,7 +482,8 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     const CudaPlan *p = (const CudaPlan *)pl->backend_plan;
     if (!p || !pl->dev_tables) return FAIL(NSA_ERR_INTERNAL, "cuda backend: plan was not prepared");
     CU(cudaSetDevice(c->device), "cudaSetDevice");
-    const Geom g = geom(pl);
+    Geom g = geom(pl);
+    g.v3 = c->v3 ? 1 : 0;
     const cudaStream_t s = c->stream;
     const View none = {NULL, 0, 0};
     cudaError_t e = cudaSuccess;

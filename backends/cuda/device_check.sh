@@ -3,6 +3,9 @@
 # per-stage profile, the T sweep and the cuDNN baseline in the same call.
 # Run from the repository root on the GPU machine:  bash backends/cuda/device_check.sh [steps]
 # steps (default all): build parity bisect sanitize check profile bench sdpa
+# The v3 kernels are the default; every step runs them. parity and profile also
+# run the v2.2 path (NSA_CUDA_V3=0: unfused block_scores + select_topn, the
+# three-barrier scores loop) on the small corpus / at T = 65536.
 # Logs go to $OUT (or /tmp/nsa-out); the last lines printed are a summary.
 OUT=${OUT:-/tmp/nsa-out}
 mkdir -p "$OUT"
@@ -36,6 +39,11 @@ if has parity; then
   note "parity-cuda (tensor-core path) rc=$rc in $(( $(date +%s) - t0 )) s"
   grep -E "^parity-cuda" "$OUT/parity.log" | tee -a "$SUM"
   grep -E "^FAIL" -A1 "$OUT/parity.log" | head -12 | tee -a "$SUM"
+  t0=$(date +%s)
+  NSA_CUDA_V3=0 NSA_TEST_CORPUS=small $B/tests/test_oracle cuda f16,bf16 small > "$OUT/parity_v22.log" 2>&1
+  note "parity-cuda (NSA_CUDA_V3=0, v2.2 path, small corpus, 16-bit) rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -E "^parity-cuda" "$OUT/parity_v22.log" | tee -a "$SUM"
+  grep -E "^FAIL" -A1 "$OUT/parity_v22.log" | head -6 | tee -a "$SUM"
   NSA_CUDA_KERNELS=ref $B/tests/test_oracle cuda f16,bf16 > "$OUT/parity_ref.log" 2>&1
   note "parity-cuda (reference kernels, 16-bit) rc=$?"
   grep -E "^parity-cuda" "$OUT/parity_ref.log" | tee -a "$SUM"
@@ -82,6 +90,11 @@ if has profile; then
       note "profile Dqk=$dqk T=$T: $(grep 'nsa-cuda profile' "$OUT/profile.tmp" | tail -1)"
       cat "$OUT/profile.tmp" >> "$OUT/profile.log"
     done
+    # the v2.2 path at the largest size, for the before/after of the same call
+    NSA_CUDA_V3=0 NSA_CUDA_PROFILE=1 $NSA run --backend cuda --T ${PROFILE_T_V22:-65536} --dqk $dqk --dv 128 --iters 3 \
+      --warmup 1 --check-tokens 0 > "$OUT/profile.tmp" 2>&1
+    note "profile Dqk=$dqk T=${PROFILE_T_V22:-65536} NSA_CUDA_V3=0: $(grep 'nsa-cuda profile' "$OUT/profile.tmp" | tail -1)"
+    cat "$OUT/profile.tmp" >> "$OUT/profile.log"
   done
 fi
 

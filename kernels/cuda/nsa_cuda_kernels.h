@@ -32,6 +32,7 @@ struct Geom {
     int64_t total_cmp, max_ns;
     float scale;
     int dtype; /* 0 f32, 1 f16, 2 bf16 (enum nsa_dtype) */
+    int v3;    /* 1: v3 kernels (NSA_CUDA_V3, default), 0: the v2.2 versions */
     const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
 };
 

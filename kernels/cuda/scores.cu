@@ -160,6 +160,27 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     wmaxhi = warp_max64(wmaxhi);
     wminhi = warp_min64(wminhi);
     const bool warp_rows = warp * 16 < c.nrows;
+    /* v3 with G = 16: every token's score row is owned by its warp (group sum
+     * by shuffles, overlap map by the warp's lanes), so one barrier per K
+     * tile suffices (the double buffer) and warps overlap their phases */
+    const bool wown = g.v3 && g16;
+
+    /* overlap map of entry e (selection block jlo + e) of token tok for the K
+     * tile starting at ks: the same arithmetic in either loop below */
+    auto overlap_entry = [&](int tok, int e, int64_t ks, int64_t jlo) {
+        const int64_t j = jlo + e;
+        const int64_t nc = sNc[tok];
+        const int64_t i0 = nsa_max64(nsa_cmp_first_overlapping(j, g.l, g.d, g.ls), ks);
+        const int64_t i1 = nsa_min64(nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), ks + BN - 1), nc - 1);
+        if (i0 > i1) return;
+        float acc = 0.f;
+        for (int64_t i = i0; i <= i1; i++)
+            acc += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * sC[tok * BN + (int)(i - ks)];
+        if (FUSED || accw > 0)
+            sAcc[tok * accw + j] += acc;
+        else
+            scg[tok * sst + j] += acc;
+    };
 
     cp_async_wait<1>();
     __syncthreads();
@@ -172,10 +193,19 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     const float sl = g.scale * NSA_LOG2E;
 
     for (int64_t kt = 0; kt < nkt; kt++) {
-        if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+        if (wown) {
+            /* tile kt has landed; every warp is done with tile kt - 1, whose
+             * buffer the next load reuses */
+            cp_async_wait<0>();
+            __syncthreads();
+            if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
+            cp_async_commit();
+        } else {
+            if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
+            cp_async_commit();
+            cp_async_wait<1>();
+            __syncthreads();
+        }
         const int buf = (int)(kt & 1);
         const int64_t ks = kt * BN;
         if (warp_rows) {
@@ -213,6 +243,17 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
                     }
             }
         }
+        if (wown) {
+            /* token `warp`'s row: sC[warp] was written by this warp's lanes 0..3 */
+            __syncwarp();
+            if (warp_rows) {
+                const int64_t last = nsa_min64(ks + BN - 1, khi);
+                const int64_t jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
+                const int nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
+                for (int e = lane; e < nj; e += 32) overlap_entry(warp, e, ks, jlo);
+            }
+            continue;
+        }
         __syncthreads();
         if (!g16) {
             /* group sum over each token's heads */
@@ -229,27 +270,13 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
         const int64_t last = nsa_min64(ks + BN - 1, khi);
         const int64_t jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
         const int nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
-        for (int e = tid; e < c.ntok * nj; e += NT) {
-            const int tok = e / nj;
-            const int64_t j = jlo + e % nj;
-            const int64_t nc = sNc[tok];
-            const int64_t i0 = nsa_max64(nsa_cmp_first_overlapping(j, g.l, g.d, g.ls), ks);
-            const int64_t i1 = nsa_min64(nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), ks + BN - 1), nc - 1);
-            if (i0 > i1) continue;
-            float acc = 0.f;
-            for (int64_t i = i0; i <= i1; i++)
-                acc += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * sC[tok * BN + (int)(i - ks)];
-            if (FUSED || accw > 0)
-                sAcc[tok * accw + j] += acc;
-            else
-                scg[tok * sst + j] += acc;
-        }
+        for (int e = tid; e < c.ntok * nj; e += NT) overlap_entry(e / nj, e % nj, ks, jlo);
         __syncthreads();
     }
+    __syncthreads(); /* the rows are complete (the v3 loop ends without a barrier) */
     if (FUSED) {
         /* sAcc holds exactly the values the plain path stores in the scores
          * buffer (same arithmetic, same order), so the ranking matches it */
-        __syncthreads();
         for (int tok = warp; tok < c.ntok; tok += NT / 32)
             warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane);
     } else if (accw > 0) {

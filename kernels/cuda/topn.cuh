@@ -50,13 +50,32 @@ NSA_DEV void warp_select_row(const Geom &g, const float *row, int64_t tl, int *d
         return rank_key(row[j], j, nsa_slc_forced(j, tl, g.ls, g.n_init, g.n_local) != 0);
     };
     uint64_t prev = ~0ull;
-    for (int64_t r = 0; r < g.n; r++) {
-        uint64_t best = 0;
-        for (int64_t j = lane; j < E; j += 32) {
-            const uint64_t kj = key(j);
-            if (kj < prev && kj > best) best = kj;
+    if (E <= 32 * 32) {
+        /* keys in registers (slots u < ceil(E / 32) used; the rest stay 0,
+         * below every real key, and are never picked: n < E real keys) */
+        uint64_t kc[32];
+#pragma unroll
+        for (int u = 0; u < 32; u++) {
+            const int64_t j = (int64_t)u * 32 + lane;
+            kc[u] = j < E ? key(j) : 0;
         }
-        prev = warp_max_u64(best);
+        const int nu = (int)((E + 31) / 32);
+        for (int64_t r = 0; r < g.n; r++) {
+            uint64_t best = 0;
+#pragma unroll
+            for (int u = 0; u < 32; u++)
+                if (u < nu && kc[u] < prev && kc[u] > best) best = kc[u];
+            prev = warp_max_u64(best);
+        }
+    } else {
+        for (int64_t r = 0; r < g.n; r++) {
+            uint64_t best = 0;
+            for (int64_t j = lane; j < E; j += 32) {
+                const uint64_t kj = key(j);
+                if (kj < prev && kj > best) best = kj;
+            }
+            prev = warp_max_u64(best);
+        }
     }
     int64_t cnt = 0;
     for (int64_t base = 0; base < E; base += 32) {
