@@ -68,6 +68,11 @@ if has sanitize; then
   NSA_TEST_CASE=${RACE_CASE:-s-basic} timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
     $B/tests/test_oracle cuda bf16 small > "$OUT/san_racecheck.log" 2>&1
   note "compute-sanitizer racecheck (case ${RACE_CASE:-s-basic}, bf16) rc=$? in $(( $(date +%s) - t0 )) s: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/san_racecheck.log" | tail -1)"
+  # the v3 block-scores loop (G = 16, one barrier per K tile) needs >= 2 K tiles: nc > 64
+  t0=$(date +%s)
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $NSA run --backend cuda --T 1536 --hq 16 --hkv 1 \
+    --dqk 64 --dv 64 --iters 1 --warmup 0 --check-tokens 0 > "$OUT/san_racecheck_g16.log" 2>&1
+  note "compute-sanitizer racecheck (nsa run T=1536 G=16, v3 scores_topn) rc=$? in $(( $(date +%s) - t0 )) s: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/san_racecheck_g16.log" | tail -1)"
 fi
 
 if has check; then
