@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "opencl_internal.h"
 
@@ -117,8 +118,8 @@ static size_t floor_pow2(size_t x)
 
 static size_t attn_local_bytes(const nsa_config *cfg, size_t wg)
 {
-    /* qs[Dqk] + acc[Dv] + p[wg] + red[wg] (f32) + row[wg] (long) */
-    return (size_t)(cfg->head_dim_qk + cfg->head_dim_v) * 4 + wg * 16;
+    /* qs[Dqk] + acc[Dv] + p[wg] + red[wg] (f32) + row[wg] (long) + slc's blk[n + 1] */
+    return (size_t)(cfg->head_dim_qk + cfg->head_dim_v + cfg->num_selected + 1) * 4 + wg * 16;
 }
 
 static size_t kernel_limit(const ocl_context *c, const ocl_program *p, int kid)
@@ -418,6 +419,7 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     const cl_uint first = a.next;
     ocl_arg_long(&a, 0);
     attn_locals(&a, cfg, op->wg_attn);
+    if (slc) ocl_arg_local(&a, (size_t)(cfg->num_selected + 1) * 4); /* blk: count + usable blocks */
     nsa_status s = ocl_args_end(&a);
     if (s != NSA_SUCCESS) return s;
     return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);
@@ -449,10 +451,36 @@ static nsa_status run_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *a
                       (int64_t)op->wg_elem);
 }
 
+static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const nsa_bk_args *args);
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* NSA_OPENCL_PROFILE=1: finish the queue around every stage and print its wall time
+ * to stderr (a debugging aid; it makes run() blocking). */
 nsa_status ocl_run(void *bctx, nsa_stage stage, const nsa_bk_args *args)
 {
     ocl_context *c = bctx;
     ocl_plan *op = args->plan->backend_plan;
+    const char *prof = getenv("NSA_OPENCL_PROFILE");
+    if (!prof || !*prof || strcmp(prof, "0") == 0) return run_stage(c, op, stage, args);
+    clFinish(c->queue);
+    const double t0 = now_ms();
+    nsa_status s = run_stage(c, op, stage, args);
+    clFinish(c->queue);
+    static const char *const names[NSA_STAGE_COUNT] = {"compress", "cmp_attn", "block_scores", "select_topn",
+                                                       "slc_attn", "win_attn", "combine", "scores_topn"};
+    fprintf(stderr, "opencl: stage %-13s %9.3f ms\n", (unsigned)stage < NSA_STAGE_COUNT ? names[stage] : "?",
+            now_ms() - t0);
+    return s;
+}
+
+static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const nsa_bk_args *args)
+{
     if (!op) return OCL_ERR(NSA_ERR_INTERNAL, "opencl: run(%d) on a plan that plan_prepare did not see", (int)stage);
     if (args->plan->total_tokens == 0) return NSA_SUCCESS;
     tables tb;

@@ -4,9 +4,10 @@
  * (j >= 0) with s <= tl, the query's own block causally masked. The indices come from
  * SELECT_TOPN or from the caller; -1 slots are skipped.
  *
- * Version 1: one work-group per (t, h). The n selected blocks are walked as one virtual
- * key list of n * l_s entries (entry e = slot e / l_s, offset e % l_s) in chunks of WG;
- * see softmax.cl for the chunk loop. Writes o_slc (f32) and lse_slc if has_lse.
+ * Version 1: one work-group per (t, h). Lane 0 first copies the usable blocks (j >= 0,
+ * j * l_s <= tl) into blk[] (local, n entries); they are then walked as one virtual key
+ * list of nb * l_s entries (entry e = block blk[e / l_s], offset e % l_s) in chunks of
+ * WG; see softmax.cl for the chunk loop. Writes o_slc (f32) and lse_slc if has_lse.
  */
 __kernel void slc_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh,
                        const __global nsa_t *k, long k_off, long k_st, long k_sh,
@@ -18,7 +19,7 @@ __kernel void slc_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
                        long Hq, long Hkv, long Dqk, long Dv, long ls, long n, float scale,
                        long first,
                        __local float *qs, __local float *acc, __local float *p,
-                       __local float *red, __local long *row)
+                       __local float *red, __local long *row, __local int *blk)
 {
     const long wg = first + (long)get_group_id(0);
     const long t = wg / Hq, h = wg % Hq, g = h / (Hq / Hkv);
@@ -29,19 +30,26 @@ __kernel void slc_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
     const long tl = t - t0;
     const long ix_row = ix_off + t * ix_st + g * ix_sh;
 
-    load_row_local(qs, q, q_off + t * q_st + h * q_sh, Dqk);
+    if (lid == 0) {
+        int nb = 0;
+        for (long k = 0; k < n; ++k) {
+            const int j = idx[ix_row + k];
+            if (j >= 0 && (long)j * ls <= tl) blk[1 + nb++] = j;
+        }
+        blk[0] = nb;
+    }
+    load_row_local(qs, q, q_off + t * q_st + h * q_sh, Dqk); /* (its barrier publishes blk) */
     zero_local(acc, Dv);
 
     float m = -INFINITY, lsum = 0.0f;
-    const long nkeys = n * ls;
+    const long nkeys = (long)blk[0] * ls;
     for (long base = 0; base < nkeys; base += nl) {
         const long e = base + lid;
         float x = -INFINITY;
         long vrow = -1;
         if (e < nkeys) {
-            const long j = idx[ix_row + e / ls];
-            const long s = j * ls + e % ls;
-            if (j >= 0 && s <= tl) {
+            const long s = (long)blk[1 + e / ls] * ls + e % ls;
+            if (s <= tl) {
                 x = scale * dot_local_t(qs, k, k_off + (t0 + s) * k_st + g * k_sh, Dqk);
                 vrow = v_off + (t0 + s) * v_st + g * v_sh;
             }
