@@ -314,13 +314,28 @@ static nsa_status cu_buffer_fill(void *bctx, void *bbuf, size_t offset, unsigned
 /* Will plans of this config on this context run the fused SCORES_TOPN stage?
  * (v3 on, tensor-core path, one head chunk per KV group, and no reference
  * kernel asked for any part of the selection.) */
+/* The tensor-core kernels' shared memory fits this device (a plan whose
+ * kernels do not fit runs the reference kernels: A100 and sm_86/89 have less
+ * opt-in shared memory than Hopper). */
+static bool tc_fits(const CudaCtx *c, const nsa_config *cfg)
+{
+    int dqkp = 0, dvp = 0;
+    tc_dims(cfg->head_dim_qk, cfg->head_dim_v, &dqkp, &dvp);
+    if (dqkp <= 0) return false;
+    size_t need = attn_tc_smem(dqkp, dvp, 0);
+    need = std::max(need, attn_tc_smem(dqkp, dvp, 2));
+    need = std::max(need, scores_tc_smem(dqkp));
+    if (cfg->num_selected > 0) need = std::max(need, slc_tc_smem(dqkp, dvp, cfg->num_selected, cfg->slc_block));
+    return (int64_t)need <= c->smem_optin;
+}
+
 static bool fused_topn(const CudaCtx *c, const nsa_config *cfg)
 {
     const unsigned sel = (1u << NSA_STAGE_BLOCK_SCORES) | (1u << NSA_STAGE_SELECT_TOPN) | (1u << NSA_STAGE_SCORES_TOPN);
     int dqkp = 0, dvp = 0;
     tc_dims(cfg->head_dim_qk, cfg->head_dim_v, &dqkp, &dvp);
     return c && c->v3 && !c->force_ref && !(c->ref_stages & sel) && cfg->dtype != NSA_DTYPE_F32 && dqkp > 0 &&
-           cfg->num_kv_heads > 0 && cfg->num_q_heads / cfg->num_kv_heads <= 128;
+           cfg->num_kv_heads > 0 && cfg->num_q_heads / cfg->num_kv_heads <= 128 && tc_fits(c, cfg);
 }
 
 static int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
@@ -353,7 +368,7 @@ static nsa_status cu_plan_prepare(void *bctx, nsa_bk_plan *plan)
     if (!p) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: cannot allocate a plan record");
     plan->backend_plan = p;
     tc_dims(cfg->head_dim_qk, cfg->head_dim_v, &p->dqkp, &p->dvp);
-    p->fast = !c->force_ref && cfg->dtype != NSA_DTYPE_F32 && p->dqkp > 0;
+    p->fast = !c->force_ref && cfg->dtype != NSA_DTYPE_F32 && p->dqkp > 0 && tc_fits(c, cfg);
     if (!p->fast) return NSA_SUCCESS;
 
     /* tiles of qt tokens x hc heads (128 rows), heavy (late) tiles first */

@@ -190,13 +190,18 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     }
 }
 
+size_t attn_tc_smem(int dqkp, int dvp, int mode)
+{
+    const int BN = dqkp > 192 ? 32 : 64; /* TcBn */
+    return 2 * (size_t)(TC_BM * (dqkp + 8) + (mode == 0 ? 4 : 2) * BN * (dqkp + 8) + 2 * BN * (dvp + 8));
+}
+
 template <typename T, int DQK, int DV, int MODE>
 static cudaError_t launch_tc(const Geom &g, const Tiles &tl, View q, View k, const void *klo, View v, MView o,
                              MView lse, cudaStream_t s)
 {
-    constexpr int BN = TcBn<DQK>::value;
-    const size_t smem = sizeof(T) * (size_t)(TC_BM * (DQK + 8) + (MODE == 0 ? 4 : 2) * BN * (DQK + 8) +
-                                             2 * BN * (DV + 8));
+    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
+    const size_t smem = attn_tc_smem(DQK, DV, MODE);
     cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<T, DQK, DV, MODE>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;

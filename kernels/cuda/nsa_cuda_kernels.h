@@ -89,6 +89,14 @@ bool scores_topn_fits(int dqkp, int qt, int64_t max_ns, int64_t smem_optin);
 cudaError_t scores_topn_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *kc_lo, View lse,
                            MView idx, cudaStream_t s);
 
+/* Dynamic shared memory (bytes) each tensor-core kernel asks for, from the
+ * same formulas its launcher uses: the backend compares them with the device's
+ * opt-in limit (A100 163 KB, sm_86/89 99 KB, H100/H200 227 KB) and runs the
+ * reference kernels where they do not fit. */
+size_t attn_tc_smem(int dqkp, int dvp, int mode);
+size_t slc_tc_smem(int dqkp, int dvp, int64_t n, int64_t ls);
+size_t scores_tc_smem(int dqkp);
+
 /* topn.cu: indices [T, Hkv, n], ascending, -1 padded */
 cudaError_t select_topn(const Geom &g, View scores, MView idx, cudaStream_t s);
 

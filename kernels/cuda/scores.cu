@@ -297,6 +297,8 @@ static size_t scores_smem_base(int dqkp)
 }
 static bool rows_fit(size_t base, size_t acc) { return acc <= 64 * 1024 && base + acc <= 220 * 1024; }
 
+size_t scores_tc_smem(int dqkp) { return scores_smem_base(dqkp); }
+
 bool scores_topn_fits(int dqkp, int qt, int64_t max_ns, int64_t smem_optin)
 {
     if (dqkp <= 0 || max_ns <= 0 || max_ns > (1 << 20)) return false;
@@ -308,9 +310,8 @@ template <typename T, int DQK>
 static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc, const void *klo, View lse, MView sc,
                                  MView idx, cudaStream_t s)
 {
-    constexpr int BN = ScBn<DQK>::value;
-    size_t smem = sizeof(T) * (size_t)(TC_BM * (DQK + 8) + 4 * BN * (DQK + 8)) +
-                  sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
+    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
+    size_t smem = scores_smem_base(DQK);
     /* score rows in shared memory when they fit beside the tiles */
     const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
     int accw = 0;

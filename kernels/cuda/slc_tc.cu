@@ -198,14 +198,20 @@ __global__ void __launch_bounds__(SLC_THREADS)
     }
 }
 
+size_t slc_tc_smem(int dqkp, int dvp, int64_t n, int64_t ls)
+{
+    const int64_t nsubmax = n * ((ls + SLC_KB - 1) / SLC_KB);
+    size_t smem = 2 * (size_t)(16 * (dqkp + 8) + 2 * SLC_KB * (dqkp + 8) + 2 * SLC_KB * (dvp + 8)) +
+                  (size_t)nsubmax * (sizeof(int64_t) + sizeof(int));
+    const size_t merge = 2 * (size_t)(16 * (dqkp + 8)) + sizeof(float) * (size_t)(128 + 64 * dvp);
+    return merge > smem ? merge : smem;
+}
+
 template <typename T, int DQK, int DV>
 static cudaError_t launch_slc(const Geom &g, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
 {
-    const int64_t nsubmax = g.n * ((g.ls + SLC_KB - 1) / SLC_KB);
-    size_t smem = sizeof(T) * (size_t)(16 * (DQK + 8) + 2 * SLC_KB * (DQK + 8) + 2 * SLC_KB * (DV + 8)) +
-                  (size_t)nsubmax * (sizeof(int64_t) + sizeof(int));
-    const size_t merge = sizeof(T) * (size_t)(16 * (DQK + 8)) + sizeof(float) * (size_t)(128 + 64 * DV);
-    if (merge > smem) smem = merge;
+    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
+    const size_t smem = slc_tc_smem(DQK, DV, g.n, g.ls);
     if (smem > 200 * 1024) return cudaErrorInvalidConfiguration;
     cudaError_t e = cudaFuncSetAttribute(slc_tc_kernel<T, DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
