@@ -45,6 +45,9 @@ enum ocl_kernel_id {
     OCL_K_SLC_ATTN,
     OCL_K_WIN_ATTN,
     OCL_K_COMBINE,
+    OCL_K_CMP_ATTN_V2,
+    OCL_K_SLC_ATTN_V2,
+    OCL_K_WIN_ATTN_V2,
     OCL_K_COUNT
 };
 
@@ -74,7 +77,10 @@ typedef struct ocl_context {
 /* Per-plan state (nsa_bk_plan.backend_plan). */
 typedef struct ocl_plan {
     ocl_program *prog;
-    size_t wg_attn;   /* cmp / slc / win attention work-group size */
+    size_t wg_attn;   /* cmp / slc / win attention work-group size (version 1) */
+    int attn_v2;      /* 1: the group-shared version 2 of the attention kernels */
+    size_t wg_v2;     /* its work-group size */
+    int64_t kt_v2;    /* its key tile */
     size_t wg_scores; /* block_scores */
     size_t wg_topn;   /* select_topn */
     size_t wg_elem;   /* element-wise kernels */

@@ -2,14 +2,18 @@
  * stages.c: what each stage queues (kernels/opencl/<idea>.cl), work-group sizes chosen from
  * the device's limits, and the per-plan state.
  *
- * Work decomposition (version 1, the readable reference):
+ * Work decomposition:
  *   COMPRESS      MEAN / EXTERNAL: element-wise kernels; LINEAR: compress_linear.c
- *   CMP_ATTN      one work-group per (t, h)            (T * Hq groups)
+ *   CMP_ATTN      v1: one work-group per (t, h) (T * Hq groups, softmax.cl);
+ *                 v2: one per (t, g), G heads sharing K/V tiles (T * Hkv, group_attn.cl)
  *   BLOCK_SCORES  one work-group per (t, g)            (T * Hkv groups)
  *   SELECT_TOPN   one work-group per (t, g)
- *   SLC_ATTN      one work-group per (t, h)
- *   WIN_ATTN      one work-group per (t, h)
+ *   SLC_ATTN      as CMP_ATTN (v1 or v2)
+ *   WIN_ATTN      as CMP_ATTN (v1 or v2)
  *   COMBINE       element-wise over T * Hq * Dv
+ * Version 2 is used when its outputs fit the registers (G * Dv <= 16 * its work-group
+ * size, 256 lanes) and a key tile fits the local memory; NSA_OPENCL_KERNELS=v1 forces
+ * version 1, the readable reference.
  * Launches are split into pieces of at most OCL_MAX_GROUPS_PER_LAUNCH groups; each
  * kernel's `first` argument says where its piece starts. Tensors are passed as
  * (cl_mem, element offset, stride_token, stride_head); no sub-buffers.
@@ -150,6 +154,36 @@ static size_t scores_local_bytes(const nsa_config *cfg, int q_local)
     return G * 4 + (q_local ? G * (size_t)cfg->head_dim_qk * 4 : 4);
 }
 
+/* Version 2 (group_attn.cl): local bytes for key tile kt, and the choice of wg / kt. */
+#define GA_MAX_ACC 16 /* as in group_attn.cl */
+
+static size_t v2_local_bytes(const nsa_config *cfg, size_t kt)
+{
+    const size_t G = (size_t)(cfg->num_q_heads / cfg->num_kv_heads);
+    const size_t Dqk = (size_t)cfg->head_dim_qk, Dv = (size_t)cfg->head_dim_v;
+    return 4 * (G * Dqk + kt * (Dqk + 1) + kt * Dv + G * kt + 3 * G) + 16 * kt /* krow, vrow */
+           + 4 * (size_t)(cfg->num_selected + 1) /* slc's blk */;
+}
+
+static void choose_v2(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
+{
+    op->attn_v2 = 0;
+    const char *env = getenv("NSA_OPENCL_KERNELS");
+    if (env && strcmp(env, "v1") == 0) return;
+    size_t lim = kernel_limit(c, op->prog, OCL_K_CMP_ATTN_V2);
+    if (op->prog->kernel_wg[OCL_K_SLC_ATTN_V2] < lim) lim = op->prog->kernel_wg[OCL_K_SLC_ATTN_V2];
+    if (op->prog->kernel_wg[OCL_K_WIN_ATTN_V2] < lim) lim = op->prog->kernel_wg[OCL_K_WIN_ATTN_V2];
+    const size_t wg = floor_pow2(lim < 256 ? lim : 256);
+    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
+    if (G * cfg->head_dim_v > GA_MAX_ACC * (int64_t)wg) return; /* outputs do not fit the registers */
+    size_t kt = 32;
+    while (kt > 1 && v2_local_bytes(cfg, kt) > c->local_mem) kt /= 2;
+    if (v2_local_bytes(cfg, kt) > c->local_mem) return;
+    op->attn_v2 = 1;
+    op->wg_v2 = wg;
+    op->kt_v2 = (int64_t)kt;
+}
+
 int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 {
     ocl_context *c = bctx;
@@ -199,6 +233,7 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
     if (cpu && op->wg_elem > 64) op->wg_elem = 64;
     for (int k = OCL_K_COMPRESS_MEAN; k <= OCL_K_FILL_ROWS; ++k)
         while (op->wg_elem > kernel_limit(c, op->prog, k)) op->wg_elem /= 2;
+    choose_v2(c, op, cfg);
     if (cfg->compress == NSA_COMPRESS_LINEAR && (s = ocl_linear_prepare(c, plan, op)) != NSA_SUCCESS) {
         plan->backend_plan = op;
         ocl_plan_release(c, plan);
@@ -299,12 +334,22 @@ static void attn_locals(ocl_args *a, const nsa_config *cfg, size_t wg)
     ocl_arg_local(a, wg * 8);                       /* row */
 }
 
+/* Version 2: the key tile, then the local float array and the key rows. */
+static void v2_locals(ocl_args *a, const nsa_config *cfg, const ocl_plan *op)
+{
+    ocl_arg_long(a, op->kt_v2);
+    ocl_arg_local(a, v2_local_bytes(cfg, (size_t)op->kt_v2) - 16 * (size_t)op->kt_v2 -
+                         4 * (size_t)(cfg->num_selected + 1));
+    ocl_arg_local(a, 16 * (size_t)op->kt_v2);
+}
+
 static nsa_status run_cmp_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
 {
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
+    const int v2 = op->attn_v2;
     ocl_args a;
-    ocl_args_begin(&a, op->prog->kernel[OCL_K_CMP_ATTN], "cmp_attn");
+    ocl_args_begin(&a, op->prog->kernel[v2 ? OCL_K_CMP_ATTN_V2 : OCL_K_CMP_ATTN], v2 ? "cmp_attn_v2" : "cmp_attn");
     ocl_arg_tensor(&a, &args->q, dtype_size(cfg->dtype), 1);
     ocl_arg_tensor(&a, &args->kc, 4, 1);
     ocl_arg_tensor(&a, &args->vc, 4, 1);
@@ -323,9 +368,11 @@ static nsa_status run_cmp_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *
     ocl_arg_float(&a, cfg->scale);
     const cl_uint first = a.next;
     ocl_arg_long(&a, 0);
-    attn_locals(&a, cfg, op->wg_attn);
+    if (v2) v2_locals(&a, cfg, op);
+    else attn_locals(&a, cfg, op->wg_attn);
     nsa_status s = ocl_args_end(&a);
     if (s != NSA_SUCCESS) return s;
+    if (v2) return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_v2, 1);
     return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);
 }
 
@@ -392,9 +439,11 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
     const size_t es = dtype_size(cfg->dtype);
-    const int slc = branch == NSA_BRANCH_SLC;
+    const int slc = branch == NSA_BRANCH_SLC, v2 = op->attn_v2;
+    static const int kid[2][2] = {{OCL_K_WIN_ATTN, OCL_K_SLC_ATTN}, {OCL_K_WIN_ATTN_V2, OCL_K_SLC_ATTN_V2}};
+    static const char *const kname[2][2] = {{"win_attn", "slc_attn"}, {"win_attn_v2", "slc_attn_v2"}};
     ocl_args a;
-    ocl_args_begin(&a, op->prog->kernel[slc ? OCL_K_SLC_ATTN : OCL_K_WIN_ATTN], slc ? "slc_attn" : "win_attn");
+    ocl_args_begin(&a, op->prog->kernel[kid[v2][slc]], kname[v2][slc]);
     ocl_arg_tensor(&a, &args->q, es, 1);
     ocl_arg_tensor(&a, &args->k[branch], es, 1);
     ocl_arg_tensor(&a, &args->v[branch], es, 1);
@@ -418,10 +467,12 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     ocl_arg_float(&a, cfg->scale);
     const cl_uint first = a.next;
     ocl_arg_long(&a, 0);
-    attn_locals(&a, cfg, op->wg_attn);
+    if (v2) v2_locals(&a, cfg, op);
+    else attn_locals(&a, cfg, op->wg_attn);
     if (slc) ocl_arg_local(&a, (size_t)(cfg->num_selected + 1) * 4); /* blk: count + usable blocks */
     nsa_status s = ocl_args_end(&a);
     if (s != NSA_SUCCESS) return s;
+    if (v2) return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_v2, 1);
     return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);
 }
 

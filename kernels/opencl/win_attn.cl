@@ -45,3 +45,43 @@ __kernel void win_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
     softmax_finish(acc, m, lsum, o, o_off + t * o_st + h * o_sh, Dv, lse,
                    lse_off + t * lse_st + h * lse_sh, has_lse);
 }
+
+/*
+ * Version 2: one work-group per (t, g), the G heads of the group sharing each K/V
+ * tile (group_attn.cl). Work-group index = t * Hkv + g.
+ */
+__kernel void win_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q_sh,
+                          const __global nsa_t *k, long k_off, long k_st, long k_sh,
+                          const __global nsa_t *v, long v_off, long v_st, long v_sh,
+                          __global float *o, long o_off, long o_st, long o_sh,
+                          __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
+                          const __global long *tab, long cu_seq_at, long tok_seq_at,
+                          long Hq, long Hkv, long Dqk, long Dv, long w, float scale,
+                          long first, long KT, __local float *lm, __local long *rows)
+{
+    const long wg = first + (long)get_group_id(0);
+    const long t = wg / Hkv, g = wg % Hkv, G = Hq / Hkv;
+    GA_LOCALS(lm, G, KT, Dqk, Dv);
+    __local long *krow = rows, *vrow = rows + KT;
+
+    const long b = tab[tok_seq_at + t];
+    const long t0 = tab[cu_seq_at + b];
+    const long tl = t - t0;
+    const long s0 = max(0L, tl - w + 1);
+    const long nkeys = tl - s0 + 1;
+
+    float acc[GA_MAX_ACC];
+    for (int i = 0; i < GA_MAX_ACC; ++i) acc[i] = 0.0f;
+    ga_begin(ga_qs, ga_m, ga_l, q, q_off + t * q_st + g * G * q_sh, q_sh, G, Dqk);
+    for (long base = 0; base < nkeys; base += KT) {
+        for (long i = get_local_id(0); i < KT; i += get_local_size(0)) {
+            const long s = s0 + base + i;
+            krow[i] = s <= tl ? k_off + (t0 + s) * k_st + g * k_sh : -1;
+            vrow[i] = s <= tl ? v_off + (t0 + s) * v_st + g * v_sh : -1;
+        }
+        ga_load_tile_t(ga_ks, ga_vs, krow, vrow, k, v, KT, Dqk, Dv);
+        ga_step(acc, ga_qs, ga_ks, ga_vs, ga_p, ga_m, ga_l, ga_alpha, krow, G, KT, Dqk, Dv, scale);
+    }
+    ga_finish(acc, ga_m, ga_l, o, o_off + t * o_st + g * G * o_sh, o_sh, lse, lse_off + t * lse_st + g * G * lse_sh,
+              lse_sh, has_lse, G, Dv);
+}
