@@ -179,6 +179,14 @@ nsa_status nsa_buffer_fill(nsa_buffer *buf, size_t offset, unsigned char value, 
     return buf->ctx->be->buffer_fill(buf->ctx->bctx, buf->bbuf, offset, value, bytes);
 }
 
+void nsa_buffer_mark_internal(nsa_buffer *buf)
+{
+    if (buf && !buf->internal) {
+        buf->internal = 1;
+        buf->ctx->live_buffers--;
+    }
+}
+
 size_t nsa_buffer_size(const nsa_buffer *buf) { return buf ? buf->size : 0; }
 
 nsa_status nsa_buffer_free(nsa_buffer *buf)
@@ -186,7 +194,7 @@ nsa_status nsa_buffer_free(nsa_buffer *buf)
     nsa_clear_error();
     if (!buf) return NSA_SUCCESS;
     buf->ctx->be->buffer_free(buf->ctx->bctx, buf->bbuf);
-    buf->ctx->live_buffers--;
+    if (!buf->internal) buf->ctx->live_buffers--;
     free(buf);
     return NSA_SUCCESS;
 }

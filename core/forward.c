@@ -235,7 +235,10 @@ nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer 
     if (given_out.buf && !(args->flags & NSA_FORWARD_TRUST_INDICES) && (s = check_given_indices(plan, &given)))
         return s;
     if (!workspace) {
-        if (!plan->own_ws && (s = nsa_buffer_alloc(plan->ctx, plan->ws.bytes, &plan->own_ws))) return s;
+        if (!plan->own_ws) {
+            if ((s = nsa_buffer_alloc(plan->ctx, plan->ws.bytes, &plan->own_ws))) return s;
+            nsa_buffer_mark_internal(plan->own_ws);
+        }
         workspace = plan->own_ws;
     }
 

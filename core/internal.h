@@ -49,7 +49,12 @@ struct nsa_buffer {
     nsa_context *ctx;
     void *bbuf;
     size_t size;
+    int internal;  /* owned by a plan (tables, workspace): not counted as the user's */
 };
+
+/* Marks a buffer as a plan's own, so that nsa_context_destroy's count of live
+ * buffers names only the caller's. */
+NSA_INTERNAL void nsa_buffer_mark_internal(nsa_buffer *buf);
 
 /* Workspace layout: byte offsets into the workspace buffer (-1: not used). */
 typedef struct nsa_ws_layout {

@@ -154,6 +154,7 @@ static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
     int64_t n = 2 * (B + 1) + T + 2 * ntiles;
     nsa_status s = nsa_buffer_alloc(p->ctx, (size_t)n * sizeof(int64_t), &p->tables);
     if (s != NSA_SUCCESS) return s;
+    nsa_buffer_mark_internal(p->tables);
     int64_t at = 0;
     size_t e = sizeof(int64_t);
     p->bk.dev_cu_seqlens = at;

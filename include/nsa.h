@@ -227,7 +227,8 @@ typedef struct nsa_plan_info {
     int64_t max_cmp_blocks;  /* max Nc */
     int64_t max_slc_blocks;  /* max Ns */
     size_t workspace_bytes;  /* what nsa_forward needs in its workspace buffer */
-    int num_stages;          /* stages the forward will run */
+    int num_stages;          /* stages the forward runs (with caller-given block_indices
+                              * it skips the selection stages listed here) */
     char stages[256];        /* their names, space separated ("compress cmp_attn ...") */
 } nsa_plan_info;
 
