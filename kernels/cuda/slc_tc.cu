@@ -120,33 +120,7 @@ __global__ void __launch_bounds__(SLC_THREADS)
                     s[j][e] = x;
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }
-            float mu[2], alpha[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-                const float mn = fmaxf(m[i], mx[i]);
-                mu[i] = mn == -INFINITY ? 0.f : mn;
-                alpha[i] = exp2f(m[i] - mu[i]);
-                m[i] = mn;
-            }
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = exp2f(s[j][e] - mu[e >> 1]);
-                    s[j][e] = p;
-                    rs[e >> 1] += p;
-                }
-#pragma unroll
-            for (int i = 0; i < 2; i++) ls[i] = ls[i] * alpha[i] + rs[i];
-#pragma unroll
-            for (int j = 0; j < DV / 8; j++) {
-                oacc[j][0] *= alpha[0];
-                oacc[j][1] *= alpha[0];
-                oacc[j][2] *= alpha[1];
-                oacc[j][3] *= alpha[1];
-            }
+            warp_softmax_step(s, mx, m, ls, oacc);
             warp_pv<T, DV, 1, SV>(oacc, s, sV + buf * KB * SV, 16 * warp, lane);
         }
         __syncthreads();

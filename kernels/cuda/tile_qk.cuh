@@ -150,6 +150,46 @@ inline bool vec_ok(const void *p, int64_t st, int64_t sh, int64_t D)
     return ((uintptr_t)p % 16) == 0 && st % 8 == 0 && sh % 8 == 0 && D % 8 == 0;
 }
 
+/* One online-softmax step for a warp's 16-row MMA fragment (rows lane/4 and
+ * lane/4 + 8). s: the NJ 8-key column groups of masked, scaled logits (log2
+ * domain; -inf for masked keys); mx: their per-row maxima over this thread's
+ * columns. On return s holds p = exp2(s - m_new), the running max m and sum ls
+ * are updated and the output accumulator oacc (NO 8-column groups) is rescaled,
+ * ready for O += P V. Shared by the tile kernels (attn_tc) and selected
+ * attention (slc_tc) so both keep one summation order. */
+template <int NJ, int NO>
+NSA_DEV void warp_softmax_step(float (&s)[NJ][4], float (&mx)[2], float (&m)[2], float (&ls)[2],
+                               float (&oacc)[NO][4])
+{
+    float mu[2], alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float mn = fmaxf(m[i], mx[i]);
+        mu[i] = mn == -INFINITY ? 0.f : mn;
+        alpha[i] = exp2f(m[i] - mu[i]);
+        m[i] = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = exp2f(s[j][e] - mu[e >> 1]);
+            s[j][e] = p;
+            rs[e >> 1] += p;
+        }
+#pragma unroll
+    for (int i = 0; i < 2; i++) ls[i] = ls[i] * alpha[i] + rs[i];
+#pragma unroll
+    for (int j = 0; j < NO; j++) {
+        oacc[j][0] *= alpha[0];
+        oacc[j][1] *= alpha[0];
+        oacc[j][2] *= alpha[1];
+        oacc[j][3] *= alpha[1];
+    }
+}
+
 } // namespace nsa_cuda
 
 #endif
