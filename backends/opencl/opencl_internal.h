@@ -48,6 +48,7 @@ enum ocl_kernel_id {
     OCL_K_CMP_ATTN_V2,
     OCL_K_SLC_ATTN_V2,
     OCL_K_WIN_ATTN_V2,
+    OCL_K_BLOCK_SCORES_V2,
     OCL_K_COUNT
 };
 
@@ -85,6 +86,9 @@ typedef struct ocl_plan {
     size_t wg_topn;   /* select_topn */
     size_t wg_elem;   /* element-wise kernels */
     int scores_q_local;
+    int scores_v2;       /* 1: block_scores_v2 (rows scored once, tiles in local memory) */
+    size_t wg_scores_v2;
+    int64_t kt_scores, jc_scores; /* its row tile and chunk of selection blocks */
     /* LINEAR compression scratch (NULL otherwise), f32 */
     cl_mem stage_x;   /* [Hkv, T, maxD] head-major copy of k or v */
     cl_mem stage_w;   /* [Hkv, l, maxD, maxD] */

@@ -40,6 +40,7 @@ static const char *const kernel_names[OCL_K_COUNT] = {
     [OCL_K_CMP_ATTN_V2] = "cmp_attn_v2",
     [OCL_K_SLC_ATTN_V2] = "slc_attn_v2",
     [OCL_K_WIN_ATTN_V2] = "win_attn_v2",
+    [OCL_K_BLOCK_SCORES_V2] = "block_scores_v2",
 };
 
 static const char cache_magic[8] = {'N', 'S', 'A', 'C', 'L', 'B', 'I', '1'};

@@ -6,7 +6,8 @@
  *   COMPRESS      MEAN / EXTERNAL: element-wise kernels; LINEAR: compress_linear.c
  *   CMP_ATTN      v1: one work-group per (t, h) (T * Hq groups, softmax.cl);
  *                 v2: one per (t, g), G heads sharing K/V tiles (T * Hkv, group_attn.cl)
- *   BLOCK_SCORES  one work-group per (t, g)            (T * Hkv groups)
+ *   BLOCK_SCORES  one work-group per (t, g) (T * Hkv groups); v1: lane per block j;
+ *                 v2: rows scored once by all lanes, tiles in local memory
  *   SELECT_TOPN   one work-group per (t, g)
  *   SLC_ATTN      as CMP_ATTN (v1 or v2)
  *   WIN_ATTN      as CMP_ATTN (v1 or v2)
@@ -184,6 +185,31 @@ static void choose_v2(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
     op->kt_v2 = (int64_t)kt;
 }
 
+static size_t scores_v2_local_bytes(const nsa_config *cfg, size_t kt, size_t jc)
+{
+    const size_t G = (size_t)(cfg->num_q_heads / cfg->num_kv_heads), Dqk = (size_t)cfg->head_dim_qk;
+    const size_t pc = (jc * (size_t)cfg->slc_block + (size_t)cfg->cmp_block) / (size_t)cfg->cmp_stride + 2;
+    return 4 * (G * Dqk + G + kt * (Dqk + 1) + G * kt + pc);
+}
+
+static void choose_scores_v2(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
+{
+    op->scores_v2 = 0;
+    const char *env = getenv("NSA_OPENCL_KERNELS");
+    if (env && strcmp(env, "v1") == 0) return;
+    const size_t lim = kernel_limit(c, op->prog, OCL_K_BLOCK_SCORES_V2);
+    size_t kt = 32, jc = 64;
+    while (scores_v2_local_bytes(cfg, kt, jc) > c->local_mem && (kt > 1 || jc > 1)) {
+        if (kt > 4 || jc == 1) kt = kt > 1 ? kt / 2 : 1;
+        else jc /= 2;
+    }
+    if (scores_v2_local_bytes(cfg, kt, jc) > c->local_mem) return;
+    op->scores_v2 = 1;
+    op->wg_scores_v2 = floor_pow2(lim < 256 ? lim : 256);
+    op->kt_scores = (int64_t)kt;
+    op->jc_scores = (int64_t)jc;
+}
+
 int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 {
     ocl_context *c = bctx;
@@ -234,6 +260,7 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
     for (int k = OCL_K_COMPRESS_MEAN; k <= OCL_K_FILL_ROWS; ++k)
         while (op->wg_elem > kernel_limit(c, op->prog, k)) op->wg_elem /= 2;
     choose_v2(c, op, cfg);
+    choose_scores_v2(c, op, cfg);
     if (cfg->compress == NSA_COMPRESS_LINEAR && (s = ocl_linear_prepare(c, plan, op)) != NSA_SUCCESS) {
         plan->backend_plan = op;
         ocl_plan_release(c, plan);
@@ -381,8 +408,10 @@ static nsa_status run_block_scores(ocl_context *c, ocl_plan *op, const nsa_bk_ar
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
     const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
+    const int v2 = op->scores_v2;
     ocl_args a;
-    ocl_args_begin(&a, op->prog->kernel[OCL_K_BLOCK_SCORES], "block_scores");
+    ocl_args_begin(&a, op->prog->kernel[v2 ? OCL_K_BLOCK_SCORES_V2 : OCL_K_BLOCK_SCORES],
+                   v2 ? "block_scores_v2" : "block_scores");
     ocl_arg_tensor(&a, &args->q, dtype_size(cfg->dtype), 1);
     ocl_arg_tensor(&a, &args->kc, 4, 1);
     ocl_arg_tensor(&a, &args->lse[NSA_BRANCH_CMP], 4, 1);
@@ -400,6 +429,14 @@ static nsa_status run_block_scores(ocl_context *c, ocl_plan *op, const nsa_bk_ar
     ocl_arg_float(&a, cfg->scale);
     const cl_uint first = a.next;
     ocl_arg_long(&a, 0);
+    if (v2) {
+        ocl_arg_long(&a, op->kt_scores);
+        ocl_arg_long(&a, op->jc_scores);
+        ocl_arg_local(&a, scores_v2_local_bytes(cfg, (size_t)op->kt_scores, (size_t)op->jc_scores));
+        nsa_status s = ocl_args_end(&a);
+        if (s != NSA_SUCCESS) return s;
+        return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_scores_v2, 1);
+    }
     ocl_arg_int(&a, op->scores_q_local);
     ocl_arg_local(&a, op->scores_q_local ? (size_t)(G * cfg->head_dim_qk) * 4 : 4);
     ocl_arg_local(&a, (size_t)G * 4);

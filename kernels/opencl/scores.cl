@@ -67,3 +67,89 @@ __kernel void block_scores(const __global nsa_t *q, long q_off, long q_st, long 
         sc[sc_off + t * sc_st + g * sc_sh + j] = s;
     }
 }
+
+/*
+ * Version 2: one work-group per (t, g) as in version 1, but every compressed block i
+ * is scored once and by all lanes together. Eligible blocks are taken in chunks of JC
+ * selection blocks; a chunk needs the compressed rows ilo .. ihi, which are walked in
+ * tiles of KT rows staged in local memory (as in group_attn.cl):
+ *   1. lane pairs (h, s) over G*KT: e = exp(scale * q_h . kc_s - lse_h);
+ *   2. lane s < KT: P[i] = sum_h e(h, s), h ascending, kept in local memory;
+ *   3. after the chunk's rows: lane j of the chunk sums (overlap(i, j) / d) * P[i] over
+ *      i ascending.
+ * The sums run in the same order as version 1, so both give the same bits.
+ * Local memory (floats): qs G*Dqk | lsel G | ks KT*(Dqk+1) | pe G*KT | P pc (>= the
+ * rows of one chunk: JC*l_s/d + l/d + 1).
+ */
+__kernel void block_scores_v2(const __global nsa_t *q, long q_off, long q_st, long q_sh,
+                              const __global float *kc, long kc_off, long kc_st, long kc_sh,
+                              const __global float *lse, long lse_off, long lse_st, long lse_sh,
+                              __global float *sc, long sc_off, long sc_st, long sc_sh,
+                              const __global long *tab, long cu_seq_at, long cu_cmp_at, long tok_seq_at,
+                              long Hq, long Hkv, long Dqk, long l, long d, long ls, float scale,
+                              long first, long KT, long JC, __local float *lm)
+{
+    const long wg = first + (long)get_group_id(0);
+    const long t = wg / Hkv, g = wg % Hkv, G = Hq / Hkv;
+    const long lid = get_local_id(0), nl = get_local_size(0);
+    __local float *qs = lm;
+    __local float *lsel = qs + G * Dqk;
+    __local float *ks = lsel + G;
+    __local float *pe = ks + KT * (Dqk + 1);
+    __local float *P = pe + G * KT;
+
+    const long b = tab[tok_seq_at + t];
+    const long tl = t - tab[cu_seq_at + b];
+    const long nc = (tl + 1 >= l) ? (tl + 1 - l) / d + 1 : 0;
+    const long r0 = tab[cu_cmp_at + b];
+    const long jmax = tl / ls;
+
+    for (long hh = lid; hh < G; hh += nl)
+        lsel[hh] = lse[lse_off + t * lse_st + (g * G + hh) * lse_sh];
+    for (long e = lid; e < G * Dqk; e += nl)
+        qs[e] = ld(q, q_off + t * q_st + (g * G + e / Dqk) * q_sh + e % Dqk);
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    for (long j0 = 0; j0 <= jmax; j0 += JC) {
+        const long j1 = min(j0 + JC - 1, jmax);
+        const long first_tok = j0 * ls - l + 1;
+        const long ilo = (first_tok <= 0) ? 0 : (first_tok + d - 1) / d;
+        const long ihi = min(nc - 1, ((j1 + 1) * ls - 1) / d);
+        for (long ib = ilo; ib <= ihi; ib += KT) {
+            for (long e = lid; e < KT * Dqk; e += nl) {
+                const long s = e / Dqk, c = e % Dqk;
+                ks[s * (Dqk + 1) + c] = ib + s <= ihi ? kc[kc_off + (r0 + ib + s) * kc_st + g * kc_sh + c] : 0.0f;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            for (long e = lid; e < G * KT; e += nl) {
+                const long hh = e / KT, s = e % KT;
+                float x = 0.0f;
+                __local const float *qh = qs + hh * Dqk;
+                __local const float *kr = ks + s * (Dqk + 1);
+                for (long c = 0; c < Dqk; ++c) x += qh[c] * kr[c];
+                pe[e] = exp(scale * x - lsel[hh]);
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            for (long s = lid; s < KT; s += nl) {
+                if (ib + s <= ihi) {
+                    float ps = 0.0f;
+                    for (long hh = 0; hh < G; ++hh) ps += pe[hh * KT + s];
+                    P[ib + s - ilo] = ps;
+                }
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        for (long j = j0 + lid; j <= j1; j += nl) {
+            const long ft = j * ls - l + 1;
+            const long jlo = (ft <= 0) ? 0 : (ft + d - 1) / d;
+            const long jhi = min(nc - 1, ((j + 1) * ls - 1) / d);
+            float s = 0.0f;
+            for (long i = jlo; i <= jhi; ++i) {
+                const long ov = min(i * d + l, (j + 1) * ls) - max(i * d, j * ls);
+                s += ((float)ov / (float)d) * P[i - ilo];
+            }
+            sc[sc_off + t * sc_st + g * sc_sh + j] = s;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+}
