@@ -63,7 +63,8 @@ __kernel void cmp_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q
 {
     const long wg = first + (long)get_group_id(0);
     const long t = wg / Hkv, g = wg % Hkv, G = Hq / Hkv;
-    GA_LOCALS(lm, G, KT, Dqk, Dv);
+    const int Gi = (int)G, KTi = (int)KT, Dqki = (int)Dqk, Dvi = (int)Dv;
+    GA_LOCALS(lm, Gi, KTi, Dqki, Dvi);
     __local long *krow = rows, *vrow = rows + KT;
 
     const long b = tab[tok_seq_at + t];
@@ -73,16 +74,16 @@ __kernel void cmp_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q
 
     float acc[GA_MAX_ACC];
     for (int i = 0; i < GA_MAX_ACC; ++i) acc[i] = 0.0f;
-    ga_begin(ga_qs, ga_m, ga_l, q, q_off + t * q_st + g * G * q_sh, q_sh, G, Dqk);
+    ga_begin(ga_qs, ga_m, ga_l, q, q_off + t * q_st + g * G * q_sh, q_sh, Gi, Dqki);
     for (long base = 0; base < nc; base += KT) {
         for (long i = get_local_id(0); i < KT; i += get_local_size(0)) {
             const long r = r0 + base + i;
             krow[i] = base + i < nc ? kc_off + r * kc_st + g * kc_sh : -1;
             vrow[i] = base + i < nc ? vc_off + r * vc_st + g * vc_sh : -1;
         }
-        ga_load_tile_f32(ga_ks, ga_vs, krow, vrow, kc, vc, KT, Dqk, Dv);
-        ga_step(acc, ga_qs, ga_ks, ga_vs, ga_p, ga_m, ga_l, ga_alpha, krow, G, KT, Dqk, Dv, scale);
+        ga_load_tile_f32(ga_ks, ga_vs, krow, vrow, kc, vc, KTi, Dqki, Dvi);
+        ga_step(acc, ga_qs, ga_ks, ga_vs, ga_p, ga_m, ga_l, ga_alpha, krow, Gi, KTi, Dqki, Dvi, scale);
     }
     ga_finish(acc, ga_m, ga_l, o, o_off + t * o_st + g * G * o_sh, o_sh, lse, lse_off + t * lse_st + g * G * lse_sh,
-              lse_sh, 1, G, Dv);
+              lse_sh, 1, Gi, Dvi);
 }

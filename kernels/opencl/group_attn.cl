@@ -28,28 +28,31 @@
 
 /* Loads the G query rows of (t, g) into qs and resets the running max / sum. */
 inline void ga_begin(__local float *qs, __local float *m, __local float *l, const __global nsa_t *q, long qrow0,
-                     long q_sh, long G, long Dqk)
+                     long q_sh, int G, int Dqk)
 {
-    for (long e = get_local_id(0); e < G * Dqk; e += get_local_size(0))
-        qs[e] = ld(q, qrow0 + (e / Dqk) * q_sh + e % Dqk);
-    for (long h = get_local_id(0); h < G; h += get_local_size(0)) {
+    for (int e = get_local_id(0); e < G * Dqk; e += get_local_size(0)) {
+        const int h = e / Dqk;
+        qs[e] = ld(q, qrow0 + h * q_sh + (e - h * Dqk));
+    }
+    for (int h = get_local_id(0); h < G; h += get_local_size(0)) {
         m[h] = -INFINITY;
         l[h] = 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-/* Step 2 for storage-type K/V (k_slc, v_slc, k_win, v_win). */
+/* Step 2 for storage-type K/V (k_slc, v_slc, k_win, v_win). Local indices are int
+ * (32-bit division is much cheaper than 64-bit on GPUs); global offsets stay long. */
 inline void ga_load_tile_t(__local float *ks, __local float *vs, __local const long *krow, __local const long *vrow,
-                           const __global nsa_t *k, const __global nsa_t *v, long KT, long Dqk, long Dv)
+                           const __global nsa_t *k, const __global nsa_t *v, int KT, int Dqk, int Dv)
 {
     barrier(CLK_LOCAL_MEM_FENCE); /* krow / vrow written */
-    for (long e = get_local_id(0); e < KT * Dqk; e += get_local_size(0)) {
-        const long s = e / Dqk, c = e % Dqk;
+    for (int e = get_local_id(0); e < KT * Dqk; e += get_local_size(0)) {
+        const int s = e / Dqk, c = e - s * Dqk;
         ks[s * (Dqk + 1) + c] = krow[s] >= 0 ? ld(k, krow[s] + c) : 0.0f;
     }
-    for (long e = get_local_id(0); e < KT * Dv; e += get_local_size(0)) {
-        const long s = e / Dv, c = e % Dv;
+    for (int e = get_local_id(0); e < KT * Dv; e += get_local_size(0)) {
+        const int s = e / Dv, c = e - s * Dv;
         vs[e] = vrow[s] >= 0 ? ld(v, vrow[s] + c) : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -57,16 +60,16 @@ inline void ga_load_tile_t(__local float *ks, __local float *vs, __local const l
 
 /* Step 2 for f32 K/V (the compressed kc, vc). */
 inline void ga_load_tile_f32(__local float *ks, __local float *vs, __local const long *krow,
-                             __local const long *vrow, const __global float *k, const __global float *v, long KT,
-                             long Dqk, long Dv)
+                             __local const long *vrow, const __global float *k, const __global float *v, int KT,
+                             int Dqk, int Dv)
 {
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (long e = get_local_id(0); e < KT * Dqk; e += get_local_size(0)) {
-        const long s = e / Dqk, c = e % Dqk;
+    for (int e = get_local_id(0); e < KT * Dqk; e += get_local_size(0)) {
+        const int s = e / Dqk, c = e - s * Dqk;
         ks[s * (Dqk + 1) + c] = krow[s] >= 0 ? k[krow[s] + c] : 0.0f;
     }
-    for (long e = get_local_id(0); e < KT * Dv; e += get_local_size(0)) {
-        const long s = e / Dv, c = e % Dv;
+    for (int e = get_local_id(0); e < KT * Dv; e += get_local_size(0)) {
+        const int s = e / Dv, c = e - s * Dv;
         vs[e] = vrow[s] >= 0 ? v[vrow[s] + c] : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -75,30 +78,30 @@ inline void ga_load_tile_f32(__local float *ks, __local float *vs, __local const
 /* Step 3. Ends with a barrier so that the next tile may overwrite the local arrays. */
 inline void ga_step(float *acc, __local const float *qs, __local const float *ks, __local const float *vs,
                     __local float *p, __local float *m, __local float *l, __local float *alpha,
-                    __local const long *krow, long G, long KT, long Dqk, long Dv, float scale)
+                    __local const long *krow, int G, int KT, int Dqk, int Dv, float scale)
 {
-    const long lid = get_local_id(0), nl = get_local_size(0);
-    for (long e = lid; e < G * KT; e += nl) {
-        const long h = e / KT, s = e % KT;
+    const int lid = get_local_id(0), nl = get_local_size(0);
+    for (int e = lid; e < G * KT; e += nl) {
+        const int h = e / KT, s = e - h * KT;
         float x = -INFINITY;
         if (krow[s] >= 0) {
             __local const float *qh = qs + h * Dqk;
             __local const float *kr = ks + s * (Dqk + 1);
             float d = 0.0f;
-            for (long c = 0; c < Dqk; ++c) d += qh[c] * kr[c];
+            for (int c = 0; c < Dqk; ++c) d += qh[c] * kr[c];
             x = scale * d;
         }
         p[e] = x;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (long h = lid; h < G; h += nl) {
+    for (int h = lid; h < G; h += nl) {
         __local float *ph = p + h * KT;
         const float mo = m[h];
         float mx = mo;
-        for (long s = 0; s < KT; ++s) mx = fmax(mx, ph[s]);
+        for (int s = 0; s < KT; ++s) mx = fmax(mx, ph[s]);
         const float a = (mo == -INFINITY) ? 0.0f : exp(mo - mx);
         float sum = 0.0f;
-        for (long s = 0; s < KT; ++s) {
+        for (int s = 0; s < KT; ++s) {
             const float x = ph[s];
             const float e = (x == -INFINITY) ? 0.0f : exp(x - mx);
             ph[s] = e;
@@ -110,12 +113,12 @@ inline void ga_step(float *acc, __local const float *qs, __local const float *ks
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int k = 0; k < GA_MAX_ACC; ++k) {
-        const long o = lid + k * nl;
+        const int o = lid + k * nl;
         if (o < G * Dv) {
-            const long h = o / Dv, c = o % Dv;
+            const int h = o / Dv, c = o - h * Dv;
             __local const float *ph = p + h * KT;
             float a = acc[k] * alpha[h];
-            for (long s = 0; s < KT; ++s) a += ph[s] * vs[s * Dv + c];
+            for (int s = 0; s < KT; ++s) a += ph[s] * vs[s * Dv + c];
             acc[k] = a;
         }
     }
@@ -124,19 +127,19 @@ inline void ga_step(float *acc, __local const float *qs, __local const float *ks
 
 /* Step 4: o rows of heads g*G .. g*G + G - 1 of token t (f32), and the LSEs. */
 inline void ga_finish(const float *acc, __local const float *m, __local const float *l, __global float *o,
-                      long orow0, long o_sh, __global float *lse, long lse_at0, long lse_sh, int has_lse, long G,
-                      long Dv)
+                      long orow0, long o_sh, __global float *lse, long lse_at0, long lse_sh, int has_lse, int G,
+                      int Dv)
 {
-    const long lid = get_local_id(0), nl = get_local_size(0);
+    const int lid = get_local_id(0), nl = get_local_size(0);
     for (int k = 0; k < GA_MAX_ACC; ++k) {
-        const long e = lid + k * nl;
+        const int e = lid + k * nl;
         if (e < G * Dv) {
-            const long h = e / Dv, c = e % Dv;
+            const int h = e / Dv, c = e - h * Dv;
             o[orow0 + h * o_sh + c] = (l[h] > 0.0f) ? acc[k] / l[h] : 0.0f;
         }
     }
     if (has_lse)
-        for (long h = lid; h < G; h += nl)
+        for (int h = lid; h < G; h += nl)
             lse[lse_at0 + h * lse_sh] = (l[h] > 0.0f) ? m[h] + log(l[h]) : -INFINITY;
 }
 

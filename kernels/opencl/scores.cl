@@ -91,7 +91,8 @@ __kernel void block_scores_v2(const __global nsa_t *q, long q_off, long q_st, lo
 {
     const long wg = first + (long)get_group_id(0);
     const long t = wg / Hkv, g = wg % Hkv, G = Hq / Hkv;
-    const long lid = get_local_id(0), nl = get_local_size(0);
+    const int lid = get_local_id(0), nl = get_local_size(0);
+    const int Gi = (int)G, KTi = (int)KT, Dqki = (int)Dqk; /* local indices: 32-bit */
     __local float *qs = lm;
     __local float *lsel = qs + G * Dqk;
     __local float *ks = lsel + G;
@@ -104,10 +105,12 @@ __kernel void block_scores_v2(const __global nsa_t *q, long q_off, long q_st, lo
     const long r0 = tab[cu_cmp_at + b];
     const long jmax = tl / ls;
 
-    for (long hh = lid; hh < G; hh += nl)
+    for (int hh = lid; hh < Gi; hh += nl)
         lsel[hh] = lse[lse_off + t * lse_st + (g * G + hh) * lse_sh];
-    for (long e = lid; e < G * Dqk; e += nl)
-        qs[e] = ld(q, q_off + t * q_st + (g * G + e / Dqk) * q_sh + e % Dqk);
+    for (int e = lid; e < Gi * Dqki; e += nl) {
+        const int hh = e / Dqki;
+        qs[e] = ld(q, q_off + t * q_st + (g * G + hh) * q_sh + (e - hh * Dqki));
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
 
     for (long j0 = 0; j0 <= jmax; j0 += JC) {
@@ -116,24 +119,24 @@ __kernel void block_scores_v2(const __global nsa_t *q, long q_off, long q_st, lo
         const long ilo = (first_tok <= 0) ? 0 : (first_tok + d - 1) / d;
         const long ihi = min(nc - 1, ((j1 + 1) * ls - 1) / d);
         for (long ib = ilo; ib <= ihi; ib += KT) {
-            for (long e = lid; e < KT * Dqk; e += nl) {
-                const long s = e / Dqk, c = e % Dqk;
-                ks[s * (Dqk + 1) + c] = ib + s <= ihi ? kc[kc_off + (r0 + ib + s) * kc_st + g * kc_sh + c] : 0.0f;
+            for (int e = lid; e < KTi * Dqki; e += nl) {
+                const int s = e / Dqki, c = e - s * Dqki;
+                ks[s * (Dqki + 1) + c] = ib + s <= ihi ? kc[kc_off + (r0 + ib + s) * kc_st + g * kc_sh + c] : 0.0f;
             }
             barrier(CLK_LOCAL_MEM_FENCE);
-            for (long e = lid; e < G * KT; e += nl) {
-                const long hh = e / KT, s = e % KT;
+            for (int e = lid; e < Gi * KTi; e += nl) {
+                const int hh = e / KTi, s = e - hh * KTi;
                 float x = 0.0f;
-                __local const float *qh = qs + hh * Dqk;
-                __local const float *kr = ks + s * (Dqk + 1);
-                for (long c = 0; c < Dqk; ++c) x += qh[c] * kr[c];
+                __local const float *qh = qs + hh * Dqki;
+                __local const float *kr = ks + s * (Dqki + 1);
+                for (int c = 0; c < Dqki; ++c) x += qh[c] * kr[c];
                 pe[e] = exp(scale * x - lsel[hh]);
             }
             barrier(CLK_LOCAL_MEM_FENCE);
-            for (long s = lid; s < KT; s += nl) {
+            for (int s = lid; s < KTi; s += nl) {
                 if (ib + s <= ihi) {
                     float ps = 0.0f;
-                    for (long hh = 0; hh < G; ++hh) ps += pe[hh * KT + s];
+                    for (int hh = 0; hh < Gi; ++hh) ps += pe[hh * KTi + s];
                     P[ib + s - ilo] = ps;
                 }
             }
