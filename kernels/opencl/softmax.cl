@@ -12,6 +12,7 @@
  *   3. accumulate_*(): lane c owns output dims c, c + WG, ... of acc (local memory) and
  *      adds sum_i p_i * v[row_i][c] after rescaling by alpha = exp(m_old - m_new).
  * At the end o = acc / l and lse = m + log(l) (l = 0: o = 0, lse = -inf).
+ * Version 2 (all G heads of a KV group in one work-group) is in group_attn.cl.
  */
 
 inline float wg_max(__local float *red, float x)
