@@ -132,7 +132,8 @@ static void cache_write(const char *dir, const char *path, const unsigned char *
     static unsigned counter;
     char tmp[4300];
     if (!make_dirs(dir)) return;
-    if (snprintf(tmp, sizeof tmp, "%s.%ld.%u.tmp", path, (long)getpid(), counter++) >= (int)sizeof tmp) return;
+    const unsigned n_tmp = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED); /* unique per thread, too */
+    if (snprintf(tmp, sizeof tmp, "%s.%ld.%u.tmp", path, (long)getpid(), n_tmp) >= (int)sizeof tmp) return;
     FILE *f = fopen(tmp, "wb");
     if (!f) return;
     const uint64_t n = size;
