@@ -189,12 +189,17 @@ void nsa_buffer_mark_internal(nsa_buffer *buf)
 
 size_t nsa_buffer_size(const nsa_buffer *buf) { return buf ? buf->size : 0; }
 
-nsa_status nsa_buffer_free(nsa_buffer *buf)
+void nsa_buffer_release(nsa_buffer *buf)
 {
-    nsa_clear_error();
-    if (!buf) return NSA_SUCCESS;
+    if (!buf) return;
     buf->ctx->be->buffer_free(buf->ctx->bctx, buf->bbuf);
     if (!buf->internal) buf->ctx->live_buffers--;
     free(buf);
+}
+
+nsa_status nsa_buffer_free(nsa_buffer *buf)
+{
+    nsa_clear_error();
+    nsa_buffer_release(buf);
     return NSA_SUCCESS;
 }

@@ -55,6 +55,9 @@ struct nsa_buffer {
 /* Marks a buffer as a plan's own, so that nsa_context_destroy's count of live
  * buffers names only the caller's. */
 NSA_INTERNAL void nsa_buffer_mark_internal(nsa_buffer *buf);
+/* Frees a buffer without touching the last-error message (cleanup on error
+ * paths must not erase the message that explains the error). */
+NSA_INTERNAL void nsa_buffer_release(nsa_buffer *buf);
 
 /* Workspace layout: byte offsets into the workspace buffer (-1: not used). */
 typedef struct nsa_ws_layout {

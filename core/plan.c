@@ -155,20 +155,20 @@ static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
     nsa_status s = nsa_buffer_alloc(p->ctx, (size_t)n * sizeof(int64_t), &p->tables);
     if (s != NSA_SUCCESS) return s;
     nsa_buffer_mark_internal(p->tables);
-    int64_t at = 0;
-    size_t e = sizeof(int64_t);
-    p->bk.dev_cu_seqlens = at;
-    if ((s = nsa_buffer_write(p->tables, (size_t)at * e, p->cu_seqlens, (size_t)(B + 1) * e))) return s;
-    at += B + 1;
-    p->bk.dev_cu_cmp = at;
-    if ((s = nsa_buffer_write(p->tables, (size_t)at * e, p->cu_cmp, (size_t)(B + 1) * e))) return s;
-    at += B + 1;
-    p->bk.dev_tok_seq = at;
-    if (T > 0 && (s = nsa_buffer_write(p->tables, (size_t)at * e, p->tok_seq, (size_t)T * e))) return s;
-    at += T;
-    p->bk.dev_tiles = at;
-    if (ntiles > 0 && (s = nsa_buffer_write(p->tables, (size_t)at * e, p->tiles, (size_t)(2 * ntiles) * e)))
-        return s;
+    /* one host image of the four tables, uploaded with one write */
+    int64_t *img = malloc((size_t)n * sizeof(int64_t));
+    if (!img) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory for the tables");
+    p->bk.dev_cu_seqlens = 0;
+    p->bk.dev_cu_cmp = B + 1;
+    p->bk.dev_tok_seq = 2 * (B + 1);
+    p->bk.dev_tiles = 2 * (B + 1) + T;
+    memcpy(img + p->bk.dev_cu_seqlens, p->cu_seqlens, (size_t)(B + 1) * sizeof(int64_t));
+    memcpy(img + p->bk.dev_cu_cmp, p->cu_cmp, (size_t)(B + 1) * sizeof(int64_t));
+    if (T > 0) memcpy(img + p->bk.dev_tok_seq, p->tok_seq, (size_t)T * sizeof(int64_t));
+    if (ntiles > 0) memcpy(img + p->bk.dev_tiles, p->tiles, (size_t)(2 * ntiles) * sizeof(int64_t));
+    s = nsa_buffer_write(p->tables, 0, img, (size_t)n * sizeof(int64_t));
+    free(img);
+    if (s != NSA_SUCCESS) return s;
     p->bk.dev_tables = p->tables->bbuf;
     return NSA_SUCCESS;
 }
@@ -176,8 +176,8 @@ static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
 static void plan_free(nsa_plan *p)
 {
     if (p->prepared && p->ctx->be->plan_release) p->ctx->be->plan_release(p->ctx->bctx, &p->bk);
-    nsa_buffer_free(p->tables);
-    nsa_buffer_free(p->own_ws);
+    nsa_buffer_release(p->tables);
+    nsa_buffer_release(p->own_ws);
     free(p->cu_seqlens);
     free(p->cu_cmp);
     free(p->tok_seq);

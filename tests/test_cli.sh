@@ -50,5 +50,12 @@ expect "parity --save"              0 ""                -- "$nsa" parity --backe
 expect "parity --compare"           0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --compare "$tmp/p.bin"
 expect "parity with an absent backend skips" 77 "unavailable" -- env NSA_BACKEND_PATH=/nonexistent "$nsa" parity --backends hip --corpus small
 
+# A kernel that fails to compile: the status names it and the message carries
+# the compiler's log (OpenCL compiles at run time; skipped without a device).
+if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available"; then
+  expect "opencl build failure shows the compiler log" nonzero "NSA_ERR_KERNEL_BUILD.*compiler log" -- \
+    env NSA_OPENCL_BUILD_OPTIONS=-DNSA_DTYPE=9 NSA_CACHE_DIR=off "$nsa" run --backend opencl --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16
+fi
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
