@@ -53,6 +53,10 @@ expect "parity with an absent backend skips" 77 "unavailable" -- env NSA_BACKEND
 # A kernel that fails to compile: the status names it and the message carries
 # the compiler's log (OpenCL compiles at run time; skipped without a device).
 if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available"; then
+  expect "NSA_BACKEND=opencl nsa run checks the reference" 0 "PASS" -- \
+    env NSA_BACKEND=opencl "$nsa" run --T 200 --hq 8 --hkv 2 --dqk 32 --dv 16 --n 3 --w 48 --iters 2
+  expect "nsa parity --backends opencl,cpu" 0 "opencl" -- \
+    "$nsa" parity --backends opencl,cpu --corpus small --dtypes f32,bf16
   expect "opencl build failure shows the compiler log" nonzero "NSA_ERR_KERNEL_BUILD.*compiler log" -- \
     env NSA_OPENCL_BUILD_OPTIONS=-DNSA_DTYPE=9 NSA_CACHE_DIR=off "$nsa" run --backend opencl --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16
 fi
