@@ -26,7 +26,7 @@ extern "C" {
 
 /* Bumped whenever any struct or function below changes. The loader refuses a
  * module whose nsa_backend_api_version differs (NSA_ERR_VERSION_MISMATCH). */
-#define NSA_BACKEND_API_VERSION 1
+#define NSA_BACKEND_API_VERSION 2
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -187,6 +187,11 @@ typedef struct nsa_backend {
      * Kernels must stay memory-safe on any index tensor content: entries of
      * `indices` outside [0, floor(t_local / l_s)] (and -1) are skipped. */
     nsa_status (*run)(void *bctx, nsa_stage stage, const nsa_bk_args *args);
+
+    /* optional (added in API version 2): the kind of device `index` as an
+     * nsa_device_kind value (NSA_DEVICE_KIND_CPU for an OpenCL CPU device such as
+     * PoCL). NULL: GPU for a module. */
+    nsa_status (*device_kind)(int index, int *kind);
 } nsa_backend;
 
 /* A module's entry: returns its vtable, or NULL (after host->set_error) if it

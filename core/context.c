@@ -53,6 +53,10 @@ nsa_status nsa_context_create_with_stream(const char *backend, int device, void 
     snprintf(ctx->backend_name, sizeof ctx->backend_name, "%s", r->name);
     if (!r->be->device_name || r->be->device_name(dev, ctx->device_name, sizeof ctx->device_name) != NSA_SUCCESS)
         snprintf(ctx->device_name, sizeof ctx->device_name, "%s device %d", r->name, dev);
+    int kind = strcmp(r->name, "cpu") == 0 ? NSA_DEVICE_KIND_CPU : NSA_DEVICE_KIND_GPU;
+    if (r->be->device_kind && r->be->device_kind(dev, &kind) != NSA_SUCCESS)
+        kind = NSA_DEVICE_KIND_OTHER;
+    ctx->kind = (nsa_device_kind)kind;
     s = r->be->context_create(dev, native_stream, &ctx->bctx);
     if (s != NSA_SUCCESS) {
         free(ctx);
@@ -78,6 +82,15 @@ nsa_status nsa_context_destroy(nsa_context *ctx)
                              ctx->live_buffers, ctx->live_plans);
     ctx->be->context_destroy(ctx->bctx);
     free(ctx);
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_context_device_kind(const nsa_context *ctx, nsa_device_kind *kind)
+{
+    nsa_clear_error();
+    if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_context_device_kind: ctx is NULL");
+    if (!kind) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_context_device_kind: kind is NULL");
+    *kind = ctx->kind;
     return NSA_SUCCESS;
 }
 

@@ -39,6 +39,7 @@ struct nsa_context {
     const nsa_backend *be;
     void *bctx;
     int device;
+    nsa_device_kind kind;
     long live_buffers;
     long live_plans;
     char backend_name[32];

@@ -181,6 +181,15 @@ NSA_API nsa_status nsa_context_create_with_stream(const char *backend, int devic
  * NULL is accepted and ignored. */
 NSA_API nsa_status nsa_context_destroy(nsa_context *ctx);
 
+typedef enum nsa_device_kind {
+    NSA_DEVICE_KIND_CPU = 0,   /* the cpu backend, or an OpenCL CPU device (PoCL, Intel CPU runtime) */
+    NSA_DEVICE_KIND_GPU = 1,
+    NSA_DEVICE_KIND_OTHER = 2  /* accelerators that are neither */
+} nsa_device_kind;
+
+/* What kind of device the context runs on (tools size sample problems by it). */
+NSA_API nsa_status nsa_context_device_kind(const nsa_context *ctx, nsa_device_kind *kind);
+
 NSA_API const char *nsa_context_backend(const nsa_context *ctx); /* "cuda" */
 NSA_API const char *nsa_context_device(const nsa_context *ctx);  /* device name */
 

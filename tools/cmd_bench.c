@@ -48,7 +48,7 @@ static void usage(FILE *f, const args_opt *opts, int n)
     fprintf(f,
             "usage: nsa bench [--T N,N,...] [--backend NAME] [flags]\n\n"
             "Times the NSA forward on one backend over a sweep of sequence lengths (default:\n"
-            "8192,16384,32768,65536 on GPUs, 256,512 on the cpu reference), with the\n"
+            "8192,16384,32768,65536 on GPUs, 256,512 on CPU devices), with the\n"
             "paper's configuration unless flags change it.\n\n"
             "time: median of --iters forwards after --warmup, each bracketed by\n"
             "  nsa_context_synchronize, wall clock, caller workspace.\n"
@@ -186,7 +186,7 @@ int cmd_bench(int argc, char **argv)
                 nsa_context_destroy(ctx);
                 return TOOL_EXIT_USAGE;
             }
-    } else if (strcmp(bname, "cpu") == 0) {
+    } else if (tool_on_cpu(ctx)) {
         Ts[0] = 256;
         Ts[1] = 512;
         nT = 2;
@@ -195,9 +195,9 @@ int cmd_bench(int argc, char **argv)
             Ts[nT] = (int64_t)8192 << nT;
     }
     if (iters < 0)
-        iters = strcmp(bname, "cpu") == 0 ? 1 : 10;
+        iters = tool_on_cpu(ctx) ? 1 : 10;
     if (warmup < 0)
-        warmup = strcmp(bname, "cpu") == 0 ? 0 : 2;
+        warmup = tool_on_cpu(ctx) ? 0 : 2;
 
     if (json) {
         printf("{\"command\": \"bench\", \"version\": ");

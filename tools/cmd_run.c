@@ -34,7 +34,7 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "Runs one NSA forward on a backend (--backend, else NSA_BACKEND, else the best\n"
             "available) for a sample problem: by default the paper's configuration (Hq=64\n"
             "Hkv=4 Dqk=192 Dv=128 l=32 d=16 l_s=64 n=16 n_init=1 n_local=2 w=512, bf16,\n"
-            "MEAN) with T=%d on the cpu backend and T=%d on GPU backends. Prints the plan\n"
+            "MEAN) with T=%d on CPU devices (cpu, OpenCL on a CPU) and T=%d on GPUs. Prints the plan\n"
             "(stages, workspace), the time, TFLOP/s and the error against the reference.\n\n"
             "time: the median of --iters forwards after --warmup untimed ones; each forward\n"
             "  is bracketed by nsa_context_synchronize and timed with a monotonic wall clock\n"
@@ -148,10 +148,13 @@ int cmd_run(int argc, char **argv)
     if (s != NSA_SUCCESS)
         return tool_report(CMD, "nsa_context_create", s);
     bname = nsa_context_backend(ctx);
+    /* the sample problem is sized by the device: a CPU (the reference, or an
+     * OpenCL CPU device such as PoCL) gets the small one */
+    const int on_cpu = tool_on_cpu(ctx);
     if (iters < 0)
-        iters = strcmp(bname, "cpu") == 0 ? 1 : 20;
+        iters = on_cpu ? 1 : 20;
     if (warmup < 0)
-        warmup = strcmp(bname, "cpu") == 0 ? 0 : 3;
+        warmup = on_cpu ? 0 : 3;
 
     /* shapes: explicit flags, else the input files, else the defaults */
     if (inputs_dir) {
@@ -176,7 +179,7 @@ int cmd_run(int argc, char **argv)
         }
     }
     if (cf.T == 0 && !cf.seqlens && !args_seen(opts, nopts, "--T"))
-        cf.T = strcmp(bname, "cpu") == 0 ? RUN_T_CPU : RUN_T_GPU;
+        cf.T = on_cpu ? RUN_T_CPU : RUN_T_GPU;
     nlens = config_flags_lengths(CMD, &cf, cf.T, lens, TK_MAX_BATCH);
     if (nlens < 0 || config_flags_case(CMD, &cf, lens, nlens, &c) != 0) {
         nsa_context_destroy(ctx);

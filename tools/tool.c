@@ -114,3 +114,9 @@ const char *tool_bytes(double bytes, char *buf, size_t size)
     snprintf(buf, size, u ? "%.2f %s" : "%.0f %s", bytes, unit[u]);
     return buf;
 }
+
+int tool_on_cpu(const nsa_context *ctx)
+{
+    nsa_device_kind kind = NSA_DEVICE_KIND_GPU;
+    return nsa_context_device_kind(ctx, &kind) == NSA_SUCCESS && kind == NSA_DEVICE_KIND_CPU;
+}

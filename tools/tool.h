@@ -31,6 +31,9 @@ nsa_status tool_format_error(char *buf, size_t size, const char *what, nsa_statu
 /* Seconds from a monotonic clock. */
 double tool_now(void);
 
+/* 1 when the context's device is a CPU (the cpu backend or an OpenCL CPU device). */
+int tool_on_cpu(const nsa_context *ctx);
+
 /* Run from the build tree with NSA_BACKEND_PATH unset: use the modules built there. */
 void tool_use_build_tree_modules(void);
 

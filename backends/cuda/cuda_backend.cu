@@ -675,6 +675,7 @@ static nsa_backend g_backend = {
     cu_plan_prepare,
     cu_plan_release,
     cu_run,
+    nullptr, /* device_kind: every device is a GPU */
 };
 
 extern "C" NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION;

@@ -232,6 +232,7 @@ static const nsa_backend hip_backend = {
     nsa_hip_plan_prepare,
     nsa_hip_plan_release,
     nsa_hip_run,
+    nullptr, /* device_kind: every device is a GPU */
 };
 
 extern "C" {

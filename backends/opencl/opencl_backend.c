@@ -149,6 +149,21 @@ static nsa_status ocl_device_name(int index, char *name, size_t size)
     return NSA_SUCCESS;
 }
 
+static nsa_status ocl_device_kind(int index, int *kind)
+{
+    cl_platform_id plat;
+    cl_device_id dev;
+    nsa_status s = find_device(index, &plat, &dev);
+    if (s != NSA_SUCCESS) return s;
+    cl_device_type type = 0;
+    cl_int err = clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    if (err != CL_SUCCESS) return ocl_fail(err, "clGetDeviceInfo(CL_DEVICE_TYPE)");
+    *kind = (type & CL_DEVICE_TYPE_GPU) ? NSA_DEVICE_KIND_GPU
+            : (type & CL_DEVICE_TYPE_CPU) ? NSA_DEVICE_KIND_CPU
+                                          : NSA_DEVICE_KIND_OTHER;
+    return NSA_SUCCESS;
+}
+
 /* ------------------------------------------------------------------ contexts */
 
 static nsa_status query_device(ocl_context *c)
@@ -356,6 +371,7 @@ static const nsa_backend ocl_backend = {
     .name = "opencl",
     .probe = ocl_probe,
     .device_name = ocl_device_name,
+    .device_kind = ocl_device_kind,
     .context_create = ocl_context_create,
     .context_destroy = ocl_context_destroy,
     .synchronize = ocl_synchronize,
