@@ -255,6 +255,11 @@ START_TEST(null_pointers)
     EXPECT(nsa_convert(NULL, NSA_DTYPE_F32, f, NSA_DTYPE_F16, 2), NSA_ERR_NULL_POINTER, "src");
     EXPECT(nsa_convert(f, NSA_DTYPE_F32, NULL, NSA_DTYPE_F16, 2), NSA_ERR_NULL_POINTER, "dst");
     EXPECT(nsa_random_uniform(1, 2, 0, 4, 0.0f, 1.0f, NULL), NSA_ERR_NULL_POINTER, "out");
+    nsa_device_kind kind = NSA_DEVICE_KIND_OTHER;
+    EXPECT(nsa_context_device_kind(NULL, &kind), NSA_ERR_NULL_POINTER, "ctx");
+    EXPECT(nsa_context_device_kind(F.ctx, NULL), NSA_ERR_NULL_POINTER, "kind");
+    EXPECT_OK(nsa_context_device_kind(F.ctx, &kind));
+    ck_assert_int_eq(kind, NSA_DEVICE_KIND_CPU); /* the fixture runs on the cpu backend */
 
     /* NULL is accepted (and ignored) by the destructors; pure queries do not crash */
     EXPECT_OK(nsa_context_destroy(NULL));
