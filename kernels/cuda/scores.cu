@@ -186,10 +186,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     __syncthreads();
     const T *sQw = sQ + warp * 16 * SQ;
     uint32_t qf[QREG ? DQK / 16 : 1][4];
-    if (QREG) {
-#pragma unroll
-        for (int kk = 0; kk < (QREG ? DQK / 16 : 1); kk++) q_frag<SQ>(qf[kk], sQw, kk, lane);
-    }
+    q_frags<SQ, QREG>(qf, sQw, lane);
     const float sl = g.scale * NSA_LOG2E;
 
     for (int64_t kt = 0; kt < nkt; kt++) {

@@ -89,10 +89,7 @@ __global__ void __launch_bounds__(SLC_THREADS)
     __syncthreads();
 
     uint32_t qf[QREG ? DQK / 16 : 1][4];
-    if (QREG) {
-#pragma unroll
-        for (int kk = 0; kk < (QREG ? DQK / 16 : 1); kk++) q_frag<SQ>(qf[kk], sQ, kk, lane);
-    }
+    q_frags<SQ, QREG>(qf, sQ, lane);
     const float sl = g.scale * NSA_LOG2E;
     float oacc[DV / 8][4];
 #pragma unroll

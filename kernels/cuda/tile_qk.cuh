@@ -88,6 +88,16 @@ template <int SQ> NSA_DEV void q_frag(uint32_t a[4], const void *sQw, int kk, in
     ldsm_x4(a, p + (lane & 15) * SQ + kk * 16 + (lane >> 4) * 8);
 }
 
+/* All of a warp's Q fragments in registers when QREG (else warp_qk reads them
+ * from shared memory itself); NK = DQK / 16, or 1 when !QREG. */
+template <int SQ, bool QREG, int NK> NSA_DEV void q_frags(uint32_t (&qf)[NK][4], const void *sQw, int lane)
+{
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) q_frag<SQ>(qf[kk], sQw, kk, lane);
+    }
+}
+
 /* s[NB8][4] += Q(16 x DQK) K^T for keys [key0, key0 + NB8*8) of the K tile
  * (row-major [key][dim], stride SQ). qf holds the Q fragments when QREG. */
 template <typename T, int DQK, int NB8, int SQ, bool QREG>
