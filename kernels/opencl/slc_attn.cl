@@ -45,18 +45,10 @@ __kernel void slc_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
     const long nkeys = (long)blk[0] * ls;
     for (long base = 0; base < nkeys; base += nl) {
         const long e = base + lid;
-        float x = -INFINITY;
-        long vrow = -1;
-        if (e < nkeys) {
-            const long s = (long)blk[1 + e / ls] * ls + e % ls;
-            if (s <= tl) {
-                x = scale * dot_local_t(qs, k, k_off + (t0 + s) * k_st + g * k_sh, Dqk);
-                vrow = v_off + (t0 + s) * v_st + g * v_sh;
-            }
-        }
-        row[lid] = vrow;
-        const float alpha = softmax_chunk(p, red, x, &m, &lsum);
-        accumulate_t(acc, alpha, p, row, (int)min((long)nl, nkeys - base), v, Dv);
+        const long s = e < nkeys ? (long)blk[1 + e / ls] * ls + e % ls : tl + 1;
+        const int ok = s <= tl;
+        attend_chunk_t(qs, k, k_off + (t0 + s) * k_st + g * k_sh, v, ok ? v_off + (t0 + s) * v_st + g * v_sh : -1,
+                       scale, Dqk, Dv, p, red, row, acc, &m, &lsum, (int)min((long)nl, nkeys - base));
     }
     softmax_finish(acc, m, lsum, o, o_off + t * o_st + h * o_sh, Dv, lse,
                    lse_off + t * lse_st + h * lse_sh, has_lse);

@@ -117,6 +117,20 @@ inline void accumulate_t(__local float *acc, float alpha, __local const float *p
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
+/* Steps 1-3 for one chunk of storage-type keys (selected and window branches):
+ * this work-item's key row is krow in k and vrow in v, or vrow < 0 for none;
+ * nk keys of the chunk are real. */
+inline void attend_chunk_t(__local const float *qs, const __global nsa_t *k, long krow,
+                           const __global nsa_t *v, long vrow, float scale, long dqk, long dv,
+                           __local float *p, __local float *red, __local long *row,
+                           __local float *acc, float *m, float *l, int nk)
+{
+    const float x = vrow >= 0 ? scale * dot_local_t(qs, k, krow, dqk) : -INFINITY;
+    row[get_local_id(0)] = vrow;
+    const float alpha = softmax_chunk(p, red, x, m, l);
+    accumulate_t(acc, alpha, p, row, nk, v, dv);
+}
+
 /* Writes o = acc / l (f32, dense row at o_row) and, if asked, lse = m + log(l). */
 inline void softmax_finish(__local const float *acc, float m, float l, __global float *o, long o_row,
                            long dv, __global float *lse, long lse_at, int has_lse)
