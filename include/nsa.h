@@ -109,6 +109,8 @@ typedef enum nsa_compress_mode {
     NSA_COMPRESS_LINEAR = 1,   /* sum_j (k[j] + pe[g,j]) @ W[g,j], W [Hkv, l, D, D] */
     NSA_COMPRESS_EXTERNAL = 2  /* the caller passes kc [Nc, Hkv, Dqk] and vc [Nc, Hkv, Dv] */
 } nsa_compress_mode;
+/* kc and vc are of cfg.dtype in every mode: MEAN and LINEAR accumulate in fp32 or
+ * wider and round each element once to cfg.dtype (nearest even) before it is used. */
 
 /* Every parameter of the semantics. Fill with nsa_config_init() (the paper's
  * defaults) and change what differs. Sizes are int64_t; flags are int. */

@@ -6,9 +6,12 @@
  *   MEAN      kc_i = (1/l) sum_{j<l} k[i*d + j]
  *   LINEAR    kc_i = sum_{j<l} (k[i*d + j] + pe_K[g, j]) @ W_K[g, j]
  *             out[c] = sum_r x[r] * W[g][j][r][c]  (W row = input feature)
- *   EXTERNAL  kc_i = kc_in[row]  (the caller's values, rounded to f32)
- * and the same for v / vc with Dv. Parallel over compressed rows; each row is
- * computed wholly by one thread, sums in ascending j, then r.
+ *   EXTERNAL  kc_i = kc_in[row]  (the caller's values, already of the dtype)
+ * and the same for v / vc with Dv. kc / vc are tensors of the call's dtype
+ * (semantics section 7): MEAN and LINEAR sum in fp64 and then round each element
+ * once, to nearest even, to cfg->dtype; the f32 workspace holds that rounded value
+ * (exact for f16 / bf16). Parallel over compressed rows; each row is computed
+ * wholly by one thread, sums in ascending j, then r.
  */
 #include <string.h>
 
@@ -36,9 +39,21 @@ static int64_t row_sequence(const nsa_bk_plan *p, int64_t r)
     return lo;
 }
 
-/* MEAN: the average of the l rows of the block (section 1). */
+/* Rounds each of acc[0 .. D-1] once to dt (f16 / bf16: correctly rounded from the
+ * double; f32: left to the store, which rounds to float). */
+static void round_to_dtype(double *acc, int64_t D, nsa_dtype dt)
+{
+    if (dt == NSA_DTYPE_F16)
+        for (int64_t c = 0; c < D; c++)
+            acc[c] = (double)nsa_cpu_f16_to_f32(nsa_cpu_f64_to_f16(acc[c]));
+    else if (dt == NSA_DTYPE_BF16)
+        for (int64_t c = 0; c < D; c++)
+            acc[c] = (double)nsa_cpu_bf16_to_f32(nsa_cpu_f64_to_bf16(acc[c]));
+}
+
+/* MEAN: the average of the l rows of the block (section 1), rounded to dt. */
 static void compress_mean(const nsa_bk_tensor *x, const nsa_bk_tensor *out, int64_t tok0, int64_t row,
-                          int64_t g, int64_t D, int64_t l, double *acc)
+                          int64_t g, int64_t D, int64_t l, nsa_dtype dt, double *acc)
 {
     const void *xb = nsa_cpu_base(x);
     for (int64_t c = 0; c < D; c++)
@@ -47,14 +62,15 @@ static void compress_mean(const nsa_bk_tensor *x, const nsa_bk_tensor *out, int6
         nsa_cpu_axpy_row(1.0, xb, x->dtype, nsa_cpu_at(x, tok0 + j, g), D, acc);
     for (int64_t c = 0; c < D; c++)
         acc[c] /= (double)l;
+    round_to_dtype(acc, D, dt);
     nsa_cpu_store_row(acc, nsa_cpu_base(out), NSA_DTYPE_F32, nsa_cpu_at(out, row, g), D);
 }
 
-/* LINEAR: sum_j (x[j] + pe[g, j]) @ W[g, j] (section 1). W is [Hkv, l, D, D]
- * and pe [Hkv, l, D], both contiguous from their element offsets. */
+/* LINEAR: sum_j (x[j] + pe[g, j]) @ W[g, j] (section 1), rounded to dt. W is
+ * [Hkv, l, D, D] and pe [Hkv, l, D], both contiguous from their element offsets. */
 static void compress_linear(const nsa_bk_tensor *x, const nsa_bk_tensor *w, const nsa_bk_tensor *pe,
                             const nsa_bk_tensor *out, int64_t tok0, int64_t row, int64_t g, int64_t D,
-                            int64_t l, double *acc, double *xr, double *per)
+                            int64_t l, nsa_dtype dt, double *acc, double *xr, double *per)
 {
     const void *xb = nsa_cpu_base(x);
     const void *wb = nsa_cpu_base(w);
@@ -71,10 +87,11 @@ static void compress_linear(const nsa_bk_tensor *x, const nsa_bk_tensor *w, cons
         for (int64_t r = 0; r < D; r++)
             nsa_cpu_axpy_row(xr[r], wb, w->dtype, wrow0 + r * D, D, acc);
     }
+    round_to_dtype(acc, D, dt);
     nsa_cpu_store_row(acc, nsa_cpu_base(out), NSA_DTYPE_F32, nsa_cpu_at(out, row, g), D);
 }
 
-/* EXTERNAL: the caller's compressed row, rounded to f32. */
+/* EXTERNAL: the caller's compressed row (already of the dtype: exact in f32). */
 static void compress_external(const nsa_bk_tensor *in, const nsa_bk_tensor *out, int64_t row, int64_t g,
                               int64_t D, double *acc)
 {
@@ -93,6 +110,7 @@ static void compress_rows(void *user, int64_t begin, int64_t end, void *scratch)
     double *per = xr + nsa_cpu_doubles(job->dmax) / sizeof(double);
     const int64_t l = cfg->cmp_block, d = cfg->cmp_stride;
     const int64_t Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v;
+    const nsa_dtype dt = cfg->dtype;
 
     for (int64_t row = begin; row < end; row++) {
         int64_t b = row_sequence(p, row);
@@ -101,14 +119,14 @@ static void compress_rows(void *user, int64_t begin, int64_t end, void *scratch)
         for (int64_t g = 0; g < cfg->num_kv_heads; g++) {
             switch (cfg->compress) {
             case NSA_COMPRESS_MEAN:
-                compress_mean(&a->k[NSA_BRANCH_CMP], &a->kc, tok0, row, g, Dqk, l, acc);
-                compress_mean(&a->v[NSA_BRANCH_CMP], &a->vc, tok0, row, g, Dv, l, acc);
+                compress_mean(&a->k[NSA_BRANCH_CMP], &a->kc, tok0, row, g, Dqk, l, dt, acc);
+                compress_mean(&a->v[NSA_BRANCH_CMP], &a->vc, tok0, row, g, Dv, l, dt, acc);
                 break;
             case NSA_COMPRESS_LINEAR:
-                compress_linear(&a->k[NSA_BRANCH_CMP], &a->w_k, &a->pe_k, &a->kc, tok0, row, g, Dqk, l, acc,
-                                xr, per);
-                compress_linear(&a->v[NSA_BRANCH_CMP], &a->w_v, &a->pe_v, &a->vc, tok0, row, g, Dv, l, acc, xr,
-                                per);
+                compress_linear(&a->k[NSA_BRANCH_CMP], &a->w_k, &a->pe_k, &a->kc, tok0, row, g, Dqk, l, dt,
+                                acc, xr, per);
+                compress_linear(&a->v[NSA_BRANCH_CMP], &a->w_v, &a->pe_v, &a->vc, tok0, row, g, Dv, l, dt,
+                                acc, xr, per);
                 break;
             case NSA_COMPRESS_EXTERNAL:
                 compress_external(&a->kc_in, &a->kc, row, g, Dqk, acc);

@@ -13,7 +13,9 @@
  *     kc[rows of b, g, :] = bias[g] + sum_{p < l/d} A_p(Nc x d*D) @ W_g[p*d*D .. , :]
  * = l/d GEMMs per (sequence, head), accumulated into kc in a fixed order (beta = 1):
  * deterministic. The inputs are converted to f32 first (stage_heads, convert_dense)
- * because CLBlast's half needs cl_khr_fp16 and it has no bf16.
+ * because CLBlast's half needs cl_khr_fp16 and it has no bf16. For f16 / bf16 a last
+ * element-wise pass (round_rows) rounds the f32 sums of kc once to the dtype: kc / vc
+ * are tensors of the call's dtype (semantics section 7).
  *
  * CLBlast's temporary buffer is sized in plan_prepare (for the largest of the plan's
  * GEMMs) and passed to every call, so run() allocates nothing itself.
@@ -198,7 +200,17 @@ static nsa_status linear_one(ocl_context *c, const nsa_bk_args *args, ocl_plan *
                 if (s != NSA_SUCCESS) return s;
             }
     }
-    return NSA_SUCCESS;
+
+    /* 5. f16 / bf16: round the f32 sums once to the dtype, in place */
+    if (cfg->dtype == NSA_DTYPE_F32) return NSA_SUCCESS;
+    ocl_args_begin(&a, op->prog->kernel[OCL_K_ROUND_ROWS], "round_rows");
+    ocl_arg_tensor(&a, out, 4, 1);
+    ocl_arg_long(&a, H);
+    ocl_arg_long(&a, D);
+    ocl_arg_long(&a, total);
+    first = a.next;
+    ocl_arg_long(&a, 0);
+    return launch_elem(c, op, &a, first, total);
 }
 
 nsa_status ocl_linear_run(ocl_context *c, const nsa_bk_args *args, ocl_plan *op)

@@ -39,6 +39,7 @@ enum ocl_kernel_id {
     OCL_K_STAGE_HEADS,
     OCL_K_CONVERT_DENSE,
     OCL_K_FILL_ROWS,
+    OCL_K_ROUND_ROWS,
     OCL_K_CMP_ATTN,
     OCL_K_BLOCK_SCORES,
     OCL_K_SELECT_TOPN,

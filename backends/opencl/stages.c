@@ -257,7 +257,7 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
     op->wg_topn = floor_pow2(kernel_limit(c, op->prog, OCL_K_SELECT_TOPN) < 64 ? kernel_limit(c, op->prog, OCL_K_SELECT_TOPN) : 64);
     op->wg_elem = floor_pow2(kernel_limit(c, op->prog, OCL_K_COMBINE) < 256 ? kernel_limit(c, op->prog, OCL_K_COMBINE) : 256);
     if (cpu && op->wg_elem > 64) op->wg_elem = 64;
-    for (int k = OCL_K_COMPRESS_MEAN; k <= OCL_K_FILL_ROWS; ++k)
+    for (int k = OCL_K_COMPRESS_MEAN; k <= OCL_K_ROUND_ROWS; ++k)
         while (op->wg_elem > kernel_limit(c, op->prog, k)) op->wg_elem /= 2;
     choose_v2(c, op, cfg);
     choose_scores_v2(c, op, cfg);

@@ -1,7 +1,9 @@
 /*
  * compress.hip -- stage COMPRESS (docs/nsa-semantics.md, section 1): the
  * compressed keys/values kc, vc (f32 [total_cmp, Hkv, D]) from k/v of the
- * compressed branch.
+ * compressed branch. kc / vc are tensors of the call's dtype (section 7): MEAN
+ * and LINEAR accumulate in f32 and round each element once, at the store, to the
+ * storage type T (nearest even); the f32 workspace holds that value exactly.
  *
  * Compressed row r belongs to sequence b (cu_cmp[b] <= r < cu_cmp[b+1]) and is
  * block i = r - cu_cmp[b], covering tokens cu_seqlens[b] + i*d .. + l - 1.
@@ -13,6 +15,15 @@
  *   EXTERNAL  the caller's kc/vc converted to f32.
  */
 #include "tile.h"
+
+/* v rounded to the storage type T (nearest even, as nsa_st) and back to f32. */
+template <typename T>
+NSA_DEV float nsa_hip_round_to(float v)
+{
+    T t;
+    nsa_st(&t, v);
+    return nsa_ld(&t);
+}
 
 /* ---------------------------------------------------------------- MEAN */
 
@@ -30,7 +41,7 @@ __global__ void __launch_bounds__(NSA_HIP_THREADS)
         const T *p = (const T *)src.ptr + tok * src.st + g * src.sh + c;
         float s = 0.0f;
         for (int64_t j = 0; j < dm.l; j++) s += nsa_ld(p + j * src.st);
-        ((float *)dst.ptr)[r * dst.st + g * dst.sh + c] = s * inv;
+        ((float *)dst.ptr)[r * dst.st + g * dst.sh + c] = nsa_hip_round_to<T>(s * inv);
     }
 }
 
@@ -118,7 +129,7 @@ __global__ void __launch_bounds__(NSA_HIP_THREADS)
         if (r >= dm.total_cmp) continue;
         for (int m = 0; m < 4; m++) {
             int64_t col = n0 + tx + 16 * m;
-            if (col < D) ((float *)dst.ptr)[r * dst.st + g * dst.sh + col] = acc[i][m];
+            if (col < D) ((float *)dst.ptr)[r * dst.st + g * dst.sh + col] = nsa_hip_round_to<T>(acc[i][m]);
         }
     }
 }

@@ -1,9 +1,12 @@
 /*
  * compress.cl: everything of the COMPRESS stage that is not a GEMM (semantics
  * section 1). Compressed row r of sequence b (r = cu_cmp[b] + i) covers the tokens
- * cu_seqlens[b] + i*d .. + l - 1. Outputs kc / vc are f32 [total_cmp, Hkv, D].
+ * cu_seqlens[b] + i*d .. + l - 1. Outputs kc / vc are f32 [total_cmp, Hkv, D] holding
+ * values of the storage type: kc / vc are tensors of the call's dtype (semantics
+ * section 7), so MEAN and LINEAR round each element once, to nearest even, to nsa_t.
  *
- *   compress_mean   MEAN: the average of the l rows (f32 sum in token order, / l).
+ *   compress_mean   MEAN: the average of the l rows (f32 sum in token order, / l),
+ *                   rounded to nsa_t.
  *   convert_rows    EXTERNAL: convert-copy of the caller's kc / vc to f32.
  *   stage_heads     LINEAR: k [T, Hkv, D] -> f32 head-major [Hkv, T, D], so that the l/d
  *                   sub-blocks of d tokens of every compressed block are plain row-major
@@ -11,6 +14,8 @@
  *   convert_dense   LINEAR: W / pe (contiguous, storage type) -> f32.
  *   fill_rows       LINEAR: kc[r, g, :] = bias[g, :] (pe @ W, or 0 when bias is NULL),
  *                   the C matrix the GEMMs then accumulate into with beta = 1.
+ *   round_rows      LINEAR: kc[r, g, :] rounded to nsa_t in place, after the GEMMs
+ *                   (not launched for f32, where it changes nothing).
  *
  * All are element-wise: global id e = first + get_global_id(0) over `total` elements
  * (launches are split into pieces, `first` is the piece's start), guarded e < total.
@@ -27,6 +32,22 @@ inline long seq_of_row(const __global long *cu_cmp, long batch, long r)
     return lo;
 }
 
+/* x rounded to the storage type (nearest even) and back to f32. f16 goes through
+ * vstore_half_rte / vload_half on a private ushort, as a half variable would need
+ * cl_khr_fp16. */
+inline float round_nsa(float x)
+{
+#if NSA_DTYPE == NSA_F32
+    return x;
+#elif NSA_DTYPE == NSA_F16
+    ushort h;
+    vstore_half_rte(x, 0, (__private half *)&h);
+    return vload_half(0, (const __private half *)&h);
+#else
+    return bf16_to_f32(f32_to_bf16(x));
+#endif
+}
+
 __kernel void compress_mean(const __global nsa_t *x, long x_off, long x_st, long x_sh,
                             __global float *y, long y_off, long y_st, long y_sh,
                             const __global long *tab, long cu_seq_at, long cu_cmp_at, long batch,
@@ -40,7 +61,7 @@ __kernel void compress_mean(const __global nsa_t *x, long x_off, long x_st, long
     float s = 0.0f;
     for (long j = 0; j < l; ++j)
         s += ld(x, x_off + (tok0 + j) * x_st + g * x_sh + c);
-    y[y_off + r * y_st + g * y_sh + c] = s / (float)l;
+    y[y_off + r * y_st + g * y_sh + c] = round_nsa(s / (float)l);
 }
 
 __kernel void convert_rows(const __global nsa_t *x, long x_off, long x_st, long x_sh,
@@ -79,4 +100,14 @@ __kernel void fill_rows(__global float *y, long y_off, long y_st, long y_sh,
     if (e >= total) return;
     const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
     y[y_off + r * y_st + g * y_sh + c] = has_bias ? bias[g * D + c] : 0.0f;
+}
+
+__kernel void round_rows(__global float *y, long y_off, long y_st, long y_sh,
+                         long Hkv, long D, long total, long first)
+{
+    const long e = first + (long)get_global_id(0);
+    if (e >= total) return;
+    const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
+    const long i = y_off + r * y_st + g * y_sh + c;
+    y[i] = round_nsa(y[i]);
 }

@@ -80,7 +80,32 @@ static double attend(const float *qv, int64_t D, int64_t Dv, double scale, const
     return mx + log(sum);
 }
 
-/* Compressed keys and values of one sequence (rows 0 .. Nc-1), fp64. */
+/* x rounded once to the nearest value of `dtype` (ties to even), as a double.
+ * Written out from the formats' parameters, not from any conversion code of the
+ * library: p significand bits (implicit bit included), smallest normal exponent
+ * emin, largest finite value max. Beyond max (after rounding) the value overflows
+ * to infinity, as IEEE round-to-nearest does. */
+static double round_to_dtype(double x, nsa_dtype dtype)
+{
+    int p, emin;
+    double max;
+    switch (dtype) {
+    case NSA_DTYPE_F16: p = 11, emin = -14, max = 65504.0; break;
+    case NSA_DTYPE_BF16: p = 8, emin = -126, max = ldexp(255.0, 120); break; /* (2 - 2^-7) * 2^127 */
+    default: return (double)(float)x; /* f32: the C conversion rounds to nearest even */
+    }
+    if (x == 0.0 || !isfinite(x)) return x;
+    int e;
+    frexp(x, &e); /* |x| in [2^(e-1), 2^e) */
+    int lead = e - 1 > emin ? e - 1 : emin; /* exponent of the leading bit (subnormals: emin) */
+    int q = lead - (p - 1); /* the format's values near x are the multiples of 2^q */
+    double r = ldexp(nearbyint(ldexp(x, -q)), q); /* both scalings are exact */
+    return fabs(r) > max ? copysign(INFINITY, x) : r;
+}
+
+/* Compressed keys and values of one sequence (rows 0 .. Nc-1), fp64, each element
+ * rounded once to the case dtype (semantics 7: kc and vc are tensors of the call's
+ * dtype). */
 static void compress_sequence(const tk_case *c, const tk_inputs *in, int64_t seq, int64_t nc,
                               double *kc, double *vc)
 {
@@ -121,6 +146,7 @@ static void compress_sequence(const tk_case *c, const tk_inputs *in, int64_t seq
                 }
                 if (g->compress == NSA_COMPRESS_MEAN)
                     for (int64_t x = 0; x < D; ++x) row[x] /= (double)l;
+                for (int64_t x = 0; x < D; ++x) row[x] = round_to_dtype(row[x], g->dtype);
             }
         }
     }
