@@ -343,7 +343,7 @@ int cmd_run(int argc, char **argv)
                        "rows = %.3g%%%s\n",
                        (long long)chk.v.tie_swaps, (long long)chk.sel_rows, 100.0 * chk.tie_fraction,
                        c.fixed_indices ? " (block indices given)" : "");
-            printf("         %s (%s tolerance: |err| <= %g rms + %g |ref| + %g; lse %g + %g |ref|)\n",
+            printf("         %s (%s tolerance: |err| <= %g max(rms(ref o), rms(v)) + %g |ref| + %g; lse %g + %g |ref|)\n",
                    chk.v.pass ? "PASS" : "FAIL", nsa_dtype_name(c.cfg.dtype), tol.o_rms, tol.o_rel,
                    tol.o_abs, tol.lse_abs, tol.lse_rel);
             if (!chk.v.pass)

@@ -80,7 +80,7 @@ struct CudaPlan {
     int dqkp, dvp;  /* padded head dims of the tensor-core kernels */
     Tiles tiles;    /* tile list of attn_tc / scores_tc (device) */
     int64_t *tiles_dev;
-    void *kc16, *kc16lo, *vc16; /* packed compressed keys (hi, lo) / values */
+    void *kc16, *vc16; /* packed 16-bit compressed keys / values */
     float *sc_scratch; /* v3 SCORES_TOPN when the rows do not fit in shared memory: f32 [T, Hkv, max_ns] */
 };
 
@@ -352,7 +352,6 @@ static void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     cudaSetDevice(c->device);
     if (p->tiles_dev) cudaFree(p->tiles_dev);
     if (p->kc16) cudaFree(p->kc16);
-    if (p->kc16lo) cudaFree(p->kc16lo);
     if (p->vc16) cudaFree(p->vc16);
     if (p->sc_scratch) cudaFree(p->sc_scratch);
     free(p);
@@ -406,7 +405,6 @@ static nsa_status cu_plan_prepare(void *bctx, nsa_bk_plan *plan)
     const size_t rows = (size_t)plan->total_cmp * (size_t)cfg->num_kv_heads;
     if (e == cudaSuccess && rows > 0) {
         e = cudaMalloc(&p->kc16, rows * p->dqkp * 2);
-        if (e == cudaSuccess) e = cudaMalloc(&p->kc16lo, rows * p->dqkp * 2);
         if (e == cudaSuccess) e = cudaMalloc(&p->vc16, rows * p->dvp * 2);
     }
     /* v3 SCORES_TOPN whose score rows do not fit in shared memory: a private
@@ -543,10 +541,10 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
             NEED(a->vc, "vc");
         }
         if (fast) {
-            e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, p->kc16lo, s);
-            if (e == cudaSuccess) e = pack_cmp16(g, view(a->vc), g.Dv, p->dvp, p->vc16, NULL, s);
+            e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, s);
+            if (e == cudaSuccess) e = pack_cmp16(g, view(a->vc), g.Dv, p->dvp, p->vc16, s);
             if (e == cudaSuccess)
-                e = attn_tc(g, 0, p->tiles, p->dqkp, p->dvp, view(a->q), kc16, p->kc16lo, vc16,
+                e = attn_tc(g, 0, p->tiles, p->dqkp, p->dvp, view(a->q), kc16, vc16,
                             mview(a->o_b[NSA_BRANCH_CMP]), mview(a->lse[NSA_BRANCH_CMP]), s);
         } else {
             e = attn_ref(g, 0, view(a->q), view(a->kc), view(a->vc), none, mview(a->o_b[NSA_BRANCH_CMP]),
@@ -559,9 +557,9 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->scores, "scores");
         if (g.total_cmp > 0) NEED(a->kc, "kc");
         if (fast && p->tiles.nchunk == 1) {
-            e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, p->kc16lo, s);
+            e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, s);
             if (e == cudaSuccess)
-                e = scores_tc(g, p->tiles, p->dqkp, view(a->q), kc16, p->kc16lo, view(a->lse[NSA_BRANCH_CMP]),
+                e = scores_tc(g, p->tiles, p->dqkp, view(a->q), kc16, view(a->lse[NSA_BRANCH_CMP]),
                               mview(a->scores), s);
         } else {
             e = scores_ref(g, view(a->q), view(a->kc), view(a->lse[NSA_BRANCH_CMP]), mview(a->scores), s);
@@ -574,14 +572,14 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         if (g.total_cmp > 0) NEED(a->kc, "kc");
         if (!p->fast || p->tiles.nchunk != 1)
             return FAIL(NSA_ERR_INTERNAL, "cuda backend: stage scores_topn planned without the tensor-core path");
-        e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, p->kc16lo, s);
+        e = pack_cmp16(g, view(a->kc), g.Dqk, p->dqkp, p->kc16, s);
         if (e == cudaSuccess && p->sc_scratch) {
             const MView sc = {p->sc_scratch, g.Hkv * g.max_ns, g.max_ns};
             const View scv = {p->sc_scratch, g.Hkv * g.max_ns, g.max_ns};
-            e = scores_tc(g, p->tiles, p->dqkp, view(a->q), kc16, p->kc16lo, view(a->lse[NSA_BRANCH_CMP]), sc, s);
+            e = scores_tc(g, p->tiles, p->dqkp, view(a->q), kc16, view(a->lse[NSA_BRANCH_CMP]), sc, s);
             if (e == cudaSuccess) e = select_topn(g, scv, mview(a->indices), s);
         } else if (e == cudaSuccess) {
-            e = scores_topn_tc(g, p->tiles, p->dqkp, view(a->q), kc16, p->kc16lo, view(a->lse[NSA_BRANCH_CMP]),
+            e = scores_topn_tc(g, p->tiles, p->dqkp, view(a->q), kc16, view(a->lse[NSA_BRANCH_CMP]),
                                mview(a->indices), s);
         }
         break;
@@ -609,7 +607,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->v[NSA_BRANCH_WIN], "v[win]");
         NEED(a->o_b[NSA_BRANCH_WIN], "o_b[win]");
         if (fast)
-            e = attn_tc(g, 2, p->tiles, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_WIN]), NULL,
+            e = attn_tc(g, 2, p->tiles, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_WIN]),
                         view(a->v[NSA_BRANCH_WIN]), mview(a->o_b[NSA_BRANCH_WIN]), mview(a->lse[NSA_BRANCH_WIN]), s);
         else
             e = attn_ref(g, 2, view(a->q), view(a->k[NSA_BRANCH_WIN]), view(a->v[NSA_BRANCH_WIN]), none,

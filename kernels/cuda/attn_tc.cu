@@ -28,20 +28,17 @@ namespace nsa_cuda {
 template <typename T, int DQK, int DV, int MODE>
 __global__ void __launch_bounds__(TC_THREADS, 1)
     attn_tc_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
-                   const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ klo_p,
-                   const T *__restrict__ v, int64_t vst,
+                   const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst,
                    int64_t vsh, int64_t kd, int64_t vd, bool qvec, bool kvvec, float *o, int64_t ost, int64_t osh,
                    float *lse, int64_t lst, int64_t lsh)
 {
     constexpr int BM = TC_BM, NT = TC_THREADS, BN = TcBn<DQK>::value;
     constexpr int SQ = DQK + 8, SV = DV + 8;
     constexpr bool QREG = DQK <= 192;
-    constexpr bool SPLIT = MODE == 0; /* keys = hi + lo (fp32-accurate logits) */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = (T *)smem_raw;
     T *sK = sQ + BM * SQ;
-    T *sKl = sK + 2 * BN * SQ;             /* [2][BN][SQ] when SPLIT */
-    T *sV = sKl + (SPLIT ? 2 * BN * SQ : 0);
+    T *sV = sK + 2 * BN * SQ;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const TileCtx c = tile_ctx(g, tl);
@@ -51,7 +48,6 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     row_range<MODE>(g, tlast, tmp, khi);
     const int64_t kbase = MODE == 0 ? g.cu_cmp[c.seq] : c.s0;
     const T *kg = k + kbase * kst + c.gi * ksh;
-    const T *klg = SPLIT ? klo_p + kbase * kst + c.gi * ksh : nullptr;
     const T *vg = v + kbase * vst + c.gi * vsh;
 
     load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
@@ -61,13 +57,16 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     const int64_t nkt = khi >= klo ? (khi - klo + BN) / BN : 0;
     auto load_kv = [&](int64_t kt, int buf) {
         const int64_t ks = klo + kt * BN;
-        load_tile<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg, kd, kvvec,
-                                      [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
-        if (SPLIT)
-            load_tile<T, BN, DQK, SQ, NT>(sKl + buf * BN * SQ, klg, kd, kvvec,
+        if (kvvec) { /* the launcher checked alignment and rs32_ok */
+            const int nv = (int)nsa_min64(BN, khi - ks + 1);
+            load_rows_vec<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg + ks * kst, (int)kst, nv, (int)kd);
+            load_rows_vec<T, BN, DV, SV, NT>(sV + buf * BN * SV, vg + ks * vst, (int)vst, nv, (int)vd);
+        } else {
+            load_tile<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg, kd, false,
                                           [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
-        load_tile<T, BN, DV, SV, NT>(sV + buf * BN * SV, vg, vd, kvvec,
-                                     [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * vst : -1; });
+            load_tile<T, BN, DV, SV, NT>(sV + buf * BN * SV, vg, vd, false,
+                                         [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * vst : -1; });
+        }
     };
     if (nkt > 0) load_kv(0, 0);
     cp_async_commit();
@@ -119,7 +118,6 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
             warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
-            if (SPLIT) warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sKl + buf * BN * SQ, 0, lane);
 
             const bool full = ks >= wmaxlo && ks + BN - 1 <= wminhi;
             float mx[2] = {-INFINITY, -INFINITY};
@@ -164,11 +162,12 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
 size_t attn_tc_smem(int dqkp, int dvp, int mode)
 {
     const int BN = dqkp > 192 ? 32 : 64; /* TcBn */
-    return 2 * (size_t)(TC_BM * (dqkp + 8) + (mode == 0 ? 4 : 2) * BN * (dqkp + 8) + 2 * BN * (dvp + 8));
+    (void)mode;
+    return 2 * (size_t)(TC_BM * (dqkp + 8) + 2 * BN * (dqkp + 8) + 2 * BN * (dvp + 8));
 }
 
 template <typename T, int DQK, int DV, int MODE>
-static cudaError_t launch_tc(const Geom &g, const Tiles &tl, View q, View k, const void *klo, View v, MView o,
+static cudaError_t launch_tc(const Geom &g, const Tiles &tl, View q, View k, View v, MView o,
                              MView lse, cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
@@ -178,26 +177,27 @@ static cudaError_t launch_tc(const Geom &g, const Tiles &tl, View q, View k, con
     if (e != cudaSuccess) return e;
     const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
     /* the packed compressed rows are padded and aligned: always vector loads */
-    const bool kvvec = MODE == 0 || (vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv));
+    constexpr int BN = TcBn<DQK>::value;
+    const bool kvvec = (MODE == 0 || (vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv))) &&
+                       rs32_ok(k.st, BN) && rs32_ok(v.st, BN);
     const int64_t kd = MODE == 0 ? DQK : g.Dqk, vd = MODE == 0 ? DV : g.Dv;
     const dim3 grid((unsigned)tl.count, (unsigned)(g.Hkv * tl.nchunk));
     attn_tc_kernel<T, DQK, DV, MODE><<<grid, TC_THREADS, smem, s>>>(
-        g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)klo, (const T *)v.p, v.st, v.sh,
+        g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh,
         kd, vd, qvec,
         kvvec, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh);
     return cudaGetLastError();
 }
 
 template <typename T, int MODE>
-static cudaError_t attn_tc_t(const Geom &g, const Tiles &tl, int dqkp, int dvp, View q, View k, const void *klo,
-                             View v, MView o, MView lse, cudaStream_t s)
+static cudaError_t attn_tc_t(const Geom &g, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o, MView lse, cudaStream_t s)
 {
     switch (dqkp * 1000 + dvp) {
-    case 32032: return launch_tc<T, 32, 32, MODE>(g, tl, q, k, klo, v, o, lse, s);
-    case 64064: return launch_tc<T, 64, 64, MODE>(g, tl, q, k, klo, v, o, lse, s);
-    case 128128: return launch_tc<T, 128, 128, MODE>(g, tl, q, k, klo, v, o, lse, s);
-    case 192128: return launch_tc<T, 192, 128, MODE>(g, tl, q, k, klo, v, o, lse, s);
-    case 256256: return launch_tc<T, 256, 256, MODE>(g, tl, q, k, klo, v, o, lse, s);
+    case 32032: return launch_tc<T, 32, 32, MODE>(g, tl, q, k, v, o, lse, s);
+    case 64064: return launch_tc<T, 64, 64, MODE>(g, tl, q, k, v, o, lse, s);
+    case 128128: return launch_tc<T, 128, 128, MODE>(g, tl, q, k, v, o, lse, s);
+    case 192128: return launch_tc<T, 192, 128, MODE>(g, tl, q, k, v, o, lse, s);
+    case 256256: return launch_tc<T, 256, 256, MODE>(g, tl, q, k, v, o, lse, s);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -216,16 +216,16 @@ void tc_dims(int64_t dqk, int64_t dv, int *dqkp, int *dvp)
     *dqkp = *dvp = p;
 }
 
-cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, const void *klo,
-                    View v, MView o, MView lse, cudaStream_t s)
+cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
+                    MView lse, cudaStream_t s)
 {
     if (tl.count == 0) return cudaSuccess;
     if (g.dtype == 1)
-        return mode == 0 ? attn_tc_t<__half, 0>(g, tl, dqkp, dvp, q, k, klo, v, o, lse, s)
-                         : attn_tc_t<__half, 2>(g, tl, dqkp, dvp, q, k, klo, v, o, lse, s);
+        return mode == 0 ? attn_tc_t<__half, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s)
+                         : attn_tc_t<__half, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s);
     if (g.dtype == 2)
-        return mode == 0 ? attn_tc_t<__nv_bfloat16, 0>(g, tl, dqkp, dvp, q, k, klo, v, o, lse, s)
-                         : attn_tc_t<__nv_bfloat16, 2>(g, tl, dqkp, dvp, q, k, klo, v, o, lse, s);
+        return mode == 0 ? attn_tc_t<__nv_bfloat16, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s)
+                         : attn_tc_t<__nv_bfloat16, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s);
     return cudaErrorInvalidValue;
 }
 

@@ -4,7 +4,9 @@
  *
  * Compressed row r (global, 0 .. total_cmp-1) belongs to sequence b with
  * cu_cmp[b] <= r < cu_cmp[b+1]; its local index i = r - cu_cmp[b] covers the
- * tokens cu_seqlens[b] + i*d .. + l - 1. Output kc/vc is fp32.
+ * tokens cu_seqlens[b] + i*d .. + l - 1. Output kc/vc is fp32 holding values
+ * rounded once to the call's dtype (semantics 7: kc/vc are tensors of that
+ * dtype), so the tensor-core kernels can pack them into 16 bits exactly.
  *
  * MEAN   one CTA per (row, head), threads over dims, l rows summed in order.
  *        Memory bound: every input row is read l/d times (from L2 after the
@@ -21,6 +23,9 @@
 
 namespace nsa_cuda {
 
+/* x rounded to T (nearest even) and widened back: the stored kc/vc value. */
+template <typename T> NSA_DEV float round_to(float x) { return to_f(from_f<T>(x)); }
+
 template <typename T>
 __global__ void compress_mean_kernel(const Geom g, const T *src, int64_t sst, int64_t ssh, int64_t D, float *dst,
                                      int64_t dst_st, int64_t dst_sh)
@@ -35,7 +40,7 @@ __global__ void compress_mean_kernel(const Geom g, const T *src, int64_t sst, in
         for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
             float acc = 0.f;
             for (int64_t j = 0; j < g.l; j++) acc += to_f(s[j * sst + k]);
-            dst[r * dst_st + h * dst_sh + k] = acc * inv;
+            dst[r * dst_st + h * dst_sh + k] = round_to<T>(acc * inv);
         }
     }
 }
@@ -88,7 +93,7 @@ __global__ void __launch_bounds__(LIN_THREADS) compress_linear_kernel(const Geom
     }
     if (o < D)
         for (int rr = 0; rr < LIN_ROWS; rr++)
-            if (r0 + rr < g.total_cmp) dst[(r0 + rr) * dst_st + h * dst_sh + o] = acc[rr];
+            if (r0 + rr < g.total_cmp) dst[(r0 + rr) * dst_st + h * dst_sh + o] = round_to<T>(acc[rr]);
 }
 
 template <typename T>
@@ -102,20 +107,16 @@ __global__ void compress_copy_kernel(const Geom g, const T *src, int64_t sst, in
     }
 }
 
-/* hi = T(x); lo = T(x - hi) when dst_lo is given: hi + lo carries ~16 (bf16) or
- * ~22 (f16) mantissa bits, so Q (exact in T) times hi and lo on the tensor cores
- * gives logits as accurate as fp32 (the lse and the block scores need that). */
+/* The kc/vc rows (already values of T) as T, zero padded to DP dims. */
 template <typename T>
 __global__ void pack_cmp16_kernel(const Geom g, const float *src, int64_t sst, int64_t ssh, int64_t D, int DP,
-                                  T *dst, T *dst_lo)
+                                  T *dst)
 {
     const int64_t n = g.total_cmp * g.Hkv * DP;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t k = e % DP, rh = e / DP, h = rh % g.Hkv, r = rh / g.Hkv;
         const float x = k < D ? src[r * sst + h * ssh + k] : 0.f;
-        const T hi = from_f<T>(x);
-        dst[e] = hi;
-        if (dst_lo) dst_lo[e] = from_f<T>(x - to_f(hi));
+        dst[e] = from_f<T>(x);
     }
 }
 
@@ -170,16 +171,16 @@ cudaError_t compress_copy(const Geom &g, View src, int64_t D, MView dst, cudaStr
     return cudaGetLastError();
 }
 
-cudaError_t pack_cmp16(const Geom &g, View src, int64_t D, int DP, void *dst, void *dst_lo, cudaStream_t s)
+cudaError_t pack_cmp16(const Geom &g, View src, int64_t D, int DP, void *dst, cudaStream_t s)
 {
     const int64_t n = g.total_cmp * g.Hkv * DP;
     if (n == 0) return cudaSuccess;
     if (g.dtype == 1)
         pack_cmp16_kernel<__half><<<grid_for(n, 256), 256, 0, s>>>(g, (const float *)src.p, src.st, src.sh, D, DP,
-                                                                   (__half *)dst, (__half *)dst_lo);
+                                                                   (__half *)dst);
     else
         pack_cmp16_kernel<__nv_bfloat16><<<grid_for(n, 256), 256, 0, s>>>(
-            g, (const float *)src.p, src.st, src.sh, D, DP, (__nv_bfloat16 *)dst, (__nv_bfloat16 *)dst_lo);
+            g, (const float *)src.p, src.st, src.sh, D, DP, (__nv_bfloat16 *)dst);
     return cudaGetLastError();
 }
 

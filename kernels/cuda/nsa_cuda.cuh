@@ -69,14 +69,6 @@ template <> struct Mma<__nv_bfloat16> {
         __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<uint32_t *>(&v);
     }
-    /* x ~ hi + lo with both parts in the 16-bit type (about 16 mantissa bits) */
-    static NSA_DEV void split(float x, float y, uint32_t &hi, uint32_t &lo)
-    {
-        __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        const float2 f = __bfloat1622float2(h);
-        hi = *reinterpret_cast<uint32_t *>(&h);
-        lo = pack(x - f.x, y - f.y);
-    }
 };
 
 template <> struct Mma<__half> {
@@ -91,13 +83,6 @@ template <> struct Mma<__half> {
     {
         __half2 v = __floats2half2_rn(lo, hi);
         return *reinterpret_cast<uint32_t *>(&v);
-    }
-    static NSA_DEV void split(float x, float y, uint32_t &hi, uint32_t &lo)
-    {
-        __half2 h = __floats2half2_rn(x, y);
-        const float2 f = __half22float2(h);
-        hi = *reinterpret_cast<uint32_t *>(&h);
-        lo = pack(x - f.x, y - f.y);
     }
 };
 
@@ -156,6 +141,28 @@ NSA_DEV void load_tile(T *s, const T *src, int64_t D, bool vec, RowFn rowoff)
         }
     }
 }
+
+/* The fast case of load_tile for K/V tiles: row r (r < nvalid) comes from
+ * base + r * rs, rows at or past nvalid and dims >= D are zero-filled. Needs
+ * what load_tile's `vec` needs (16-byte aligned rows, D % 8 == 0) and
+ * ROWS * rs < 2^31 (rs32_ok), so every offset is one 32-bit multiply-add:
+ * v2 spent most of its issue slots on 64-bit address arithmetic here. */
+template <typename T, int ROWS, int DP, int SS, int NT>
+NSA_DEV void load_rows_vec(T *s, const T *base, int rs, int nvalid, int D)
+{
+    constexpr int CPR = DP / 8, N = ROWS * CPR;
+#pragma unroll
+    for (int i = 0; i < (N + NT - 1) / NT; i++) {
+        const int idx = (int)threadIdx.x + i * NT;
+        if (N % NT != 0 && idx >= N) break;
+        const int r = idx / CPR, c = idx - (idx / CPR) * CPR;
+        const bool ok = r < nvalid && c * 8 < D;
+        cp_async16(s + r * SS + c * 8, base + (ok ? r * rs + c * 8 : 0), ok);
+    }
+}
+
+/* May a tile of `rows` rows with element stride rs use load_rows_vec? */
+inline bool rs32_ok(int64_t rs, int rows) { return rs >= 0 && rs * (int64_t)(rows + 1) < ((int64_t)1 << 31); }
 
 /* Runs the statement with T = float, __half or __nv_bfloat16 for dtype 0, 1, 2. */
 #define NSA_DISPATCH_DTYPE(dt, T, ...)                                                                         \

@@ -55,9 +55,9 @@ cudaError_t compress_mean(const Geom &g, View src, int64_t D, MView dst, cudaStr
 cudaError_t compress_linear(const Geom &g, View src, int64_t D, const void *W, const void *pe, MView dst,
                             cudaStream_t s);
 cudaError_t compress_copy(const Geom &g, View src, int64_t D, MView dst, cudaStream_t s);
-/* f32 [total_cmp, Hkv, D] -> cfg dtype (16-bit) dense [total_cmp, Hkv, DP], zero padded;
- * dst_lo (optional) receives the rounding remainder T(x - T(x)). */
-cudaError_t pack_cmp16(const Geom &g, View src, int64_t D, int DP, void *dst, void *dst_lo, cudaStream_t s);
+/* f32 [total_cmp, Hkv, D] -> cfg dtype (16-bit) dense [total_cmp, Hkv, DP], zero padded
+ * (exact: COMPRESS already rounded kc/vc to the dtype). */
+cudaError_t pack_cmp16(const Geom &g, View src, int64_t D, int DP, void *dst, cudaStream_t s);
 
 /* attn_ref.cu: one warp per (token, head); every dtype, any head dim.
  * mode 0 compressed (k, v = f32 kc, vc), 1 selected (idx given), 2 window. */
@@ -65,10 +65,9 @@ cudaError_t attn_ref(const Geom &g, int mode, View q, View k, View v, View idx, 
                      cudaStream_t s);
 
 /* attn_tc.cu: tensor-core FlashAttention-style tiles; mode 0 (k, v = packed
- * 16-bit compressed rows, st = Hkv*DP, k_lo = the keys' remainders, same
- * layout) or 2 (window, k_lo unused). f16 / bf16 only. */
-cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, const void *k_lo,
-                    View v, MView o, MView lse, cudaStream_t s);
+ * 16-bit compressed rows, st = Hkv*DP) or 2 (window). f16 / bf16 only. */
+cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
+                    MView lse, cudaStream_t s);
 
 /* slc_tc.cu: group-centric selected attention, f16 / bf16. */
 cudaError_t slc_tc(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
@@ -77,7 +76,7 @@ cudaError_t slc_tc(const Geom &g, int dqkp, int dvp, View q, View k, View v, Vie
 /* scores.cu: s(t, g, j) for every eligible j. ref: any dtype (kc f32);
  * tc: f16 / bf16 (kc packed 16-bit), needs G <= 128. */
 cudaError_t scores_ref(const Geom &g, View q, View kc, View lse, MView scores, cudaStream_t s);
-cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *kc_lo, View lse,
+cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse,
                       MView scores, cudaStream_t s);
 
 /* scores.cu, v3 fused SCORES_TOPN (f16 / bf16, G <= 128): the scores_tc
@@ -86,7 +85,7 @@ cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc,
  * plans where scores_topn_fits(dqkp, tiles.qt, max_ns, device's opt-in shared
  * memory per block) holds. */
 bool scores_topn_fits(int dqkp, int qt, int64_t max_ns, int64_t smem_optin);
-cudaError_t scores_topn_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *kc_lo, View lse,
+cudaError_t scores_topn_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse,
                            MView idx, cudaStream_t s);
 
 /* Dynamic shared memory (bytes) each tensor-core kernel asks for, from the

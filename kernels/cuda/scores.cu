@@ -16,14 +16,15 @@
  *    added to the CTA's score rows (in shared memory when the rows fit, written
  *    out once at the end; else in global memory, zeroed first). Every (t, j)
  *    entry is updated by one thread per tile, tiles in order: reproducible.
- *    Keys are the packed compressed rows split as hi + lo (pack_cmp16), two
- *    MMAs per k-step, so the probabilities are fp32-accurate (the near-tie
- *    rule of the selection allows 1e-4).
+ *    Keys are the packed compressed rows (pack_cmp16): exact, because kc is a
+ *    tensor of the call's dtype (semantics 7), so one MMA per k-step gives
+ *    fp32-accurate logits of the rounded keys.
  *    With G = 16 each warp is one token and the group sum is done with warp
  *    shuffles straight from the accumulators (no probability tile in smem).
  *    v2.0 (bf16 keys, global read-modify-write per tile): 32.4 ms at T = 64k,
  *    D = 128 (H200); v2.1 (hi + lo keys, rows in shared memory): 39.6 ms --
- *    the extra MMAs cost more than the RMW saved; v2.2: shuffle group sum.
+ *    the extra MMAs cost more than the RMW saved; v2.2: shuffle group sum;
+ *    v4: kc rounded to the dtype by COMPRESS, so the lo half is gone.
  */
 #include "tile_qk.cuh"
 #include "topn.cuh"
@@ -87,7 +88,7 @@ template <int DQK> struct ScBn {
 template <typename T, int DQK, bool FUSED>
 __global__ void __launch_bounds__(TC_THREADS, 1)
     scores_tc_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
-                     const T *__restrict__ k, const T *__restrict__ klo_p, int64_t kst, int64_t ksh, bool qvec,
+                     const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec,
                      const float *lse, int64_t lst, int64_t lsh, float *sc, int64_t sst, int64_t ssh, int accw,
                      int *idx, int64_t ist, int64_t ish)
 {
@@ -96,9 +97,8 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     constexpr bool QREG = DQK <= 192;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = (T *)smem_raw;
-    T *sK = sQ + BM * SQ;                    /* [2][BN][SQ] hi */
-    T *sKl = sK + 2 * BN * SQ;               /* [2][BN][SQ] lo */
-    float *sP = (float *)(sKl + 2 * BN * SQ); /* [BM][SP] probabilities */
+    T *sK = sQ + BM * SQ;                    /* [2][BN][SQ] keys */
+    float *sP = (float *)(sK + 2 * BN * SQ); /* [BM][SP] probabilities */
     float *sC = sP + BM * SP;                 /* [tokens][BN] group sums */
     float *sAcc = sC + BM * BN;               /* [tokens][accw] score rows (accw > 0) */
     __shared__ int64_t sNc[TC_BM];            /* nc(t) of the tile's tokens */
@@ -108,7 +108,6 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     const int64_t tlast = c.tl0 + c.ntok - 1;
     const int64_t khi = nsa_cmp_visible(tlast, g.l, g.d) - 1;
     const T *kg = k + g.cu_cmp[c.seq] * kst + c.gi * ksh;
-    const T *klg = klo_p + g.cu_cmp[c.seq] * kst + c.gi * ksh;
     /* row of token t0 + tok at scg + tok * sst (unused when FUSED: sc may be NULL) */
     float *scg = FUSED ? nullptr : sc + c.t0 * sst + c.gi * ssh;
 
@@ -119,10 +118,9 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     const int64_t nkt = khi >= 0 ? (khi + BN) / BN : 0;
     auto load_k = [&](int64_t kt, int buf) {
         const int64_t ks = kt * BN;
-        load_tile<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg, DQK, true,
-                                      [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
-        load_tile<T, BN, DQK, SQ, NT>(sKl + buf * BN * SQ, klg, DQK, true,
-                                      [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
+        /* packed rows: aligned, kst = Hkv * DQK (the launcher checks rs32_ok) */
+        load_rows_vec<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg + ks * kst, (int)kst,
+                                          (int)nsa_min64(BN, khi - ks + 1), DQK);
     };
     if (nkt > 0) load_k(0, 0);
     cp_async_commit();
@@ -209,10 +207,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
             float s[BN / 8][4];
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            if (ks <= wmaxhi) {
-                warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
-                warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sKl + buf * BN * SQ, 0, lane);
-            }
+            if (ks <= wmaxhi) warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
             const bool full = ks + BN - 1 <= wminhi;
 #pragma unroll
             for (int j = 0; j < BN / 8; j++)
@@ -290,7 +285,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
 static size_t scores_smem_base(int dqkp)
 {
     const int BN = dqkp > 128 ? 32 : 64; /* ScBn */
-    return 2 * (size_t)(TC_BM * (dqkp + 8) + 4 * BN * (dqkp + 8)) + sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
+    return 2 * (size_t)(TC_BM * (dqkp + 8) + 2 * BN * (dqkp + 8)) + sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
 }
 static bool rows_fit(size_t base, size_t acc) { return acc <= 64 * 1024 && base + acc <= 220 * 1024; }
 
@@ -304,7 +299,7 @@ bool scores_topn_fits(int dqkp, int qt, int64_t max_ns, int64_t smem_optin)
 }
 
 template <typename T, int DQK>
-static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc, const void *klo, View lse, MView sc,
+static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc, View lse, MView sc,
                                  MView idx, cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
@@ -316,51 +311,52 @@ static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc
         accw = (int)g.max_ns;
         smem += acc;
     }
+    if (!rs32_ok(kc.st, ScBn<DQK>::value)) return cudaErrorInvalidValue;
     const bool fused = idx.p != nullptr;
     if (fused && accw == 0) return cudaErrorInvalidConfiguration; /* the backend checks scores_topn_fits first */
     auto kern = fused ? scores_tc_kernel<T, DQK, true> : scores_tc_kernel<T, DQK, false>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
-    kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, (const T *)klo, kc.st,
+    kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, kc.st,
                                         kc.sh, vec_ok(q.p, q.st, q.sh, g.Dqk), (const float *)lse.p, lse.st, lse.sh,
                                         (float *)sc.p, sc.st, sc.sh, accw, (int *)idx.p, idx.st, idx.sh);
     return cudaGetLastError();
 }
 
 template <typename T>
-static cudaError_t scores_tc_t(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *klo, View lse,
+static cudaError_t scores_tc_t(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse,
                                MView sc, MView idx, cudaStream_t s)
 {
     switch (dqkp) {
-    case 32: return launch_scores<T, 32>(g, tl, q, kc, klo, lse, sc, idx, s);
-    case 64: return launch_scores<T, 64>(g, tl, q, kc, klo, lse, sc, idx, s);
-    case 128: return launch_scores<T, 128>(g, tl, q, kc, klo, lse, sc, idx, s);
-    case 192: return launch_scores<T, 192>(g, tl, q, kc, klo, lse, sc, idx, s);
-    case 256: return launch_scores<T, 256>(g, tl, q, kc, klo, lse, sc, idx, s);
+    case 32: return launch_scores<T, 32>(g, tl, q, kc, lse, sc, idx, s);
+    case 64: return launch_scores<T, 64>(g, tl, q, kc, lse, sc, idx, s);
+    case 128: return launch_scores<T, 128>(g, tl, q, kc, lse, sc, idx, s);
+    case 192: return launch_scores<T, 192>(g, tl, q, kc, lse, sc, idx, s);
+    case 256: return launch_scores<T, 256>(g, tl, q, kc, lse, sc, idx, s);
     default: return cudaErrorInvalidValue;
     }
 }
 
-cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *klo, View lse, MView sc,
+cudaError_t scores_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc,
                       cudaStream_t s)
 {
     if (tl.count == 0) return cudaSuccess;
     if (tl.nchunk != 1) return cudaErrorInvalidValue;
     const MView noidx = {nullptr, 0, 0};
-    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, klo, lse, sc, noidx, s);
-    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, klo, lse, sc, noidx, s);
+    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, lse, sc, noidx, s);
+    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, lse, sc, noidx, s);
     return cudaErrorInvalidValue;
 }
 
-cudaError_t scores_topn_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, const void *kc_lo, View lse,
+cudaError_t scores_topn_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse,
                            MView idx, cudaStream_t s)
 {
     if (tl.count == 0 || g.n == 0) return cudaSuccess;
     if (tl.nchunk != 1 || !idx.p) return cudaErrorInvalidValue;
     const MView nosc = {nullptr, 0, 0};
-    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, kc_lo, lse, nosc, idx, s);
-    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, kc_lo, lse, nosc, idx, s);
+    if (g.dtype == 1) return scores_tc_t<__half>(g, tl, dqkp, q, kc, lse, nosc, idx, s);
+    if (g.dtype == 2) return scores_tc_t<__nv_bfloat16>(g, tl, dqkp, q, kc, lse, nosc, idx, s);
     return cudaErrorInvalidValue;
 }
 

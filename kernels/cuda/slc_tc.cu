@@ -78,10 +78,15 @@ __global__ void __launch_bounds__(SLC_THREADS)
     auto load_kv = [&](int st, int buf) {
         const int64_t ks = sub_ks[st];
         const int cnt = sub_cnt[st];
-        load_tile<T, KB, DQK, SQ, NT>(sK + buf * KB * SQ, kg, g.Dqk, kvvec,
-                                      [&](int r) -> int64_t { return r < cnt ? (ks + r) * kst : -1; });
-        load_tile<T, KB, DV, SV, NT>(sV + buf * KB * SV, vg, g.Dv, kvvec,
-                                     [&](int r) -> int64_t { return r < cnt ? (ks + r) * vst : -1; });
+        if (kvvec) { /* aligned and rs32_ok (the launcher checked) */
+            load_rows_vec<T, KB, DQK, SQ, NT>(sK + buf * KB * SQ, kg + ks * kst, (int)kst, cnt, (int)g.Dqk);
+            load_rows_vec<T, KB, DV, SV, NT>(sV + buf * KB * SV, vg + ks * vst, (int)vst, cnt, (int)g.Dv);
+        } else {
+            load_tile<T, KB, DQK, SQ, NT>(sK + buf * KB * SQ, kg, g.Dqk, false,
+                                          [&](int r) -> int64_t { return r < cnt ? (ks + r) * kst : -1; });
+            load_tile<T, KB, DV, SV, NT>(sV + buf * KB * SV, vg, g.Dv, false,
+                                         [&](int r) -> int64_t { return r < cnt ? (ks + r) * vst : -1; });
+        }
     };
     if (nsub > 0) load_kv(0, 0);
     cp_async_commit();
@@ -125,10 +130,12 @@ __global__ void __launch_bounds__(SLC_THREADS)
     cp_async_wait<0>();
     __syncthreads();
 
-    /* merge the 4 warps' softmax states (shared memory reused) */
+    /* merge the 4 warps' softmax states (shared memory reused) in a fixed
+     * order; row terms once per row, the column loop over a constant DV */
     float *sM = (float *)sK;  /* [4][16] */
     float *sL = sM + 64;      /* [4][16] */
-    float *sO = sL + 64;      /* [4][16][DV] */
+    float *sF = sL + 64;      /* [4][16] per-warp factor exp2(m_w - M) / L */
+    float *sO = sF + 64;      /* [4][16][DV] */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
@@ -139,33 +146,37 @@ __global__ void __launch_bounds__(SLC_THREADS)
         }
     }
     __syncthreads();
+    if (tid < 16) {
+        const int row = tid;
+        float M = sM[row];
+        for (int w = 1; w < 4; w++) M = fmaxf(M, sM[w * 16 + row]);
+        const float Mu = M == -INFINITY ? 0.f : M;
+        float L = 0.f;
+        for (int w = 0; w < 4; w++) L += sL[w * 16 + row] * exp2f(sM[w * 16 + row] - Mu);
+        const float inv = L > 0.f ? 1.0f / L : 0.f;
+        for (int w = 0; w < 4; w++) sF[w * 16 + row] = exp2f(sM[w * 16 + row] - Mu) * inv;
+        if (lse && row < hca) lse[t * lst + (h0 + row) * lsh] = L > 0.f ? (M + log2f(L)) * NSA_LN2 : -INFINITY;
+    }
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int row = (lane >> 2) + 8 * i;
-        float M = sM[row];
-        for (int w = 1; w < 4; w++) M = fmaxf(M, sM[w * 16 + row]);
-        const float f = exp2f(m[i] - (M == -INFINITY ? 0.f : M));
+        const float f = sF[warp * 16 + row];
         float *dst = sO + (warp * 16 + row) * DV;
 #pragma unroll
         for (int j = 0; j < DV / 8; j++) {
             const int col = j * 8 + 2 * (lane & 3);
-            dst[col] = oacc[j][2 * i] * f;
-            dst[col + 1] = oacc[j][2 * i + 1] * f;
+            *reinterpret_cast<float2 *>(dst + col) = make_float2(oacc[j][2 * i] * f, oacc[j][2 * i + 1] * f);
         }
     }
     __syncthreads();
-    for (int64_t e = tid; e < (int64_t)hca * g.Dv; e += NT) {
-        const int row = (int)(e / g.Dv), col = (int)(e % g.Dv);
-        float M = sM[row];
-        for (int w = 1; w < 4; w++) M = fmaxf(M, sM[w * 16 + row]);
-        const float Mu = M == -INFINITY ? 0.f : M;
-        float L = 0.f, acc = 0.f;
-        for (int w = 0; w < 4; w++) {
-            L += sL[w * 16 + row] * exp2f(sM[w * 16 + row] - Mu);
-            acc += sO[(w * 16 + row) * DV + col];
-        }
-        o[t * ost + (h0 + row) * osh + col] = L > 0.f ? acc / L : 0.f;
-        if (lse && col == 0) lse[t * lst + (h0 + row) * lsh] = L > 0.f ? (M + log2f(L)) * NSA_LN2 : -INFINITY;
+    float *orow0 = o + t * ost + h0 * osh;
+    for (int e = tid; e < 16 * DV; e += NT) {
+        const int row = e / DV, col = e % DV;
+        if (row >= hca || col >= g.Dv) continue;
+        const float acc = sO[row * DV + col] + sO[(16 + row) * DV + col] + sO[(32 + row) * DV + col] +
+                          sO[(48 + row) * DV + col];
+        orow0[row * osh + col] = acc;
     }
 }
 
@@ -174,7 +185,7 @@ size_t slc_tc_smem(int dqkp, int dvp, int64_t n, int64_t ls)
     const int64_t nsubmax = n * ((ls + SLC_KB - 1) / SLC_KB);
     size_t smem = 2 * (size_t)(16 * (dqkp + 8) + 2 * SLC_KB * (dqkp + 8) + 2 * SLC_KB * (dvp + 8)) +
                   (size_t)nsubmax * (sizeof(int64_t) + sizeof(int));
-    const size_t merge = 2 * (size_t)(16 * (dqkp + 8)) + sizeof(float) * (size_t)(128 + 64 * dvp);
+    const size_t merge = 2 * (size_t)(16 * (dqkp + 8)) + sizeof(float) * (size_t)(192 + 64 * dvp);
     return merge > smem ? merge : smem;
 }
 
@@ -189,7 +200,8 @@ static cudaError_t launch_slc(const Geom &g, View q, View k, View v, View idx, M
     if (e != cudaSuccess) return e;
     const int nchunk = (int)((g.G + 15) / 16);
     const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
-    const bool kvvec = vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv);
+    const bool kvvec = vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv) && rs32_ok(k.st, SLC_KB) &&
+                       rs32_ok(v.st, SLC_KB);
     const dim3 grid((unsigned)g.T, (unsigned)(g.Hkv * nchunk));
     slc_tc_kernel<T, DQK, DV><<<grid, SLC_THREADS, smem, s>>>(
         g, nchunk, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh, qvec, kvvec,

@@ -189,8 +189,9 @@ void tk_output_free(tk_output *out);
 /* ------------------------------------------------------------------ compare */
 
 /* Tolerances, per output dtype. An element of o passes when
- *     |got - ref| <= o_rms * rms(ref) + o_rel * |ref| + o_abs
- * where rms(ref) is the RMS of the whole reference o of the case. An LSE passes
+ *     |got - ref| <= o_rms * scale + o_rel * |ref| + o_abs
+ * where scale = max(RMS of the whole reference o, RMS of the value inputs of
+ * the case's enabled branches). An LSE passes
  * when both are -inf, or |got - ref| <= lse_abs + lse_rel * |ref|. Two selections
  * for one (t, g) may differ only in blocks whose oracle score is within
  *     score_tol * max(1, |boundary|)
@@ -205,8 +206,12 @@ void tk_output_free(tk_output *out);
  * output scale is two orders above accumulation error over thousands of
  * tokens. f16/bf16 outputs are rounded once at the end (2^-11 and 2^-8
  * relative: o_rel) and GPU kernels may round P to the half type before P@V
- * (about 1e-3 of the output scale: o_rms). LSEs and scores are fp32 from the
- * same rounded inputs; only accumulation order and exp() differ. */
+ * (up to 2^-9 of |V| for bf16: o_rms). The V term matters for long sequences,
+ * whose o is an average of many random rows and so much smaller than V, while
+ * the first tokens attend to a few rows with the full |V|. LSEs and scores are
+ * fp32 from the same rounded inputs (compressed keys included: they are
+ * tensors of the call's dtype, semantics 7); only accumulation order and exp()
+ * differ. */
 typedef struct tk_tolerance {
     double o_rms, o_rel, o_abs;
     double lse_abs, lse_rel;
