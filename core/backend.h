@@ -49,7 +49,11 @@ typedef enum nsa_stage {
     NSA_STAGE_SELECT_TOPN = 3,
     /* reads q, k[SLC], v[SLC], indices; writes o_b[SLC] and lse[SLC] if given. */
     NSA_STAGE_SLC_ATTN = 4,
-    /* reads q, k[WIN], v[WIN]; writes o_b[WIN] and lse[WIN] if given. */
+    /* reads q, k[WIN], v[WIN]; writes o_b[WIN] and lse[WIN] if given. It runs
+     * after CMP_ATTN and SLC_ATTN and just before COMBINE, so a backend may
+     * instead do COMBINE's work here (read o_b[CMP], o_b[SLC] and the gates,
+     * write o) and make its COMBINE a no-op for the same arguments; o_b[WIN]
+     * is then left unwritten (the CUDA backend does this). */
     NSA_STAGE_WIN_ATTN = 5,
     /* reads gate[b] and o_b[b] for each branch whose o_b[b].buf is not NULL (a
      * disabled branch has NULL and its gate is not read); writes o (cfg dtype). */

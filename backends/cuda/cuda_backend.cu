@@ -59,6 +59,8 @@ struct CudaCtx {
     bool own_stream;
     bool force_ref;
     bool v3;             /* NSA_CUDA_V3 (default 1): fused SCORES_TOPN */
+    bool fuse_combine;   /* NSA_CUDA_FUSE_COMBINE (default 1): COMBINE in the window epilogue */
+    int attn_var;        /* NSA_CUDA_ATTN_VAR: attn_tc tile variant (attn_tc.cu AttnCfg) */
     int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
@@ -153,12 +155,16 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->force_ref = k && strcmp(k, "ref") == 0;
     const char *v3 = getenv("NSA_CUDA_V3");
     c->v3 = !(v3 && strcmp(v3, "0") == 0);
+    const char *fc = getenv("NSA_CUDA_FUSE_COMBINE");
+    c->fuse_combine = !(fc && strcmp(fc, "0") == 0);
+    const char *av = getenv("NSA_CUDA_ATTN_VAR");
+    c->attn_var = av && strcmp(av, "0") == 0 ? 0 : 1; /* 1 measured faster (NOTES.md, call 7) */
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
         optin = 0;
     }
-    c->smem_optin = (int64_t)optin - 2048; /* margin for the kernels' static shared memory */
+    c->smem_optin = (int64_t)optin - 4096; /* margin for the kernels' static shared memory (scores_tc: 2.9 KB) */
     /* NSA_CUDA_REF=cmp_attn,win_attn,...: reference kernels for those stages only
      * (bisecting a tensor-core kernel against its reference) */
     const char *rs = getenv("NSA_CUDA_REF");
@@ -487,6 +493,20 @@ static nsa_status need(const nsa_bk_tensor &t, nsa_stage st, const char *name)
         if (s_) return s_;                                                                                     \
     } while (0)
 
+/* Does WIN_ATTN write the final o itself (COMBINE folded into its epilogue)?
+ * Both stages ask, with the same arguments, so they agree: tensor-core path
+ * for both stages, the window branch on, o given, and every enabled branch's
+ * gate present (else COMBINE runs and reports the missing gate). */
+static bool win_combines(const CudaCtx *c, const CudaPlan *p, const nsa_bk_args *a)
+{
+    const unsigned both = (1u << NSA_STAGE_WIN_ATTN) | (1u << NSA_STAGE_COMBINE);
+    if (!c->fuse_combine || !p->fast || (c->ref_stages & both) || !a->o.buf || !a->o_b[NSA_BRANCH_WIN].buf)
+        return false;
+    for (int b = 0; b < 3; b++)
+        if (a->o_b[b].buf && !a->gate[b].buf) return false;
+    return true;
+}
+
 static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
 {
     CudaCtx *c = (CudaCtx *)bctx;
@@ -497,6 +517,8 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     CU(cudaSetDevice(c->device), "cudaSetDevice");
     Geom g = geom(pl);
     g.v3 = c->v3 ? 1 : 0;
+    g.smem_optin = c->smem_optin;
+    g.attn_var = c->attn_var;
     const cudaStream_t s = c->stream;
     const View none = {NULL, 0, 0};
     cudaError_t e = cudaSuccess;
@@ -606,10 +628,18 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->k[NSA_BRANCH_WIN], "k[win]");
         NEED(a->v[NSA_BRANCH_WIN], "v[win]");
         NEED(a->o_b[NSA_BRANCH_WIN], "o_b[win]");
-        if (fast)
+        if (fast) {
+            FuseCombine fz = {};
+            if (win_combines(c, p, a)) {
+                for (int b = 0; b < 3; b++) fz.gate[b] = a->o_b[b].buf ? view(a->gate[b]) : none;
+                fz.ob[0] = view(a->o_b[NSA_BRANCH_CMP]);
+                fz.ob[1] = view(a->o_b[NSA_BRANCH_SLC]);
+                fz.out = mview(a->o);
+            }
             e = attn_tc(g, 2, p->tiles, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_WIN]),
-                        view(a->v[NSA_BRANCH_WIN]), mview(a->o_b[NSA_BRANCH_WIN]), mview(a->lse[NSA_BRANCH_WIN]), s);
-        else
+                        view(a->v[NSA_BRANCH_WIN]), mview(a->o_b[NSA_BRANCH_WIN]), mview(a->lse[NSA_BRANCH_WIN]), s,
+                        &fz);
+        } else
             e = attn_ref(g, 2, view(a->q), view(a->k[NSA_BRANCH_WIN]), view(a->v[NSA_BRANCH_WIN]), none,
                          mview(a->o_b[NSA_BRANCH_WIN]), mview(a->lse[NSA_BRANCH_WIN]), s);
         break;
@@ -622,7 +652,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
             if (ob[b].p && !gate[b].p)
                 return FAIL(NSA_ERR_MISSING_TENSOR, "cuda backend: stage combine: branch %d is on but its gate is absent", b);
         }
-        e = combine(g, gate, ob, mview(a->o), s);
+        if (!win_combines(c, p, a)) e = combine(g, gate, ob, mview(a->o), s); /* else WIN_ATTN wrote o */
         break;
     }
     default:

@@ -33,6 +33,8 @@ struct Geom {
     float scale;
     int dtype; /* 0 f32, 1 f16, 2 bf16 (enum nsa_dtype) */
     int v3;    /* 1: v3 kernels (NSA_CUDA_V3, default), 0: the v2.2 versions */
+    int64_t smem_optin; /* usable dynamic shared memory per block (device opt-in less a margin) */
+    int attn_var;       /* attn_tc tile variant for Dv <= 128 (NSA_CUDA_ATTN_VAR, default 1; attn_tc.cu AttnCfg) */
     const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
 };
 
@@ -64,10 +66,21 @@ cudaError_t pack_cmp16(const Geom &g, View src, int64_t D, int DP, void *dst, cu
 cudaError_t attn_ref(const Geom &g, int mode, View q, View k, View v, View idx, MView o, MView lse,
                      cudaStream_t s);
 
+/* COMBINE folded into the window branch's epilogue (attn_tc mode 2): with
+ * out.p set, the kernel writes out = g_cmp o_cmp + g_slc o_slc + g_win o_win
+ * (the combine kernel's order and arithmetic, so bitwise its result) in the
+ * cfg dtype instead of o_win; ob[b].p == NULL: branch b off. */
+struct FuseCombine {
+    View gate[3];
+    View ob[2]; /* o_cmp, o_slc (fp32) */
+    MView out;
+};
+
 /* attn_tc.cu: tensor-core FlashAttention-style tiles; mode 0 (k, v = packed
- * 16-bit compressed rows, st = Hkv*DP) or 2 (window). f16 / bf16 only. */
+ * 16-bit compressed rows, st = Hkv*DP) or 2 (window; fz optional, see
+ * FuseCombine). f16 / bf16 only. */
 cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
-                    MView lse, cudaStream_t s);
+                    MView lse, cudaStream_t s, const FuseCombine *fz = nullptr);
 
 /* slc_tc.cu: group-centric selected attention, f16 / bf16. */
 cudaError_t slc_tc(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,

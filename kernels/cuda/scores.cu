@@ -163,6 +163,34 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
      * tile suffices (the double buffer) and warps overlap their phases */
     const bool wown = g.v3 && g16;
 
+    /* v4: the overlap map as a table. When BN * d is a multiple of l_s, every
+     * K tile starts on a selection-block boundary (ks * d = jlo * l_s), so
+     * entry e (= j - jlo) of any tile reads the same tile columns with the
+     * same weights: sTf[e] first column, sTn[e] count, sTw[e][*] the weights
+     * overlap / d, computed exactly as overlap_entry computes them. Columns
+     * past a token's nc (or past khi) hold p = 0 in sC, so the table need not
+     * clip there: adding w * 0 leaves the sum bitwise unchanged. Without the
+     * table each entry cost two 64-bit divisions and a float division per
+     * compressed block (the hottest code of v3's loop). */
+    constexpr int TAB_E = 48, TAB_I = 8;
+    __shared__ float sTw[TAB_E * TAB_I];
+    __shared__ int sTf[TAB_E], sTn[TAB_E];
+    const int64_t tab_ne = ((int64_t)(BN - 1) * g.d + g.l - 1) / g.ls + 1;
+    const bool ptab = wown && ((int64_t)BN * g.d) % g.ls == 0 && tab_ne <= TAB_E &&
+                      (g.ls + g.l - 2) / g.d + 2 <= TAB_I;
+    if (ptab && tid < tab_ne) {
+        int f = -1, n = 0;
+        for (int r = 0; r < BN; r++) {
+            const int64_t ov = nsa_overlap(r, tid, g.l, g.d, g.ls);
+            if (ov > 0) {
+                if (f < 0) f = r;
+                sTw[tid * TAB_I + n++] = (float)ov / (float)g.d;
+            }
+        }
+        sTf[tid] = f < 0 ? 0 : f;
+        sTn[tid] = n;
+    }
+
     /* overlap map of entry e (selection block jlo + e) of token tok for the K
      * tile starting at ks: the same arithmetic in either loop below */
     auto overlap_entry = [&](int tok, int e, int64_t ks, int64_t jlo) {
@@ -209,17 +237,30 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
             for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
             if (ks <= wmaxhi) warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
             const bool full = ks + BN - 1 <= wminhi;
+            /* p = 2^(s*scale*log2e - lse*log2e); keys past the row's nc give 0 */
+            if (full) {
 #pragma unroll
-            for (int j = 0; j < BN / 8; j++)
+                for (int j = 0; j < BN / 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int i = e >> 1;
-                    const int col = j * 8 + 2 * (lane & 3) + (e & 1);
-                    float p = 0.f;
-                    if (full || ks + col <= hi[i]) p = exp2f(s[j][e] * sl - lse2[i]);
-                    s[j][e] = p;
-                    if (!g16) sP[(warp * 16 + (lane >> 2) + 8 * i) * SP + col] = p;
-                }
+                    for (int e = 0; e < 4; e++) s[j][e] = fast_ex2(fmaf(s[j][e], sl, -lse2[e >> 1]));
+            } else {
+                const int64_t lim0 = hi[0] - ks, lim1 = hi[1] - ks;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int col = j * 8 + 2 * (lane & 3) + (e & 1);
+                        const float p = fast_ex2(fmaf(s[j][e], sl, -lse2[e >> 1]));
+                        s[j][e] = col <= ((e >> 1) ? lim1 : lim0) ? p : 0.f;
+                    }
+            }
+            if (!g16) {
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sP[(warp * 16 + (lane >> 2) + 8 * (e >> 1)) * SP + j * 8 + 2 * (lane & 3) + (e & 1)] = s[j][e];
+            }
             if (g16) {
                 /* the warp's 16 rows are the 16 heads of token `warp`: column
                  * sums by shuffles (rows g and g+8, then over g) */
@@ -239,10 +280,28 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
             /* token `warp`'s row: sC[warp] was written by this warp's lanes 0..3 */
             __syncwarp();
             if (warp_rows) {
-                const int64_t last = nsa_min64(ks + BN - 1, khi);
-                const int64_t jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
-                const int nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
-                for (int e = lane; e < nj; e += 32) overlap_entry(warp, e, ks, jlo);
+                int64_t jlo;
+                int nj;
+                if (ptab && ks + BN - 1 <= khi) { /* a whole periodic tile: no divisions */
+                    jlo = kt * (((int64_t)BN * g.d) / g.ls);
+                    nj = (int)tab_ne;
+                } else {
+                    const int64_t last = nsa_min64(ks + BN - 1, khi);
+                    jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
+                    nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
+                }
+                if (ptab) {
+                    float *row = sAcc + warp * accw + jlo;
+                    for (int e = lane; e < nj; e += 32) {
+                        const float *w = sTw + e * TAB_I, *cc = sC + warp * BN + sTf[e];
+                        const int n = sTn[e];
+                        float acc = 0.f;
+                        for (int k = 0; k < n; k++) acc += w[k] * cc[k];
+                        row[e] += acc;
+                    }
+                } else {
+                    for (int e = lane; e < nj; e += 32) overlap_entry(warp, e, ks, jlo);
+                }
             }
             continue;
         }
@@ -307,7 +366,7 @@ static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc
     /* score rows in shared memory when they fit beside the tiles */
     const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
     int accw = 0;
-    if (rows_fit(smem, acc)) {
+    if (rows_fit(smem, acc) && (int64_t)(smem + acc) <= g.smem_optin) {
         accw = (int)g.max_ns;
         smem += acc;
     }

@@ -118,11 +118,11 @@ __global__ void __launch_bounds__(SLC_THREADS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = 16 * warp + j * 8 + 2 * (lane & 3) + (e & 1);
-                    const float x = key < cnt ? s[j][e] * sl : -INFINITY;
+                    const float x = key < cnt ? s[j][e] : -INFINITY;
                     s[j][e] = x;
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }
-            warp_softmax_step(s, mx, m, ls, oacc);
+            warp_softmax_step(s, mx, m, ls, oacc, sl);
             warp_pv<T, DV, 1, SV>(oacc, s, sV + buf * KB * SV, 16 * warp, lane);
         }
         __syncthreads();

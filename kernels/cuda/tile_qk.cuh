@@ -159,39 +159,43 @@ inline bool vec_ok(const void *p, int64_t st, int64_t sh, int64_t D)
 }
 
 /* One online-softmax step for a warp's 16-row MMA fragment (rows lane/4 and
- * lane/4 + 8). s: the NJ 8-key column groups of masked, scaled logits (log2
- * domain; -inf for masked keys); mx: their per-row maxima over this thread's
- * columns. On return s holds p = exp2(s - m_new), the running max m and sum ls
- * are updated and the output accumulator oacc (NO 8-column groups) is rescaled,
+ * lane/4 + 8). s: the NJ 8-key column groups of masked raw logits q.k (-inf
+ * for masked keys); mx: their per-row maxima over this thread's columns; sl:
+ * scale * log2(e) (> 0: a config scale of 0 means 1/sqrt(Dqk)), applied here
+ * in one FMA per element. m is in the scaled log2 domain. On return s holds
+ * p = 2^(s*sl - m), the running sum ls is updated and
+ * the output accumulator oacc (NO 8-column groups) is rescaled when m moved,
  * ready for O += P V. Shared by the tile kernels (attn_tc) and selected
- * attention (slc_tc) so both keep one summation order. */
+ * attention (slc_tc) so both keep one summation order.
+ *
+ * m is a reference maximum, not always the true running maximum (v4, "lazy
+ * rescaling"): it moves only when a row's maximum exceeds it by more than
+ * NSA_RESCALE_SLACK (log2 units), so p <= 2^SLACK and most steps skip the
+ * NO*4 multiplies of oacc. softmax is the same for any reference; the final
+ * o = oacc / ls and lse = m + log2(ls) use the same m. p (<= 256) keeps its
+ * 8 / 11 mantissa bits when packed to bf16 / f16 for P V, and ls stays far
+ * from fp32 overflow (keys * 256). */
+#define NSA_RESCALE_SLACK 8.0f
 template <int NJ, int NO>
 NSA_DEV void warp_softmax_step(float (&s)[NJ][4], float (&mx)[2], float (&m)[2], float (&ls)[2],
-                               float (&oacc)[NO][4])
+                               float (&oacc)[NO][4], float sl)
 {
-    float mu[2], alpha[2], rs[2] = {0.f, 0.f};
+    float alpha[2] = {1.f, 1.f}, mu[2], rs[2] = {0.f, 0.f};
+    bool move[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-        const float mn = fmaxf(m[i], mx[i]);
-        mu[i] = mn == -INFINITY ? 0.f : mn;
-        alpha[i] = exp2f(m[i] - mu[i]);
-        m[i] = mn;
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2)) * sl;
+        /* m == -inf: nothing seen yet; move to the first finite maximum */
+        move[i] = mx[i] > m[i] + NSA_RESCALE_SLACK || (m[i] == -INFINITY && mx[i] != -INFINITY);
     }
+    if (__any_sync(0xffffffffu, move[0] || move[1])) {
 #pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float p = exp2f(s[j][e] - mu[e >> 1]);
-            s[j][e] = p;
-            rs[e >> 1] += p;
-        }
-#pragma unroll
-    for (int i = 0; i < 2; i++) ls[i] = ls[i] * alpha[i] + rs[i];
-    /* once the running maxima settle, alpha is exactly 1 on every row: skip
-     * the NO*4 multiplies (bitwise the same result; the warp votes) */
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+        for (int i = 0; i < 2; i++)
+            if (move[i]) {
+                alpha[i] = fast_ex2(m[i] - mx[i]); /* 0 when m was -inf */
+                m[i] = mx[i];
+            }
 #pragma unroll
         for (int j = 0; j < NO; j++) {
             oacc[j][0] *= alpha[0];
@@ -200,6 +204,18 @@ NSA_DEV void warp_softmax_step(float (&s)[NJ][4], float (&mx)[2], float (&m)[2],
             oacc[j][3] *= alpha[1];
         }
     }
+#pragma unroll
+    for (int i = 0; i < 2; i++) mu[i] = m[i] == -INFINITY ? 0.f : m[i];
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = fast_ex2(fmaf(s[j][e], sl, -mu[e >> 1]));
+            s[j][e] = p;
+            rs[e >> 1] += p;
+        }
+#pragma unroll
+    for (int i = 0; i < 2; i++) ls[i] = ls[i] * alpha[i] + rs[i];
 }
 
 } // namespace nsa_cuda
