@@ -61,6 +61,7 @@ struct CudaCtx {
     bool v3;             /* NSA_CUDA_V3 (default 1): fused SCORES_TOPN */
     bool fuse_combine;   /* NSA_CUDA_FUSE_COMBINE (default 1): COMBINE in the window epilogue */
     int attn_var;        /* NSA_CUDA_ATTN_VAR: attn_tc tile variant (attn_tc.cu AttnCfg) */
+    bool slc_mt;         /* NSA_CUDA_SLC=mt: slc_mt where it applies (default: slc_tc, see slc_mt.cu) */
     int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
@@ -159,6 +160,8 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->fuse_combine = !(fc && strcmp(fc, "0") == 0);
     const char *av = getenv("NSA_CUDA_ATTN_VAR");
     c->attn_var = av && strcmp(av, "0") == 0 ? 0 : 1; /* 1 measured faster (NOTES.md, call 7) */
+    const char *sv = getenv("NSA_CUDA_SLC");
+    c->slc_mt = sv && strcmp(sv, "mt") == 0;
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
@@ -616,7 +619,11 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->v[NSA_BRANCH_SLC], "v[slc]");
         NEED(a->indices, "indices");
         NEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
-        if (fast)
+        if (fast && c->slc_mt &&
+            slc_mt_ok(g, p->dqkp, p->dvp, view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC])))
+            e = slc_mt(g, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC]),
+                       view(a->indices), mview(a->o_b[NSA_BRANCH_SLC]), mview(a->lse[NSA_BRANCH_SLC]), s);
+        else if (fast)
             e = slc_tc(g, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC]),
                        view(a->indices), mview(a->o_b[NSA_BRANCH_SLC]), mview(a->lse[NSA_BRANCH_SLC]), s);
         else

@@ -133,18 +133,29 @@ __global__ void __launch_bounds__(TC_THREADS, AttnCfg<DQK, VAR>::MINB)
 
             const bool full = ks >= wmaxlo && ks + BN - 1 <= wminhi;
             float mx[2] = {-INFINITY, -INFINITY};
+            if (full) { /* most tiles: no key of the tile is masked for any row */
 #pragma unroll
-            for (int j = 0; j < BN / 8; j++)
+                for (int j = 0; j < BN / 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = s[j][e];
-                    if (!full) {
-                        const int64_t key = ks + j * 8 + 2 * (lane & 3) + (e & 1);
-                        if (key < lo[e >> 1] || key > hi[e >> 1]) x = -INFINITY;
-                    }
-                    s[j][e] = x;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+            } else {
+                /* the rows' ranges relative to the tile, clamped into int */
+                int rlo[2], rhi[2];
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    rlo[i] = (int)nsa_max64(nsa_min64(lo[i] - ks, BN), -1);
+                    rhi[i] = (int)nsa_max64(nsa_min64(hi[i] - ks, BN), -1);
                 }
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = j * 8 + 2 * (lane & 3) + (e & 1);
+                        const float x = key < rlo[e >> 1] || key > rhi[e >> 1] ? -INFINITY : s[j][e];
+                        s[j][e] = x;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                    }
+            }
             warp_softmax_step(s, mx, m, ls, oacc, sl);
             warp_pv<T, DV, BN / 16, SV>(oacc, s, sV + buf * BN * SV, 0, lane);
         }

@@ -82,6 +82,12 @@ struct FuseCombine {
 cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
                     MView lse, cudaStream_t s, const FuseCombine *fz = nullptr);
 
+/* slc_mt.cu: selected attention with 4 tokens per CTA sharing block fetches
+ * (G = 16, l_s <= 64, n <= 32, Dqk <= 192, Dv <= 128, aligned K/V: slc_mt_ok). */
+bool slc_mt_ok(const Geom &g, int dqkp, int dvp, View k, View v);
+cudaError_t slc_mt(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
+                   cudaStream_t s);
+
 /* slc_tc.cu: group-centric selected attention, f16 / bf16. */
 cudaError_t slc_tc(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
                    cudaStream_t s);

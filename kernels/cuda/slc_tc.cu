@@ -113,15 +113,22 @@ __global__ void __launch_bounds__(SLC_THREADS)
             for (int j = 0; j < 2; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
             warp_qk<T, DQK, 2, SQ, QREG>(s, qf, sQ, sK + buf * KB * SQ, 16 * warp, lane);
             float mx[2] = {-INFINITY, -INFINITY};
+            if (16 * warp + 16 <= cnt) { /* the warp's 16 keys all present */
 #pragma unroll
-            for (int j = 0; j < 2; j++)
+                for (int j = 0; j < 2; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = 16 * warp + j * 8 + 2 * (lane & 3) + (e & 1);
-                    const float x = key < cnt ? s[j][e] : -INFINITY;
-                    s[j][e] = x;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                }
+                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = 16 * warp + j * 8 + 2 * (lane & 3) + (e & 1);
+                        const float x = key < cnt ? s[j][e] : -INFINITY;
+                        s[j][e] = x;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                    }
+            }
             warp_softmax_step(s, mx, m, ls, oacc, sl);
             warp_pv<T, DV, 1, SV>(oacc, s, sV + buf * KB * SV, 16 * warp, lane);
         }

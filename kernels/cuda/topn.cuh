@@ -46,9 +46,10 @@ NSA_DEV void warp_select_row(const Geom &g, const float *row, int64_t tl, int *d
         for (int64_t b = lane; b < g.n; b += 32) dst[b] = b < E ? (int)b : -1;
         return;
     }
-    auto key = [&](int64_t j) {
-        return rank_key(row[j], j, nsa_slc_forced(j, tl, g.ls, g.n_init, g.n_local) != 0);
-    };
+    /* forced test with cur hoisted: nsa_slc_forced divides t / l_s on every
+     * call, which was a third of this function's instructions (v4) */
+    const int64_t ninit = g.n_init, lo_local = cur - g.n_local;
+    auto key = [&](int64_t j) { return rank_key(row[j], j, j < ninit || (j <= cur && j > lo_local)); };
     uint64_t prev = ~0ull;
     if (E <= 32 * 32) {
         /* keys in registers (slots u < ceil(E / 32) used; the rest stay 0,
