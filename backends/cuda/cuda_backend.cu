@@ -62,6 +62,7 @@ struct CudaCtx {
     bool fuse_combine;   /* NSA_CUDA_FUSE_COMBINE (default 1): COMBINE in the window epilogue */
     int attn_var;        /* NSA_CUDA_ATTN_VAR: attn_tc tile variant (attn_tc.cu AttnCfg) */
     bool slc_mt;         /* NSA_CUDA_SLC=mt: slc_mt where it applies (default: slc_tc, see slc_mt.cu) */
+    bool scores_lean;    /* NSA_CUDA_SCORES_LEAN (default 1): scores_tc's LEAN kernels for G = 16 */
     int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
@@ -162,6 +163,8 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->attn_var = av && strcmp(av, "0") == 0 ? 0 : 1; /* 1 measured faster (NOTES.md, call 7) */
     const char *sv = getenv("NSA_CUDA_SLC");
     c->slc_mt = sv && strcmp(sv, "mt") == 0;
+    const char *sle = getenv("NSA_CUDA_SCORES_LEAN");
+    c->scores_lean = !(sle && strcmp(sle, "0") == 0);
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
@@ -522,6 +525,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     g.v3 = c->v3 ? 1 : 0;
     g.smem_optin = c->smem_optin;
     g.attn_var = c->attn_var;
+    g.scores_lean = c->scores_lean ? 1 : 0;
     const cudaStream_t s = c->stream;
     const View none = {NULL, 0, 0};
     cudaError_t e = cudaSuccess;

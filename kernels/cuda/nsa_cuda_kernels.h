@@ -35,6 +35,7 @@ struct Geom {
     int v3;    /* 1: v3 kernels (NSA_CUDA_V3, default), 0: the v2.2 versions */
     int64_t smem_optin; /* usable dynamic shared memory per block (device opt-in less a margin) */
     int attn_var;       /* attn_tc tile variant for Dv <= 128 (NSA_CUDA_ATTN_VAR, default 1; attn_tc.cu AttnCfg) */
+    int scores_lean;    /* scores_tc LEAN kernels for G = 16 (NSA_CUDA_SCORES_LEAN, default 1) */
     const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
 };
 

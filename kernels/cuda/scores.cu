@@ -85,8 +85,13 @@ template <int DQK> struct ScBn {
 /* FUSED (v3, SCORES_TOPN): the score rows stay in shared memory (accw > 0 is
  * required) and each warp then ranks one token's row (warp_select_row, the
  * same keys as topn_kernel) and writes its n indices; sc is not touched. */
-template <typename T, int DQK, bool FUSED>
-__global__ void __launch_bounds__(TC_THREADS, 1)
+/* LEAN (v4, G = 16 with the v3 loop, the host decides): only the one-token-
+ * per-warp path is compiled, the probability tile sP is dropped and sC holds
+ * 8 rows, Q fragments are re-read from shared memory, and registers are
+ * capped at 128 so that two CTAs (16 warps) fit per SM where the score rows
+ * are small enough. */
+template <typename T, int DQK, bool FUSED, bool LEAN>
+__global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
     scores_tc_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                      const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec,
                      const float *lse, int64_t lst, int64_t lsh, float *sc, int64_t sst, int64_t ssh, int accw,
@@ -94,13 +99,13 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
 {
     constexpr int BM = TC_BM, NT = TC_THREADS, BN = ScBn<DQK>::value;
     constexpr int SQ = DQK + 8, SP = BN + 4;
-    constexpr bool QREG = DQK <= 192;
+    constexpr bool QREG = !LEAN && DQK <= 192;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = (T *)smem_raw;
     T *sK = sQ + BM * SQ;                    /* [2][BN][SQ] keys */
-    float *sP = (float *)(sK + 2 * BN * SQ); /* [BM][SP] probabilities */
-    float *sC = sP + BM * SP;                 /* [tokens][BN] group sums */
-    float *sAcc = sC + BM * BN;               /* [tokens][accw] score rows (accw > 0) */
+    float *sP = (float *)(sK + 2 * BN * SQ); /* [BM][SP] probabilities (not LEAN) */
+    float *sC = sP + (LEAN ? 0 : BM * SP);    /* [tokens][BN] group sums */
+    float *sAcc = sC + (LEAN ? BM / 16 : BM) * BN; /* [tokens][accw] score rows (accw > 0) */
     __shared__ int64_t sNc[TC_BM];            /* nc(t) of the tile's tokens */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -137,7 +142,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     }
 
     for (int tok = tid; tok < c.ntok; tok += NT) sNc[tok] = nsa_cmp_visible(c.tl0 + tok, g.l, g.d);
-    const bool g16 = c.hca == 16; /* one token per warp */
+    const bool g16 = LEAN || c.hca == 16; /* one token per warp */
     int64_t hi[2];
     float lse2[2];
     int64_t wmaxhi = INT64_MIN, wminhi = INT64_MAX;
@@ -161,7 +166,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     /* v3 with G = 16: every token's score row is owned by its warp (group sum
      * by shuffles, overlap map by the warp's lanes), so one barrier per K
      * tile suffices (the double buffer) and warps overlap their phases */
-    const bool wown = g.v3 && g16;
+    const bool wown = LEAN || (g.v3 && g16);
 
     /* v4: the overlap map as a table. When BN * d is a multiple of l_s, every
      * K tile starts on a selection-block boundary (ks * d = jlo * l_s), so
@@ -341,10 +346,12 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
 
 /* Shared memory of scores_tc_kernel without the score rows, and the rows'
  * bytes; the rows live in shared memory when they fit beside the tiles. */
-static size_t scores_smem_base(int dqkp)
+static size_t scores_smem_base(int dqkp, bool lean = false)
 {
     const int BN = dqkp > 128 ? 32 : 64; /* ScBn */
-    return 2 * (size_t)(TC_BM * (dqkp + 8) + 2 * BN * (dqkp + 8)) + sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
+    const size_t tiles = 2 * (size_t)(TC_BM * (dqkp + 8) + 2 * BN * (dqkp + 8));
+    if (lean) return tiles + sizeof(float) * (size_t)(TC_BM / 16 * BN);
+    return tiles + sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
 }
 static bool rows_fit(size_t base, size_t acc) { return acc <= 64 * 1024 && base + acc <= 220 * 1024; }
 
@@ -362,7 +369,8 @@ static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc
                                  MView idx, cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
-    size_t smem = scores_smem_base(DQK);
+    const bool lean = g.scores_lean && g.G == 16 && g.v3 && tl.nchunk == 1 && tl.qt == TC_BM / 16;
+    size_t smem = scores_smem_base(DQK, lean);
     /* score rows in shared memory when they fit beside the tiles */
     const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
     int accw = 0;
@@ -373,7 +381,8 @@ static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc
     if (!rs32_ok(kc.st, ScBn<DQK>::value)) return cudaErrorInvalidValue;
     const bool fused = idx.p != nullptr;
     if (fused && accw == 0) return cudaErrorInvalidConfiguration; /* the backend checks scores_topn_fits first */
-    auto kern = fused ? scores_tc_kernel<T, DQK, true> : scores_tc_kernel<T, DQK, false>;
+    auto kern = fused ? (lean ? scores_tc_kernel<T, DQK, true, true> : scores_tc_kernel<T, DQK, true, false>)
+                      : (lean ? scores_tc_kernel<T, DQK, false, true> : scores_tc_kernel<T, DQK, false, false>);
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
