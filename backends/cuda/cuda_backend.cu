@@ -61,7 +61,7 @@ struct CudaCtx {
     bool v3;             /* NSA_CUDA_V3 (default 1): fused SCORES_TOPN */
     bool fuse_combine;   /* NSA_CUDA_FUSE_COMBINE (default 1): COMBINE in the window epilogue */
     int attn_var;        /* NSA_CUDA_ATTN_VAR: attn_tc tile variant (attn_tc.cu AttnCfg) */
-    bool slc_mt;         /* NSA_CUDA_SLC=mt: slc_mt where it applies (default: slc_tc, see slc_mt.cu) */
+    int slc_kernel;      /* NSA_CUDA_SLC: 0 auto (slc_mt for Dqk' = 192), 1 tc, 2 mt (slc_mt.cu says why) */
     bool scores_lean;    /* NSA_CUDA_SCORES_LEAN (default 1): scores_tc's LEAN kernels for G = 16 */
     int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
@@ -162,7 +162,7 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     const char *av = getenv("NSA_CUDA_ATTN_VAR");
     c->attn_var = av && strcmp(av, "0") == 0 ? 0 : 1; /* 1 measured faster (NOTES.md, call 7) */
     const char *sv = getenv("NSA_CUDA_SLC");
-    c->slc_mt = sv && strcmp(sv, "mt") == 0;
+    c->slc_kernel = !sv ? 0 : strcmp(sv, "tc") == 0 ? 1 : strcmp(sv, "mt") == 0 ? 2 : 0;
     const char *sle = getenv("NSA_CUDA_SCORES_LEAN");
     c->scores_lean = !(sle && strcmp(sle, "0") == 0);
     int optin = 0;
@@ -623,7 +623,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->v[NSA_BRANCH_SLC], "v[slc]");
         NEED(a->indices, "indices");
         NEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
-        if (fast && c->slc_mt &&
+        if (fast && (c->slc_kernel == 2 || (c->slc_kernel == 0 && p->dqkp == 192)) &&
             slc_mt_ok(g, p->dqkp, p->dvp, view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC])))
             e = slc_mt(g, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC]),
                        view(a->indices), mview(a->o_b[NSA_BRANCH_SLC]), mview(a->lse[NSA_BRANCH_SLC]), s);

@@ -31,9 +31,10 @@
  *              stage barrier, and two 4-warp CTAs per SM leave too little work
  *              in flight; the 14 % fewer bytes do not pay for that.
  *   Dqk = 192: 28.5 ms against 30.0 (one CTA per SM either way).
- * So it is opt-in (NSA_CUDA_SLC=mt), kept for inputs whose neighbouring
- * tokens select the same blocks (not measured yet) and as the base for a
- * version that splits each block's keys across the selecting warps.
+ * So the backend uses it for padded Dqk = 192 only (NSA_CUDA_SLC=tc / mt
+ * force either kernel everywhere it applies). It is also the kernel for inputs
+ * whose neighbouring tokens select the same blocks (not measured yet), and the
+ * base for a version that splits each block's keys across the selecting warps.
  */
 #include "tile_qk.cuh"
 
