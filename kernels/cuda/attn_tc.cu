@@ -113,10 +113,8 @@ __global__ void __launch_bounds__(TC_THREADS, AttnCfg<DQK, VAR>::MINB)
     q_frags<SQ, QREG>(qf, sQw, lane);
 
     const float sl = g.scale * NSA_LOG2E;
-    float oacc[DV / 8][4];
-#pragma unroll
-    for (int j = 0; j < DV / 8; j++) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
+    float oacc[DV / 8][4], m[2], ls[2];
+    warp_state_init(oacc, m, ls);
 
     for (int64_t kt = 0; kt < nkt; kt++) {
         if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
@@ -134,10 +132,7 @@ __global__ void __launch_bounds__(TC_THREADS, AttnCfg<DQK, VAR>::MINB)
             const bool full = ks >= wmaxlo && ks + BN - 1 <= wminhi;
             float mx[2] = {-INFINITY, -INFINITY};
             if (full) { /* most tiles: no key of the tile is masked for any row */
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+                warp_rows_max(s, mx);
             } else {
                 /* the rows' ranges relative to the tile, clamped into int */
                 int rlo[2], rhi[2];
@@ -162,16 +157,22 @@ __global__ void __launch_bounds__(TC_THREADS, AttnCfg<DQK, VAR>::MINB)
         __syncthreads();
     }
 
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
-        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
+    /* row i of this thread: r = warp*16 + lane/4 + 8i -> (token, head) */
+    auto row_th = [&](int i, int64_t &t, int64_t &h) {
         const int r = warp * 16 + (lane >> 2) + 8 * i;
-        if (r >= c.nrows) continue;
-        const int64_t t = c.t0 + r / c.hca, h = c.h0 + r % c.hca;
-        const float inv = ls[i] > 0.f ? 1.0f / ls[i] : 0.f;
-        if (MODE == 2 && fz.out.p) {
-            /* fused COMBINE: the combine kernel's sum, term by term */
+        t = c.t0 + r / c.hca;
+        h = c.h0 + r % c.hca;
+        return r < c.nrows;
+    };
+    if (MODE == 2 && fz.out.p) {
+        /* fused COMBINE: the combine kernel's sum, term by term */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
+            ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
+            int64_t t, h;
+            if (!row_th(i, t, h)) continue;
+            const float inv = ls[i] > 0.f ? 1.0f / ls[i] : 0.f;
             const float *oc = (const float *)fz.ob[0].p, *os = (const float *)fz.ob[1].p;
             const float gc = oc ? ((const float *)fz.gate[0].p)[t * fz.gate[0].st + h * fz.gate[0].sh] : 0.f;
             const float gs = os ? ((const float *)fz.gate[1].p)[t * fz.gate[1].st + h * fz.gate[1].sh] : 0.f;
@@ -192,17 +193,20 @@ __global__ void __launch_bounds__(TC_THREADS, AttnCfg<DQK, VAR>::MINB)
                     orow[col + u] = from_f<T>(acc);
                 }
             }
-        } else {
-            float *orow = o + t * ost + h * osh;
-#pragma unroll
-            for (int j = 0; j < DV / 8; j++) {
-                const int col = j * 8 + 2 * (lane & 3);
-                if (col < g.Dv) orow[col] = oacc[j][2 * i] * inv;
-                if (col + 1 < g.Dv) orow[col + 1] = oacc[j][2 * i + 1] * inv;
-            }
+            if (lse && (lane & 3) == 0)
+                lse[t * lst + h * lsh] = ls[i] > 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
         }
-        if (lse && (lane & 3) == 0)
-            lse[t * lst + h * lsh] = ls[i] > 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
+    } else {
+        warp_store_rows(
+            oacc, m, ls, g.Dv, lane,
+            [&](int i) {
+                int64_t t, h;
+                return row_th(i, t, h) ? o + t * ost + h * osh : (float *)nullptr;
+            },
+            [&](int i) {
+                int64_t t, h;
+                return lse && row_th(i, t, h) ? lse + t * lst + h * lsh : (float *)nullptr;
+            });
     }
 }
 

@@ -137,10 +137,8 @@ __global__ void __launch_bounds__(SMT_THREADS)
     uint32_t qf[QREG ? DQK / 16 : 1][4];
     q_frags<SQ, QREG>(qf, sQw, lane);
     const float sl = g.scale * NSA_LOG2E;
-    float oacc[DV / 8][4];
-#pragma unroll
-    for (int j = 0; j < DV / 8; j++) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
+    float oacc[DV / 8][4], m[2], ls[2];
+    warp_state_init(oacc, m, ls);
 
     for (int u = 0; u < nu; u++) {
         if (u + 1 < nu) load_kv(u + 1, (u + 1) & 1);
@@ -156,10 +154,7 @@ __global__ void __launch_bounds__(SMT_THREADS)
             warp_qk<T, DQK, KB / 8, SQ, QREG>(s, qf, sQw, sK + buf * KB * SQ, 0, lane);
             float mx[2] = {-INFINITY, -INFINITY};
             if (vis >= KB) {
-#pragma unroll
-                for (int j = 0; j < KB / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+                warp_rows_max(s, mx);
             } else {
 #pragma unroll
                 for (int j = 0; j < KB / 8; j++)
@@ -179,22 +174,9 @@ __global__ void __launch_bounds__(SMT_THREADS)
     cp_async_wait<0>();
 
     if (t >= g.T) return;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
-        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
-        const int64_t h = h0 + (lane >> 2) + 8 * i;
-        const float inv = ls[i] > 0.f ? 1.0f / ls[i] : 0.f;
-        float *orow = o + t * ost + h * osh;
-#pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-            const int col = j * 8 + 2 * (lane & 3);
-            if (col < g.Dv) orow[col] = oacc[j][2 * i] * inv;
-            if (col + 1 < g.Dv) orow[col + 1] = oacc[j][2 * i + 1] * inv;
-        }
-        if (lse && (lane & 3) == 0)
-            lse[t * lst + h * lsh] = ls[i] > 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
-    }
+    warp_store_rows(
+        oacc, m, ls, g.Dv, lane, [&](int i) { return o + t * ost + (h0 + (lane >> 2) + 8 * i) * osh; },
+        [&](int i) { return lse ? lse + t * lst + (h0 + (lane >> 2) + 8 * i) * lsh : (float *)nullptr; });
 }
 
 size_t slc_mt_smem(int dqkp, int dvp)

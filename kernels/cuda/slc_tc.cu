@@ -96,10 +96,8 @@ __global__ void __launch_bounds__(SLC_THREADS)
     uint32_t qf[QREG ? DQK / 16 : 1][4];
     q_frags<SQ, QREG>(qf, sQ, lane);
     const float sl = g.scale * NSA_LOG2E;
-    float oacc[DV / 8][4];
-#pragma unroll
-    for (int j = 0; j < DV / 8; j++) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
+    float oacc[DV / 8][4], m[2], ls[2];
+    warp_state_init(oacc, m, ls);
 
     for (int st = 0; st < nsub; st++) {
         if (st + 1 < nsub) load_kv(st + 1, (st + 1) & 1);
@@ -114,10 +112,7 @@ __global__ void __launch_bounds__(SLC_THREADS)
             warp_qk<T, DQK, 2, SQ, QREG>(s, qf, sQ, sK + buf * KB * SQ, 16 * warp, lane);
             float mx[2] = {-INFINITY, -INFINITY};
             if (16 * warp + 16 <= cnt) { /* the warp's 16 keys all present */
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+                warp_rows_max(s, mx);
             } else {
 #pragma unroll
                 for (int j = 0; j < 2; j++)

@@ -158,6 +158,50 @@ inline bool vec_ok(const void *p, int64_t st, int64_t sh, int64_t D)
     return ((uintptr_t)p % 16) == 0 && st % 8 == 0 && sh % 8 == 0 && D % 8 == 0;
 }
 
+/* A warp's softmax state for its 16 rows: output accumulator (Dv/8 column
+ * groups), reference maxima and row sums (rows lane/4 and lane/4 + 8). */
+template <int NO> NSA_DEV void warp_state_init(float (&oacc)[NO][4], float (&m)[2], float (&ls)[2])
+{
+#pragma unroll
+    for (int j = 0; j < NO; j++) oacc[j][0] = oacc[j][1] = oacc[j][2] = oacc[j][3] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    ls[0] = ls[1] = 0.f;
+}
+
+/* Per-row maxima of an unmasked S fragment (this thread's columns). */
+template <int NJ> NSA_DEV void warp_rows_max(const float (&s)[NJ][4], float (&mx)[2])
+{
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+}
+
+/* Completes the row sums over the quad (the 4 lanes of a row) and stores row
+ * i's normalised output (fp32, the first dv columns) at orow(i) and its LSE
+ * (natural log) at lsep(i) when that is not NULL; orow(i) == NULL skips row i. */
+template <int NO, typename RowFn, typename LseFn>
+NSA_DEV void warp_store_rows(const float (&oacc)[NO][4], const float (&m)[2], float (&ls)[2], int64_t dv, int lane,
+                             RowFn orow, LseFn lsep)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
+        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
+        float *row = orow(i);
+        if (!row) continue;
+        const float inv = ls[i] > 0.f ? 1.0f / ls[i] : 0.f;
+#pragma unroll
+        for (int j = 0; j < NO; j++) {
+            const int col = j * 8 + 2 * (lane & 3);
+            if (col < dv) row[col] = oacc[j][2 * i] * inv;
+            if (col + 1 < dv) row[col + 1] = oacc[j][2 * i + 1] * inv;
+        }
+        float *lp = lsep(i);
+        if (lp && (lane & 3) == 0) *lp = ls[i] > 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
+    }
+}
+
 /* One online-softmax step for a warp's 16-row MMA fragment (rows lane/4 and
  * lane/4 + 8). s: the NJ 8-key column groups of masked raw logits q.k (-inf
  * for masked keys); mx: their per-row maxima over this thread's columns; sl:
