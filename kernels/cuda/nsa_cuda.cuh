@@ -66,36 +66,28 @@ NSA_DEV float warp_sum(float v)
 
 template <typename T> struct Mma;
 
-template <> struct Mma<__nv_bfloat16> {
-    static NSA_DEV void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    /* lo goes to the lower 16 bits (the lower column index) */
-    static NSA_DEV uint32_t pack(float lo, float hi)
-    {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&v);
-    }
-};
-
-template <> struct Mma<__half> {
-    static NSA_DEV void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static NSA_DEV uint32_t pack(float lo, float hi)
-    {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&v);
-    }
-};
+/* Mma<T> for a 16-bit type: run() is one mma.sync m16n8k16 (fp32 accumulate),
+ * pack() puts two floats into one register, lo in the lower 16 bits (the lower
+ * column index). The two types differ only in the PTX type name and the pair
+ * conversion, hence one definition for both. */
+#define NSA_MMA_16BIT(T, PTX_T, PAIR_T, CVT_PAIR)                                                               \
+    template <> struct Mma<T> {                                                                                  \
+        static NSA_DEV void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)                       \
+        {                                                                                                        \
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_T "." PTX_T ".f32 "                       \
+                         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                              \
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                        \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                        \
+        }                                                                                                        \
+        static NSA_DEV uint32_t pack(float lo, float hi)                                                         \
+        {                                                                                                        \
+            PAIR_T v = CVT_PAIR(lo, hi);                                                                         \
+            return *reinterpret_cast<uint32_t *>(&v);                                                            \
+        }                                                                                                        \
+    };
+NSA_MMA_16BIT(__nv_bfloat16, "bf16", __nv_bfloat162, __floats2bfloat162_rn)
+NSA_MMA_16BIT(__half, "f16", __half2, __floats2half2_rn)
+#undef NSA_MMA_16BIT
 
 NSA_DEV uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
