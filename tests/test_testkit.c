@@ -247,6 +247,46 @@ START_TEST(corpus_invariants)
 }
 END_TEST
 
+/* The oracle's rounding (its own code) and the library's nsa_convert must agree
+ * on every float: f16 and bf16 normals, subnormals, exact ties (both ways) and
+ * overflow. A disagreement would make the oracle's compressed keys differ from
+ * every backend's. */
+START_TEST(oracle_rounding_matches_library)
+{
+    enum { N = 1 << 16 };
+    static float x[N + 64];
+    int n = 0;
+    const float special[] = {0.f, -0.f, 1.f, -1.f, 65504.f, 65519.99f, 65520.f, -65520.f, 6.0e-8f, 2.98e-8f,
+                             2.9802322e-8f, 5.9604645e-8f, 1.0009765625f, 1.00048828125f, 1.001953125f,
+                             3.3895313892515355e38f, 3.4028235e38f, 1.1754944e-38f, 9.18e-41f, 1e-45f};
+    for (unsigned i = 0; i < sizeof special / sizeof special[0]; ++i) x[n++] = special[i];
+    for (int i = 0; i < N; ++i) {
+        uint32_t bits = (uint32_t)nsa_random_u64(7, 11, (uint64_t)i);
+        if (i % 4 == 0) bits = (bits & 0xffff0000u) | 0x8000u;          /* a bf16 tie */
+        if (i % 4 == 1) bits = (bits & 0x8fffe000u) | 0x38001000u;      /* an f16-range tie */
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        if (isnan(f)) continue;
+        x[n++] = f;
+    }
+    const nsa_dtype dts[2] = {NSA_DTYPE_F16, NSA_DTYPE_BF16};
+    static uint16_t h[N + 64];
+    static float back[N + 64];
+    for (int d = 0; d < 2; ++d) {
+        ck_assert_int_eq(nsa_convert(x, NSA_DTYPE_F32, h, dts[d], n), NSA_SUCCESS);
+        ck_assert_int_eq(nsa_convert(h, dts[d], back, NSA_DTYPE_F32, n), NSA_SUCCESS);
+        for (int i = 0; i < n; ++i) {
+            double want = tk_round_to_dtype((double)x[i], dts[d]);
+            uint32_t xb;
+            memcpy(&xb, &x[i], sizeof xb);
+            ck_assert_msg(want == (double)back[i] && !signbit(want) == !signbit(back[i]),
+                          "%s: x = %.9g (0x%08x): oracle %.9g, nsa_convert %.9g",
+                          dts[d] == NSA_DTYPE_F16 ? "f16" : "bf16", x[i], (unsigned)xb, want, (double)back[i]);
+        }
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("testkit");
@@ -256,6 +296,7 @@ int main(void)
     tcase_add_test(tc, compare_rejects_wrong_selection);
     tcase_add_test(tc, compare_accepts_exact_ties);
     tcase_add_test(tc, corpus_invariants);
+    tcase_add_test(tc, oracle_rounding_matches_library);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

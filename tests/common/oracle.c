@@ -85,7 +85,7 @@ static double attend(const float *qv, int64_t D, int64_t Dv, double scale, const
  * library: p significand bits (implicit bit included), smallest normal exponent
  * emin, largest finite value max. Beyond max (after rounding) the value overflows
  * to infinity, as IEEE round-to-nearest does. */
-static double round_to_dtype(double x, nsa_dtype dtype)
+double tk_round_to_dtype(double x, nsa_dtype dtype)
 {
     int p, emin;
     double max;
@@ -146,7 +146,7 @@ static void compress_sequence(const tk_case *c, const tk_inputs *in, int64_t seq
                 }
                 if (g->compress == NSA_COMPRESS_MEAN)
                     for (int64_t x = 0; x < D; ++x) row[x] /= (double)l;
-                for (int64_t x = 0; x < D; ++x) row[x] = round_to_dtype(row[x], g->dtype);
+                for (int64_t x = 0; x < D; ++x) row[x] = tk_round_to_dtype(row[x], g->dtype);
             }
         }
     }

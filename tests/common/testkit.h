@@ -149,6 +149,11 @@ typedef struct tk_oracle {
                             ineligible j; NULL when n = 0 */
 } tk_oracle;
 
+/* x rounded once to the nearest value of dtype (ties to even; overflow to inf),
+ * as a double: how the oracle stores MEAN/LINEAR kc/vc (semantics 7). Written
+ * from the formats' parameters, independent of the library's conversions. */
+double tk_round_to_dtype(double x, nsa_dtype dtype);
+
 /* Computes the reference in fp64 from the (rounded) inputs. indices: NULL for
  * the top-n selection, or [T, Hkv, n] block indices to use instead (fixed-indices
  * mode; they are copied to sel). When c->fixed_indices is set the caller passes
