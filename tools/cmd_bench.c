@@ -27,6 +27,7 @@
 #include "cmds.h"
 #include "config_flags.h"
 #include "nsa.h"
+#include "peaks.h"
 #include "problem.h"
 #include "testkit.h"
 #include "tool.h"
@@ -55,8 +56,9 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "TFLOP/s: 2 * (Dqk + Dv) per visible (query head, key) pair of the three\n"
             "  branches, counted from the actual selection (see nsa run --help).\n"
             "GB/s: compulsory bytes (every input tensor read once, every output written\n"
-            "  once) / time. With --peak-tflops / --peak-gbps the %% of peak is shown\n"
-            "  (n/a otherwise).\n"
+            "  once) / time. %%peak: against --peak-tflops / --peak-gbps, else the\n"
+            "  device's published dense peak for the dtype from a built-in table of\n"
+            "  common GPUs (tools/peaks.c; n/a for other devices).\n"
             "branches: there is no per-stage timer in the API, so the forward is also timed\n"
             "  with n = 0 (no selection), w = 0 (no window) and both (cmp only), and\n"
             "  slc = full - (n=0), win = full - (w=0), cmp = (n=0,w=0) are estimates by\n"
@@ -199,6 +201,27 @@ int cmd_bench(int argc, char **argv)
     if (warmup < 0)
         warmup = tool_on_cpu(ctx) ? 0 : 2;
 
+    /* peaks the flags leave unset come from the built-in table (tools/peaks.c) */
+    const char *peak_src = NULL;
+    {
+        tk_case c0;
+        int64_t lens0[TK_MAX_BATCH];
+        double tf = 0, gb = 0;
+        for (int64_t b = 0; b < batch; b++)
+            lens0[b] = Ts[0];
+        if (config_flags_case(CMD, &cf, lens0, batch, &c0) != 0) {
+            nsa_context_destroy(ctx);
+            return TOOL_EXIT_USAGE;
+        }
+        if ((peak_tflops <= 0 || peak_gbps <= 0) &&
+            tool_known_peak(nsa_context_device(ctx), c0.cfg.dtype, &tf, &gb, &peak_src)) {
+            if (peak_tflops <= 0)
+                peak_tflops = tf;
+            if (peak_gbps <= 0)
+                peak_gbps = gb;
+        }
+    }
+
     if (json) {
         printf("{\"command\": \"bench\", \"version\": ");
         json_str(stdout, nsa_version_string());
@@ -211,6 +234,11 @@ int cmd_bench(int argc, char **argv)
         json_num(stdout, peak_tflops > 0 ? peak_tflops : NAN);
         printf(", \"peak_gbps\": ");
         json_num(stdout, peak_gbps > 0 ? peak_gbps : NAN);
+        printf(", \"peak_table_entry\": ");
+        if (peak_src)
+            json_str(stdout, peak_src);
+        else
+            printf("null");
         printf(", \"results\": [");
     } else {
         char desc[512];
@@ -225,6 +253,12 @@ int cmd_bench(int argc, char **argv)
         printf("backend: %s, device: %s (libnsa %s); median of %lld after %lld warm-up\n", bname,
                nsa_context_device(ctx), nsa_version_string(), (long long)iters, (long long)warmup);
         printf("config:  %s (T swept)\n", tk_case_describe(&c0, desc, sizeof desc));
+        if (peak_tflops > 0 || peak_gbps > 0)
+            printf("peak:    %.4g TFLOP/s, %.4g GB/s (%s)\n", peak_tflops, peak_gbps,
+                   peak_src ? "published dense figures for this GPU, tools/peaks.c; --peak-* override"
+                            : "--peak-tflops / --peak-gbps");
+        else
+            printf("peak:    unknown for this device (--peak-tflops / --peak-gbps give %%peak)\n");
         printf("%8s %10s %9s %7s %9s %7s %9s %9s %9s %10s %10s %8s\n", "T", "nsa ms", "TFLOP/s",
                "%peak", "GB/s", "%peak", "cmp ms", "slc ms", "win ms", "dense ms", "dense raw", "speedup");
     }
