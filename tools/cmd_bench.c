@@ -201,18 +201,21 @@ int cmd_bench(int argc, char **argv)
     if (warmup < 0)
         warmup = tool_on_cpu(ctx) ? 0 : 2;
 
-    /* peaks the flags leave unset come from the built-in table (tools/peaks.c) */
-    const char *peak_src = NULL;
+    /* the first case of the sweep: its dtype picks the peak, the header describes it */
+    tk_case c0;
     {
-        tk_case c0;
         int64_t lens0[TK_MAX_BATCH];
-        double tf = 0, gb = 0;
         for (int64_t b = 0; b < batch; b++)
             lens0[b] = Ts[0];
         if (config_flags_case(CMD, &cf, lens0, batch, &c0) != 0) {
             nsa_context_destroy(ctx);
             return TOOL_EXIT_USAGE;
         }
+    }
+    /* peaks the flags leave unset come from the built-in table (tools/peaks.c) */
+    const char *peak_src = NULL;
+    {
+        double tf = 0, gb = 0;
         if ((peak_tflops <= 0 || peak_gbps <= 0) &&
             tool_known_peak(nsa_context_device(ctx), c0.cfg.dtype, &tf, &gb, &peak_src)) {
             if (peak_tflops <= 0)
@@ -242,14 +245,6 @@ int cmd_bench(int argc, char **argv)
         printf(", \"results\": [");
     } else {
         char desc[512];
-        tk_case c0;
-        int64_t lens[TK_MAX_BATCH];
-        for (int64_t b = 0; b < batch; b++)
-            lens[b] = Ts[0];
-        if (config_flags_case(CMD, &cf, lens, batch, &c0) != 0) {
-            nsa_context_destroy(ctx);
-            return TOOL_EXIT_USAGE;
-        }
         printf("backend: %s, device: %s (libnsa %s); median of %lld after %lld warm-up\n", bname,
                nsa_context_device(ctx), nsa_version_string(), (long long)iters, (long long)warmup);
         printf("config:  %s (T swept)\n", tk_case_describe(&c0, desc, sizeof desc));

@@ -155,16 +155,17 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->device = device;
     const char *k = getenv("NSA_CUDA_KERNELS");
     c->force_ref = k && strcmp(k, "ref") == 0;
-    const char *v3 = getenv("NSA_CUDA_V3");
-    c->v3 = !(v3 && strcmp(v3, "0") == 0);
-    const char *fc = getenv("NSA_CUDA_FUSE_COMBINE");
-    c->fuse_combine = !(fc && strcmp(fc, "0") == 0);
-    const char *av = getenv("NSA_CUDA_ATTN_VAR");
-    c->attn_var = av && strcmp(av, "0") == 0 ? 0 : 1; /* 1 measured faster (NOTES.md, call 7) */
+    /* kernel switches: each is on unless its variable is "0" (NOTES.md, v4) */
+    auto on = [](const char *name) {
+        const char *e = getenv(name);
+        return !(e && strcmp(e, "0") == 0);
+    };
+    c->v3 = on("NSA_CUDA_V3");
+    c->fuse_combine = on("NSA_CUDA_FUSE_COMBINE");
+    c->attn_var = on("NSA_CUDA_ATTN_VAR") ? 1 : 0;
+    c->scores_lean = on("NSA_CUDA_SCORES_LEAN");
     const char *sv = getenv("NSA_CUDA_SLC");
     c->slc_kernel = !sv ? 0 : strcmp(sv, "tc") == 0 ? 1 : strcmp(sv, "mt") == 0 ? 2 : 0;
-    const char *sle = getenv("NSA_CUDA_SCORES_LEAN");
-    c->scores_lean = !(sle && strcmp(sle, "0") == 0);
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
