@@ -1,11 +1,12 @@
 #!/bin/bash
-# One device call for the CUDA backend: build (sm_90 + OpenCL), per-stage profile,
+# One device call for the CUDA backend: build (sm_90a + OpenCL), per-stage profile,
 # parity (full corpus, then the small corpus under each kernel switch), checks at
 # real sizes against the cpu backend, determinism across processes, sanitizers,
 # NVIDIA OpenCL parity, and the T sweep beside PyTorch's cuDNN attention.
 # Run from the repository root on the GPU machine:
 #   bash backends/cuda/device_check.sh [step,step,...]
-# steps (default all): profile parity variants check det sanitize opencl bench sdpa
+# steps (default all): profile parity variants check det sanitize opencl bench sdpa; prof2 (not in
+# the default) profiles T = 64k under the wgmma switches
 # Needs: .debs (libcheck/libsubunit/libclblast .deb files, unpacked with dpkg -x;
 # the machine has no internet) and, for sdpa, .bench/sdpa_baseline.py (a copy of
 # ../shared/bench/sdpa_baseline.py, not part of the project). Logs go to $OUT (or
@@ -28,7 +29,7 @@ B=build-dev
 NSA=$B/tools/nsa
 export NSA_BACKEND_PATH=$PWD/$B/backends/cuda:$PWD/$B/backends/opencl NSA_CACHE_DIR=$PWD/$B/nsa-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee -a "$SUM"
-{ [ -f $B/build.ninja ] || meson setup $B -Dnvcc_archs=90 -Dhip=disabled -Dopencl=enabled -Dcuda=enabled
+{ [ -f $B/build.ninja ] || meson setup $B -Dnvcc_archs=90a -Dhip=disabled -Dopencl=enabled -Dcuda=enabled
   ninja -C $B -j16; } > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 note "[$(el)] build ok"
 
@@ -39,6 +40,13 @@ if has profile; then
     note "[$(el)] profile Dqk=$dqk T=$T: $(grep 'nsa-cuda profile' /tmp/prof.tmp | tail -1)"
   done; done
 fi
+if has prof2; then # T = 64k under the wgmma switches (the default is profiled above)
+  for v in NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=cmp NSA_CUDA_WGMMA=scores NSA_CUDA_WG_BN=128; do for dqk in 128 192; do
+    env $v NSA_CUDA_PROFILE=1 timeout 60 $NSA run --backend cuda --T 65536 --dqk $dqk --dv 128 --iters 3 --warmup 1 \
+      --check-tokens 0 > /tmp/prof.tmp 2>&1
+    note "[$(el)] profile $v Dqk=$dqk T=65536: $(grep 'nsa-cuda profile' /tmp/prof.tmp | tail -1)"
+  done; done
+fi
 if has parity; then
   timeout 200 $B/tests/test_oracle cuda > "$OUT/parity.log" 2>&1
   note "[$(el)] parity-cuda full corpus rc=$?"
@@ -46,7 +54,7 @@ if has parity; then
 fi
 if has variants; then
   for v in ${VARIANTS:-NSA_CUDA_SCORES_LEAN=0 NSA_CUDA_V3=0 NSA_CUDA_ATTN_VAR=0 NSA_CUDA_FUSE_COMBINE=0 \
-           NSA_CUDA_SLC=mt NSA_CUDA_SLC=tc NSA_CUDA_KERNELS=ref}; do
+           NSA_CUDA_SLC=mt NSA_CUDA_SLC=tc NSA_CUDA_WGMMA=0 NSA_CUDA_KERNELS=ref}; do
     env $v timeout 100 $B/tests/test_oracle cuda f32,f16,bf16,fixed small > /tmp/pv.log 2>&1
     note "[$(el)] parity-cuda small corpus, $v: rc=$? $(grep -cE '^FAIL' /tmp/pv.log) failures"
     grep -E "^FAIL" -A1 /tmp/pv.log | head -4 | tee -a "$SUM"

@@ -83,29 +83,7 @@ __global__ void __launch_bounds__(TC_THREADS, AttnCfg<DQK, VAR>::MINB)
     if (nkt > 0) load_kv(0, 0);
     cp_async_commit();
 
-    /* this thread's two rows and the warp's range summaries */
-    int64_t lo[2], hi[2];
-    int64_t wminlo = INT64_MAX, wmaxhi = INT64_MIN, wmaxlo = INT64_MIN, wminhi = INT64_MAX;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int r = warp * 16 + (lane >> 2) + 8 * i;
-        if (r < c.nrows) {
-            row_range<MODE>(g, c.tl0 + r / c.hca, lo[i], hi[i]);
-            wminlo = min(wminlo, lo[i]);
-            wmaxhi = max(wmaxhi, hi[i]);
-            wmaxlo = max(wmaxlo, lo[i]);
-            wminhi = min(wminhi, hi[i]);
-        } else {
-            lo[i] = 1;
-            hi[i] = 0; /* empty */
-        }
-    }
-    wminlo = warp_min64(wminlo);
-    wmaxhi = warp_max64(wmaxhi);
-    wmaxlo = warp_max64(wmaxlo);
-    wminhi = warp_min64(wminhi);
-    const bool warp_rows = warp * 16 < c.nrows;
-
+    const WarpRanges<MODE> wr(g, c, warp, lane);
     cp_async_wait<1>();
     __syncthreads();
     const T *sQw = sQ + warp * 16 * SQ;
@@ -123,91 +101,21 @@ __global__ void __launch_bounds__(TC_THREADS, AttnCfg<DQK, VAR>::MINB)
         __syncthreads();
         const int buf = (int)(kt & 1);
         const int64_t ks = klo + kt * BN;
-        if (warp_rows && ks <= wmaxhi && ks + BN - 1 >= wminlo) {
+        if (wr.any && ks <= wr.maxhi && ks + BN - 1 >= wr.minlo) {
             float s[BN / 8][4];
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
             warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
 
-            const bool full = ks >= wmaxlo && ks + BN - 1 <= wminhi;
-            float mx[2] = {-INFINITY, -INFINITY};
-            if (full) { /* most tiles: no key of the tile is masked for any row */
-                warp_rows_max(s, mx);
-            } else {
-                /* the rows' ranges relative to the tile, clamped into int */
-                int rlo[2], rhi[2];
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    rlo[i] = (int)nsa_max64(nsa_min64(lo[i] - ks, BN), -1);
-                    rhi[i] = (int)nsa_max64(nsa_min64(hi[i] - ks, BN), -1);
-                }
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = j * 8 + 2 * (lane & 3) + (e & 1);
-                        const float x = key < rlo[e >> 1] || key > rhi[e >> 1] ? -INFINITY : s[j][e];
-                        s[j][e] = x;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                    }
-            }
+            float mx[2];
+            wr.tile_max(s, ks, lane, mx);
             warp_softmax_step(s, mx, m, ls, oacc, sl);
             warp_pv<T, DV, BN / 16, SV>(oacc, s, sV + buf * BN * SV, 0, lane);
         }
         __syncthreads();
     }
 
-    /* row i of this thread: r = warp*16 + lane/4 + 8i -> (token, head) */
-    auto row_th = [&](int i, int64_t &t, int64_t &h) {
-        const int r = warp * 16 + (lane >> 2) + 8 * i;
-        t = c.t0 + r / c.hca;
-        h = c.h0 + r % c.hca;
-        return r < c.nrows;
-    };
-    if (MODE == 2 && fz.out.p) {
-        /* fused COMBINE: the combine kernel's sum, term by term */
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
-            ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
-            int64_t t, h;
-            if (!row_th(i, t, h)) continue;
-            const float inv = ls[i] > 0.f ? 1.0f / ls[i] : 0.f;
-            const float *oc = (const float *)fz.ob[0].p, *os = (const float *)fz.ob[1].p;
-            const float gc = oc ? ((const float *)fz.gate[0].p)[t * fz.gate[0].st + h * fz.gate[0].sh] : 0.f;
-            const float gs = os ? ((const float *)fz.gate[1].p)[t * fz.gate[1].st + h * fz.gate[1].sh] : 0.f;
-            const float gw = ((const float *)fz.gate[2].p)[t * fz.gate[2].st + h * fz.gate[2].sh];
-            if (oc) oc += t * fz.ob[0].st + h * fz.ob[0].sh;
-            if (os) os += t * fz.ob[1].st + h * fz.ob[1].sh;
-            T *orow = (T *)fz.out.p + t * fz.out.st + h * fz.out.sh;
-#pragma unroll
-            for (int j = 0; j < DV / 8; j++) {
-                const int col = j * 8 + 2 * (lane & 3);
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    if (col + u >= g.Dv) continue;
-                    float acc = 0.f;
-                    if (oc) acc += gc * oc[col + u];
-                    if (os) acc += gs * os[col + u];
-                    acc += gw * (oacc[j][2 * i + u] * inv);
-                    orow[col + u] = from_f<T>(acc);
-                }
-            }
-            if (lse && (lane & 3) == 0)
-                lse[t * lst + h * lsh] = ls[i] > 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
-        }
-    } else {
-        warp_store_rows(
-            oacc, m, ls, g.Dv, lane,
-            [&](int i) {
-                int64_t t, h;
-                return row_th(i, t, h) ? o + t * ost + h * osh : (float *)nullptr;
-            },
-            [&](int i) {
-                int64_t t, h;
-                return lse && row_th(i, t, h) ? lse + t * lst + h * lsh : (float *)nullptr;
-            });
-    }
+    attn_epilogue<T, MODE>(g, c, warp, lane, oacc, m, ls, o, ost, osh, lse, lst, lsh, fz);
 }
 
 static size_t attn_tc_smem_bn(int dqkp, int dvp, int BN)
@@ -283,6 +191,12 @@ cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp,
     if (tl.count == 0) return cudaSuccess;
     FuseCombine fz = {};
     if (fzp && mode == 2) fz = *fzp;
+    /* Hopper: the compressed branch on wgmma (attn_wg.cu). The window branch
+     * stays here: its CTAs see ~9 K tiles, and two CTAs per SM of VAR 1 beat
+     * one of attn_wg (H200, T = 64k, D = 128: 7.2 vs 8.9 ms). */
+    const size_t wsm = attn_wg_smem(dqkp, dvp, g.wg_bn);
+    if (mode == 0 && (g.wgmma & 1) && wsm > 0 && (int64_t)wsm <= g.smem_optin)
+        return attn_wg(g, mode, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
     if (g.dtype == 1)
         return mode == 0 ? attn_tc_t<__half, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz)
                          : attn_tc_t<__half, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);

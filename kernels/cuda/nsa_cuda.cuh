@@ -115,21 +115,22 @@ NSA_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> NSA_DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 /* ------------------------------------------------------------ tile loader
- * Copies rows [0, ROWS) x dims [0, DP) of 16-bit elements into shared memory
- * with row stride SS (elements). Row r comes from src + roff(r) when
- * valid(r), dims >= D and invalid rows are zero. vec: every row start is
- * 16-byte aligned and D % 8 == 0 (then cp.async), else element loads. */
-template <typename T, int ROWS, int DP, int SS, int NT, typename RowFn>
-NSA_DEV void load_tile(T *s, const T *src, int64_t D, bool vec, RowFn rowoff)
+ * Copies rows [0, ROWS) x dims [0, DP) of 16-bit elements into shared memory,
+ * 16-byte chunk c of row r to dst(r, c) (8 elements). Row r comes from
+ * src + roff(r) when valid(r), dims >= D and invalid rows are zero. vec:
+ * every row start is 16-byte aligned and D % 8 == 0 (then cp.async), else
+ * element loads. load_tile: the plain layout, row stride SS elements. */
+template <typename T, int ROWS, int DP, int NT, typename RowFn, typename DstFn>
+NSA_DEV void load_tile_to(DstFn dst, const T *src, int64_t D, bool vec, RowFn rowoff)
 {
     constexpr int CPR = DP / 8; /* 16-byte chunks per row */
     for (int idx = threadIdx.x; idx < ROWS * CPR; idx += NT) {
         const int r = idx / CPR, c = idx % CPR;
         const int64_t off = rowoff(r); /* < 0: row absent */
-        T *dst = s + r * SS + c * 8;
+        T *d = dst(r, c);
         if (vec) {
             const bool ok = off >= 0 && c * 8 < D;
-            cp_async16(dst, ok ? (const void *)(src + off + c * 8) : (const void *)src, ok);
+            cp_async16(d, ok ? (const void *)(src + off + c * 8) : (const void *)src, ok);
         } else {
             union {
                 uint4 u;
@@ -140,9 +141,14 @@ NSA_DEV void load_tile(T *s, const T *src, int64_t D, bool vec, RowFn rowoff)
                 const int64_t dd = (int64_t)c * 8 + k;
                 buf.e[k] = (off >= 0 && dd < D) ? src[off + dd] : from_f<T>(0.f);
             }
-            *reinterpret_cast<uint4 *>(dst) = buf.u;
+            *reinterpret_cast<uint4 *>(d) = buf.u;
         }
     }
+}
+template <typename T, int ROWS, int DP, int SS, int NT, typename RowFn>
+NSA_DEV void load_tile(T *s, const T *src, int64_t D, bool vec, RowFn rowoff)
+{
+    load_tile_to<T, ROWS, DP, NT>([&](int r, int c) { return s + r * SS + c * 8; }, src, D, vec, rowoff);
 }
 
 /* The fast case of load_tile for K/V tiles: row r (r < nvalid) comes from
@@ -150,8 +156,8 @@ NSA_DEV void load_tile(T *s, const T *src, int64_t D, bool vec, RowFn rowoff)
  * what load_tile's `vec` needs (16-byte aligned rows, D % 8 == 0) and
  * ROWS * rs < 2^31 (rs32_ok), so every offset is one 32-bit multiply-add:
  * v2 spent most of its issue slots on 64-bit address arithmetic here. */
-template <typename T, int ROWS, int DP, int SS, int NT>
-NSA_DEV void load_rows_vec(T *s, const T *base, int rs, int nvalid, int D)
+template <typename T, int ROWS, int DP, int NT, typename DstFn>
+NSA_DEV void load_rows_vec_to(DstFn dst, const T *base, int rs, int nvalid, int D)
 {
     constexpr int CPR = DP / 8, N = ROWS * CPR;
 #pragma unroll
@@ -160,8 +166,13 @@ NSA_DEV void load_rows_vec(T *s, const T *base, int rs, int nvalid, int D)
         if (N % NT != 0 && idx >= N) break;
         const int r = idx / CPR, c = idx - (idx / CPR) * CPR;
         const bool ok = r < nvalid && c * 8 < D;
-        cp_async16(s + r * SS + c * 8, base + (ok ? r * rs + c * 8 : 0), ok);
+        cp_async16(dst(r, c), base + (ok ? r * rs + c * 8 : 0), ok);
     }
+}
+template <typename T, int ROWS, int DP, int SS, int NT>
+NSA_DEV void load_rows_vec(T *s, const T *base, int rs, int nvalid, int D)
+{
+    load_rows_vec_to<T, ROWS, DP, NT>([&](int r, int c) { return s + r * SS + c * 8; }, base, rs, nvalid, D);
 }
 
 /* May a tile of `rows` rows with element stride rs use load_rows_vec? */

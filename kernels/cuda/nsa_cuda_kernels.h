@@ -36,6 +36,8 @@ struct Geom {
     int64_t smem_optin; /* usable dynamic shared memory per block (device opt-in less a margin) */
     int attn_var;       /* attn_tc tile variant for Dv <= 128 (NSA_CUDA_ATTN_VAR, default 1; attn_tc.cu AttnCfg) */
     int scores_lean;    /* scores_tc LEAN kernels for G = 16 (NSA_CUDA_SCORES_LEAN, default 1) */
+    int wgmma;          /* wgmma kernels that may run (sm_90a code on the device): bit 0 attn_wg, bit 1 scores */
+    int wg_bn;          /* attn_wg keys per tile: 128, or 64 (NSA_CUDA_WG_BN=64) */
     const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
 };
 
@@ -82,6 +84,16 @@ struct FuseCombine {
  * FuseCombine). f16 / bf16 only. */
 cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
                     MView lse, cudaStream_t s, const FuseCombine *fz = nullptr);
+
+/* attn_wg.cu: attn_tc's tile on Hopper wgmma (sm_90a), padded dims 64/64,
+ * 128/128 and 192/128 (attn_wg_smem > 0); attn_tc calls it for the
+ * compressed branch when g.wgmma.
+ * attn_wg_available: does this device run the module's sm_90a code (a probe
+ * kernel; synchronous, for context creation only)? */
+bool attn_wg_available();
+size_t attn_wg_smem(int dqkp, int dvp, int bn);
+cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
+                    MView lse, cudaStream_t s, const FuseCombine &fz);
 
 /* slc_mt.cu: selected attention with 4 tokens per CTA sharing block fetches
  * (G = 16, l_s <= 64, n <= 32, Dqk <= 192, Dv <= 128, aligned K/V: slc_mt_ok). */

@@ -28,6 +28,7 @@
  */
 #include "tile_qk.cuh"
 #include "topn.cuh"
+#include "wgmma.cuh"
 
 namespace nsa_cuda {
 
@@ -90,18 +91,30 @@ template <int DQK> struct ScBn {
  * 8 rows, Q fragments are re-read from shared memory, and registers are
  * capped at 128 so that two CTAs (16 warps) fit per SM where the score rows
  * are small enough. */
-template <typename T, int DQK, bool FUSED, bool LEAN>
+/* WG (v5, with LEAN, where the device runs sm_90a code): S = Q K^T on the
+ * warpgroup MMA (wgmma.cuh) from 128-byte-swizzled Q and K tiles, BN = 64
+ * keys; everything after S is the LEAN code. The K-tile loop is the same, and
+ * the logits of the same keys, so the ranking sees the same scores up to the
+ * fp32 summation order inside the MMA. */
+template <int DQK, bool WG> struct ScCfg {
+    static constexpr int BN = WG ? 64 : ScBn<DQK>::value;
+    static constexpr int SQ = WG ? DQK : DQK + 8; /* row stride of the Q / K tiles (elements) */
+};
+
+template <typename T, int DQK, bool FUSED, bool LEAN, bool WG = false>
 __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
     scores_tc_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                      const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec,
                      const float *lse, int64_t lst, int64_t lsh, float *sc, int64_t sst, int64_t ssh, int accw,
                      int *idx, int64_t ist, int64_t ish)
 {
-    constexpr int BM = TC_BM, NT = TC_THREADS, BN = ScBn<DQK>::value;
-    constexpr int SQ = DQK + 8, SP = BN + 4;
+    static_assert(!WG || (LEAN && DQK % 64 == 0), "the wgmma path is LEAN with 64-element panels");
+    constexpr int BM = TC_BM, NT = TC_THREADS, BN = ScCfg<DQK, WG>::BN;
+    constexpr int SQ = ScCfg<DQK, WG>::SQ, SP = BN + 4;
     constexpr bool QREG = !LEAN && DQK <= 192;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T *sQ = (T *)smem_raw;
+    /* WG: swizzle atoms need 1024-byte alignment (the launcher added 1 KB) */
+    T *sQ = (T *)(smem_raw + (WG ? (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u : 0u));
     T *sK = sQ + BM * SQ;                    /* [2][BN][SQ] keys */
     float *sP = (float *)(sK + 2 * BN * SQ); /* [BM][SP] probabilities (not LEAN) */
     float *sC = sP + (LEAN ? 0 : BM * SP);    /* [tokens][BN] group sums */
@@ -116,16 +129,26 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
     /* row of token t0 + tok at scg + tok * sst (unused when FUSED: sc may be NULL) */
     float *scg = FUSED ? nullptr : sc + c.t0 * sst + c.gi * ssh;
 
-    load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
+    auto qrow = [&](int r) -> int64_t {
         return r < c.nrows ? (c.t0 + r / c.hca) * qst + (c.h0 + r % c.hca) * qsh : -1;
-    });
+    };
+    if (WG)
+        load_tile_to<T, BM, DQK, NT>([&](int r, int cc) { return (T *)((unsigned char *)sQ + sw128_off(r, cc, BM)); },
+                                     q, g.Dqk, qvec, qrow);
+    else
+        load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, qrow);
     cp_async_commit();
     const int64_t nkt = khi >= 0 ? (khi + BN) / BN : 0;
     auto load_k = [&](int64_t kt, int buf) {
         const int64_t ks = kt * BN;
+        const int nv = (int)nsa_min64(BN, khi - ks + 1);
         /* packed rows: aligned, kst = Hkv * DQK (the launcher checks rs32_ok) */
-        load_rows_vec<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg + ks * kst, (int)kst,
-                                          (int)nsa_min64(BN, khi - ks + 1), DQK);
+        if (WG)
+            load_rows_vec_to<T, BN, DQK, NT>(
+                [&](int r, int cc) { return (T *)((unsigned char *)(sK + buf * BN * SQ) + sw128_off(r, cc, BN)); },
+                kg + ks * kst, (int)kst, nv, DQK);
+        else
+            load_rows_vec<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg + ks * kst, (int)kst, nv, DQK);
     };
     if (nkt > 0) load_k(0, 0);
     cp_async_commit();
@@ -163,6 +186,11 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
     wmaxhi = warp_max64(wmaxhi);
     wminhi = warp_min64(wminhi);
     const bool warp_rows = warp * 16 < c.nrows;
+    /* WG: the warpgroup's last row has its largest key range (rows are
+     * token-major); the MMA runs when any of its rows sees the tile */
+    int64_t gmaxhi = -1;
+    if (WG && (warp >> 2) * 64 < c.nrows)
+        gmaxhi = nsa_cmp_visible(c.tl0 + (int)min((warp >> 2) * 64 + 63, c.nrows - 1) / c.hca, g.l, g.d) - 1;
     /* v3 with G = 16: every token's score row is owned by its warp (group sum
      * by shuffles, overlap map by the warp's lanes), so one barrier per K
      * tile suffices (the double buffer) and warps overlap their phases */
@@ -225,6 +253,7 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
             /* tile kt has landed; every warp is done with tile kt - 1, whose
              * buffer the next load reuses */
             cp_async_wait<0>();
+            if (WG) fence_async_smem();
             __syncthreads();
             if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
             cp_async_commit();
@@ -236,11 +265,26 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
         }
         const int buf = (int)(kt & 1);
         const int64_t ks = kt * BN;
-        if (warp_rows) {
-            float s[BN / 8][4];
+        float s[BN / 8][4];
 #pragma unroll
-            for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            if (ks <= wmaxhi) warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
+        for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        if constexpr (WG) {
+#ifdef NSA_WGMMA
+            if (ks <= gmaxhi) { /* all four warps of the warpgroup, rows or not */
+            const uint32_t qa = smem_u32(sQ) + (warp >> 2) * 64 * 128, ka = smem_u32(sK + buf * BN * SQ);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < DQK / 16; kk++)
+                wg_ss<T, BN>(s, sw128_desc(qa + (kk >> 2) * BM * 128 + (kk & 3) * 32, 16),
+                             sw128_desc(ka + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16), kk > 0);
+            wg_commit();
+            wg_wait<0>();
+            wg_hold(s);
+            }
+#endif
+        }
+        if (warp_rows) {
+            if (!WG && ks <= wmaxhi) warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
             const bool full = ks + BN - 1 <= wminhi;
             /* p = 2^(s*scale*log2e - lse*log2e); keys past the row's nc give 0 */
             if (full) {
@@ -346,8 +390,9 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
 
 /* Shared memory of scores_tc_kernel without the score rows, and the rows'
  * bytes; the rows live in shared memory when they fit beside the tiles. */
-static size_t scores_smem_base(int dqkp, bool lean = false)
+static size_t scores_smem_base(int dqkp, bool lean = false, bool wg = false)
 {
+    if (wg) return 1024 + 2 * (size_t)(TC_BM * dqkp + 2 * 64 * dqkp) + sizeof(float) * (size_t)(TC_BM / 16 * 64);
     const int BN = dqkp > 128 ? 32 : 64; /* ScBn */
     const size_t tiles = 2 * (size_t)(TC_BM * (dqkp + 8) + 2 * BN * (dqkp + 8));
     if (lean) return tiles + sizeof(float) * (size_t)(TC_BM / 16 * BN);
@@ -370,7 +415,9 @@ static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
     const bool lean = g.scores_lean && g.G == 16 && g.v3 && tl.nchunk == 1 && tl.qt == TC_BM / 16;
-    size_t smem = scores_smem_base(DQK, lean);
+    constexpr bool wg_dims = DQK % 64 == 0 && DQK <= 192;
+    const bool wg = wg_dims && lean && (g.wgmma & 2);
+    size_t smem = scores_smem_base(DQK, lean, wg);
     /* score rows in shared memory when they fit beside the tiles */
     const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
     int accw = 0;
@@ -378,11 +425,13 @@ static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc
         accw = (int)g.max_ns;
         smem += acc;
     }
-    if (!rs32_ok(kc.st, ScBn<DQK>::value)) return cudaErrorInvalidValue;
+    if (!rs32_ok(kc.st, 64)) return cudaErrorInvalidValue;
     const bool fused = idx.p != nullptr;
     if (fused && accw == 0) return cudaErrorInvalidConfiguration; /* the backend checks scores_topn_fits first */
     auto kern = fused ? (lean ? scores_tc_kernel<T, DQK, true, true> : scores_tc_kernel<T, DQK, true, false>)
                       : (lean ? scores_tc_kernel<T, DQK, false, true> : scores_tc_kernel<T, DQK, false, false>);
+    if constexpr (wg_dims)
+        if (wg) kern = fused ? scores_tc_kernel<T, DQK, true, true, true> : scores_tc_kernel<T, DQK, false, true, true>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);

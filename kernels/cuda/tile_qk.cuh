@@ -262,6 +262,132 @@ NSA_DEV void warp_softmax_step(float (&s)[NJ][4], float (&mx)[2], float (&m)[2],
     for (int i = 0; i < 2; i++) ls[i] = ls[i] * alpha[i] + rs[i];
 }
 
+/* A warp's 16 rows in the compressed / window tile kernels: this thread's
+ * two rows' visible key ranges [lo, hi] (row lane/4 + 8i of the warp; rows
+ * past nrows are empty) and the warp-wide summaries that decide whether a
+ * K tile touches the warp at all (minlo..maxhi) and whether it needs masks
+ * (some key of the tile outside some row's range: maxlo, minhi). */
+template <int MODE> struct WarpRanges {
+    int64_t lo[2], hi[2];
+    int64_t minlo, maxhi, maxlo, minhi;
+    bool any; /* the warp has rows */
+
+    NSA_DEV WarpRanges(const Geom &g, const TileCtx &c, int warp, int lane)
+    {
+        minlo = INT64_MAX, maxhi = INT64_MIN, maxlo = INT64_MIN, minhi = INT64_MAX;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = warp * 16 + (lane >> 2) + 8 * i;
+            if (r < c.nrows) {
+                row_range<MODE>(g, c.tl0 + r / c.hca, lo[i], hi[i]);
+                minlo = min(minlo, lo[i]);
+                maxhi = max(maxhi, hi[i]);
+                maxlo = max(maxlo, lo[i]);
+                minhi = min(minhi, hi[i]);
+            } else {
+                lo[i] = 1;
+                hi[i] = 0; /* empty */
+            }
+        }
+        minlo = warp_min64(minlo);
+        maxhi = warp_max64(maxhi);
+        maxlo = warp_max64(maxlo);
+        minhi = warp_min64(minhi);
+        any = warp * 16 < c.nrows;
+    }
+
+    /* Masks the keys of the tile starting at key ks (NJ * 8 keys) that lie
+     * outside this thread's rows (-inf) and leaves the rows' maxima over
+     * this thread's columns in mx. Most tiles need no mask for any row. */
+    template <int NJ> NSA_DEV void tile_max(float (&s)[NJ][4], int64_t ks, int lane, float (&mx)[2]) const
+    {
+        constexpr int BN = NJ * 8;
+        mx[0] = mx[1] = -INFINITY;
+        if (ks >= maxlo && ks + BN - 1 <= minhi) {
+            warp_rows_max(s, mx);
+            return;
+        }
+        /* the rows' ranges relative to the tile, clamped into int */
+        int rlo[2], rhi[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            rlo[i] = (int)nsa_max64(nsa_min64(lo[i] - ks, BN), -1);
+            rhi[i] = (int)nsa_max64(nsa_min64(hi[i] - ks, BN), -1);
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = j * 8 + 2 * (lane & 3) + (e & 1);
+                const float x = key < rlo[e >> 1] || key > rhi[e >> 1] ? -INFINITY : s[j][e];
+                s[j][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+    }
+};
+
+/* The end of the compressed / window tile kernels (attn_tc, attn_wg): stores
+ * the warp's 16 rows (o, lse), or for the window branch with fz.out set
+ * computes COMBINE in place: the combine kernel's sum, term by term. */
+template <typename T, int MODE, int NO>
+NSA_DEV void attn_epilogue(const Geom &g, const TileCtx &c, int warp, int lane, float (&oacc)[NO][4], float (&m)[2],
+                           float (&ls)[2], float *o, int64_t ost, int64_t osh, float *lse, int64_t lst, int64_t lsh,
+                           const FuseCombine &fz)
+{
+    constexpr int DV = NO * 8;
+    /* row i of this thread: r = warp*16 + lane/4 + 8i -> (token, head) */
+    auto row_th = [&](int i, int64_t &t, int64_t &h) {
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        t = c.t0 + r / c.hca;
+        h = c.h0 + r % c.hca;
+        return r < c.nrows;
+    };
+    if (MODE == 2 && fz.out.p) {
+        /* fused COMBINE: the combine kernel's sum, term by term */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
+            ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
+            int64_t t, h;
+            if (!row_th(i, t, h)) continue;
+            const float inv = ls[i] > 0.f ? 1.0f / ls[i] : 0.f;
+            const float *oc = (const float *)fz.ob[0].p, *os = (const float *)fz.ob[1].p;
+            const float gc = oc ? ((const float *)fz.gate[0].p)[t * fz.gate[0].st + h * fz.gate[0].sh] : 0.f;
+            const float gs = os ? ((const float *)fz.gate[1].p)[t * fz.gate[1].st + h * fz.gate[1].sh] : 0.f;
+            const float gw = ((const float *)fz.gate[2].p)[t * fz.gate[2].st + h * fz.gate[2].sh];
+            if (oc) oc += t * fz.ob[0].st + h * fz.ob[0].sh;
+            if (os) os += t * fz.ob[1].st + h * fz.ob[1].sh;
+            T *orow = (T *)fz.out.p + t * fz.out.st + h * fz.out.sh;
+#pragma unroll
+            for (int j = 0; j < DV / 8; j++) {
+                const int col = j * 8 + 2 * (lane & 3);
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    if (col + u >= g.Dv) continue;
+                    float acc = 0.f;
+                    if (oc) acc += gc * oc[col + u];
+                    if (os) acc += gs * os[col + u];
+                    acc += gw * (oacc[j][2 * i + u] * inv);
+                    orow[col + u] = from_f<T>(acc);
+                }
+            }
+            if (lse && (lane & 3) == 0)
+                lse[t * lst + h * lsh] = ls[i] > 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
+        }
+    } else {
+        warp_store_rows(
+            oacc, m, ls, g.Dv, lane,
+            [&](int i) {
+                int64_t t, h;
+                return row_th(i, t, h) ? o + t * ost + h * osh : (float *)nullptr;
+            },
+            [&](int i) {
+                int64_t t, h;
+                return lse && row_th(i, t, h) ? lse + t * lst + h * lsh : (float *)nullptr;
+            });
+    }
+}
+
 } // namespace nsa_cuda
 
 #endif

@@ -1,0 +1,241 @@
+/*
+ * attn_wg.cu -- version 5 of the compressed and window branches: the attn_tc
+ * tile (128 query rows = tokens x heads of one KV group, K/V tiles of BN keys
+ * double-buffered with cp.async) with its two products on Hopper's warpgroup
+ * MMA (wgmma.mma_async, sm_90a) instead of mma.sync:
+ *
+ *   S = Q K^T   one m64nBNk16 wgmma per 16 dims, Q and K both read by the
+ *               tensor cores from 128-byte-swizzled shared memory;
+ *   O += P V    one m64nDVk16 wgmma per 16 keys, P from the registers that
+ *               hold S (rounded to the input type, as in attn_tc), V from
+ *               shared memory (MN-major, transposed by the MMA).
+ *
+ * The CTA is two warpgroups (rows 0-63 and 64-127); while one warpgroup runs
+ * its softmax the other's MMAs keep the tensor cores busy. Masks, the online
+ * softmax (warp_softmax_step), the epilogue and the fused COMBINE are the
+ * attn_tc ones, so both kernels compute the same function; only the fp32
+ * summation order inside the MMAs differs (within the testkit tolerances).
+ *
+ * Runs where the device executes sm_90a code (H100 / H200 / GH200, module
+ * built with nvcc_archs containing 90a; attn_wg_available() asks a probe
+ * kernel) for padded dims 64/64, 128/128 and 192/128; NSA_CUDA_WGMMA=0 turns
+ * it off (attn_tc runs). Everything else takes attn_tc.
+ *
+ * Shared memory (D = 128, BN = 128): Q 32 KB + K 2 x 32 KB + V 2 x 32 KB
+ * + 1 KB of alignment = 161 KB, one CTA (8 warps) per SM.
+ *
+ * Measured speeds: backends/cuda/NOTES.md ("v5").
+ */
+#include "tile_qk.cuh"
+#include "wgmma.cuh"
+
+namespace nsa_cuda {
+
+/* BN: keys per K/V tile, 128 (default) or 64 (NSA_CUDA_WG_BN=64). H200,
+ * T = 64k, cmp_attn: BN 64 14.8 ms, 128 13.1 ms (D 128); 16.7 / 15.2 (D 192). */
+template <int DQK, int DV, int BN> constexpr size_t attn_wg_smem_t()
+{
+    return 1024 + 2 * (size_t)(TC_BM * DQK + 2 * BN * DQK + 2 * BN * DV);
+}
+
+template <typename T, int DQK, int DV, int MODE, int BN>
+__global__ void __launch_bounds__(TC_THREADS, 1)
+    attn_wg_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
+                   const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst,
+                   int64_t vsh, int64_t kd, int64_t vd, bool qvec, bool kvvec, float *o, int64_t ost, int64_t osh,
+                   float *lse, int64_t lst, int64_t lsh, const FuseCombine fz)
+{
+#ifdef NSA_WGMMA
+    constexpr int BM = TC_BM, NT = TC_THREADS;
+    constexpr uint32_t QB = BM * DQK * 2, KB = BN * DQK * 2, VB = BN * DV * 2;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    /* swizzle atoms need 1024-byte alignment; the launcher added 1 KB */
+    unsigned char *const sQ = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    unsigned char *const sK = sQ + QB;
+    unsigned char *const sV = sK + 2 * KB;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+    const TileCtx c = tile_ctx(g, tl);
+    const int64_t tlast = c.tl0 + c.ntok - 1;
+    int64_t klo, khi, tmp;
+    row_range<MODE>(g, c.tl0, klo, tmp);
+    row_range<MODE>(g, tlast, tmp, khi);
+    const int64_t kbase = MODE == 0 ? g.cu_cmp[c.seq] : c.s0;
+    const T *kg = k + kbase * kst + c.gi * ksh;
+    const T *vg = v + kbase * vst + c.gi * vsh;
+
+    load_tile_to<T, BM, DQK, NT>([&](int r, int cc) { return (T *)(sQ + sw128_off(r, cc, BM)); }, q, g.Dqk, qvec,
+                                 [&](int r) -> int64_t {
+                                     return r < c.nrows ? (c.t0 + r / c.hca) * qst + (c.h0 + r % c.hca) * qsh : -1;
+                                 });
+    cp_async_commit();
+    const int64_t nkt = khi >= klo ? (khi - klo + BN) / BN : 0;
+    auto load_kv = [&](int64_t kt, int buf) {
+        const int64_t ks = klo + kt * BN;
+        unsigned char *dk = sK + buf * KB, *dv = sV + buf * VB;
+        auto kdst = [&](int r, int cc) { return (T *)(dk + sw128_off(r, cc, BN)); };
+        auto vdst = [&](int r, int cc) { return (T *)(dv + sw128_off(r, cc, BN)); };
+        if (kvvec) { /* the launcher checked alignment and rs32_ok */
+            const int nv = (int)nsa_min64(BN, khi - ks + 1);
+            load_rows_vec_to<T, BN, DQK, NT>(kdst, kg + ks * kst, (int)kst, nv, (int)kd);
+            load_rows_vec_to<T, BN, DV, NT>(vdst, vg + ks * vst, (int)vst, nv, (int)vd);
+        } else {
+            load_tile_to<T, BN, DQK, NT>(kdst, kg, kd, false,
+                                         [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
+            load_tile_to<T, BN, DV, NT>(vdst, vg, vd, false,
+                                        [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * vst : -1; });
+        }
+    };
+    if (nkt > 0) load_kv(0, 0);
+    cp_async_commit();
+
+    const WarpRanges<MODE> wr(g, c, warp, lane);
+    /* the warpgroup's key range: row ranges grow with the token, and rows
+     * are token-major, so its first and last rows bound it (uniform over
+     * the warpgroup, as the wgmma instructions require) */
+    const int rf = wg * 64, rl = (int)min(wg * 64 + 63, c.nrows - 1);
+    int64_t gminlo = 1, gmaxhi = 0;
+    if (rf < c.nrows) {
+        row_range<MODE>(g, c.tl0 + rf / c.hca, gminlo, tmp);
+        row_range<MODE>(g, c.tl0 + rl / c.hca, tmp, gmaxhi);
+    }
+
+    const float sl = g.scale * NSA_LOG2E;
+    float oacc[DV / 8][4], m[2], ls[2];
+    warp_state_init(oacc, m, ls);
+    const uint32_t qa = smem_u32(sQ) + wg * 64 * 128; /* this warpgroup's 64 rows in every panel */
+
+    for (int64_t kt = 0; kt < nkt; kt++) {
+        if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_async_smem();
+        __syncthreads();
+        const int buf = (int)(kt & 1);
+        const int64_t ks = klo + kt * BN;
+        if (ks <= gmaxhi && ks + BN - 1 >= gminlo) {
+            float s[BN / 8][4];
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            const uint32_t ka = smem_u32(sK + buf * KB);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < DQK / 16; kk++) {
+                const uint32_t off = (kk & 3) * 32; /* 16 dims into the 128-byte row */
+                wg_ss<T, BN>(s, sw128_desc(qa + (kk >> 2) * BM * 128 + off, 16),
+                             sw128_desc(ka + (kk >> 2) * BN * 128 + off, 16), kk > 0);
+            }
+            wg_commit();
+            wg_wait<0>();
+            wg_hold(s);
+
+            float mx[2];
+            wr.tile_max(s, ks, lane, mx);
+            warp_softmax_step(s, mx, m, ls, oacc, sl);
+
+            const uint32_t va = smem_u32(sV + buf * VB);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                uint32_t a[4];
+                a[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+                a[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+                a[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                a[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                wg_rs<T, DV>(oacc, a, sw128_desc(va + kk * 16 * 128, BN * 128));
+            }
+            wg_commit();
+            wg_wait<0>();
+            wg_hold(oacc);
+        }
+        __syncthreads();
+    }
+    attn_epilogue<T, MODE>(g, c, warp, lane, oacc, m, ls, o, ost, osh, lse, lst, lsh, fz);
+#endif
+}
+
+__global__ void attn_wg_probe(int *out)
+{
+#ifdef NSA_WGMMA
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+bool attn_wg_available()
+{
+    int *d = nullptr, h = 0;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    attn_wg_probe<<<1, 1>>>(d);
+    const bool ok = cudaGetLastError() == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) ==
+                                                             cudaSuccess;
+    cudaFree(d);
+    cudaGetLastError();
+    return ok && h == 1;
+}
+
+size_t attn_wg_smem(int dqkp, int dvp, int bn)
+{
+    switch (dqkp * 1000 + dvp) {
+    case 64064: return bn == 128 ? attn_wg_smem_t<64, 64, 128>() : attn_wg_smem_t<64, 64, 64>();
+    case 128128: return bn == 128 ? attn_wg_smem_t<128, 128, 128>() : attn_wg_smem_t<128, 128, 64>();
+    case 192128: return bn == 128 ? attn_wg_smem_t<192, 128, 128>() : attn_wg_smem_t<192, 128, 64>();
+    default: return 0;
+    }
+}
+
+template <typename T, int DQK, int DV, int MODE, int BN>
+static cudaError_t launch_wg(const Geom &g, const Tiles &tl, View q, View k, View v, MView o, MView lse,
+                             cudaStream_t s, const FuseCombine &fz)
+{
+    constexpr size_t smem = attn_wg_smem_t<DQK, DV, BN>();
+    cudaError_t e = cudaFuncSetAttribute(attn_wg_kernel<T, DQK, DV, MODE, BN>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
+    const bool kvvec = (MODE == 0 || (vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv))) &&
+                       rs32_ok(k.st, BN) && rs32_ok(v.st, BN);
+    const int64_t kd = MODE == 0 ? DQK : g.Dqk, vd = MODE == 0 ? DV : g.Dv;
+    const dim3 grid((unsigned)tl.count, (unsigned)(g.Hkv * tl.nchunk));
+    attn_wg_kernel<T, DQK, DV, MODE, BN><<<grid, TC_THREADS, smem, s>>>(
+        g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh, kd, vd, qvec,
+        kvvec, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh, fz);
+    return cudaGetLastError();
+}
+
+template <typename T, int MODE>
+static cudaError_t attn_wg_t(const Geom &g, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
+                             MView lse, cudaStream_t s, const FuseCombine &fz)
+{
+    const bool b128 = g.wg_bn == 128;
+    switch (dqkp * 1000 + dvp) {
+    case 64064:
+        return b128 ? launch_wg<T, 64, 64, MODE, 128>(g, tl, q, k, v, o, lse, s, fz)
+                    : launch_wg<T, 64, 64, MODE, 64>(g, tl, q, k, v, o, lse, s, fz);
+    case 128128:
+        return b128 ? launch_wg<T, 128, 128, MODE, 128>(g, tl, q, k, v, o, lse, s, fz)
+                    : launch_wg<T, 128, 128, MODE, 64>(g, tl, q, k, v, o, lse, s, fz);
+    case 192128:
+        return b128 ? launch_wg<T, 192, 128, MODE, 128>(g, tl, q, k, v, o, lse, s, fz)
+                    : launch_wg<T, 192, 128, MODE, 64>(g, tl, q, k, v, o, lse, s, fz);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
+                    MView lse, cudaStream_t s, const FuseCombine &fz)
+{
+    if (g.dtype == 1)
+        return mode == 0 ? attn_wg_t<__half, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz)
+                         : attn_wg_t<__half, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
+    if (g.dtype == 2)
+        return mode == 0 ? attn_wg_t<__nv_bfloat16, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz)
+                         : attn_wg_t<__nv_bfloat16, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
+    return cudaErrorInvalidValue;
+}
+
+} // namespace nsa_cuda
