@@ -63,8 +63,8 @@ struct CudaCtx {
     int attn_var;        /* NSA_CUDA_ATTN_VAR: attn_tc tile variant (attn_tc.cu AttnCfg) */
     int slc_kernel;      /* NSA_CUDA_SLC: 0 auto (slc_mt for Dqk' = 192), 1 tc, 2 mt (slc_mt.cu says why) */
     bool scores_lean;    /* NSA_CUDA_SCORES_LEAN (default 1): scores_tc's LEAN kernels for G = 16 */
-    int wgmma;           /* wgmma kernels (sm_90a), bit 0 attn_wg for cmp_attn, bit 1 scores WG: NSA_CUDA_WGMMA */
-    int wg_bn;           /* attn_wg keys per tile (128; NSA_CUDA_WG_BN=64 for 64) */
+    int wgmma;           /* wgmma kernels (sm_90a): bit 0 cmp_attn, 1 scores, 2 win_attn (NSA_CUDA_WGMMA) */
+    int wg_bn;           /* attn_wg keys per tile, 128 or 64, 0: pipelined (NSA_CUDA_WG_BN=128|64|pipe) */
     int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
@@ -167,12 +167,16 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->attn_var = on("NSA_CUDA_ATTN_VAR") ? 1 : 0;
     c->scores_lean = on("NSA_CUDA_SCORES_LEAN");
     /* the probe runs only on sm_90 devices, where the module may hold sm_90a code */
-    const char *wv = getenv("NSA_CUDA_WGMMA"); /* unset: all; 0: none; cmp / scores: that kernel only */
+    /* NSA_CUDA_WGMMA unset: cmp + scores; 0: none; cmp / scores: that one; all: the window too */
+    const char *wv = getenv("NSA_CUDA_WGMMA");
     c->wgmma = !(wv && strcmp(wv, "0") == 0) && p.major == 9 && attn_wg_available()
-                   ? (wv && strcmp(wv, "cmp") == 0 ? 1 : wv && strcmp(wv, "scores") == 0 ? 2 : 3)
+                   ? (wv && strcmp(wv, "cmp") == 0      ? 1
+                      : wv && strcmp(wv, "scores") == 0 ? 2
+                      : wv && strcmp(wv, "all") == 0    ? 7 /* the window branch too */
+                                                        : 3)
                    : 0;
     const char *wb = getenv("NSA_CUDA_WG_BN");
-    c->wg_bn = wb && strcmp(wb, "64") == 0 ? 64 : 128;
+    c->wg_bn = wb && strcmp(wb, "64") == 0 ? 64 : wb && strcmp(wb, "pipe") == 0 ? 0 : 128;
     const char *sv = getenv("NSA_CUDA_SLC");
     c->slc_kernel = !sv ? 0 : strcmp(sv, "tc") == 0 ? 1 : strcmp(sv, "mt") == 0 ? 2 : 0;
     int optin = 0;

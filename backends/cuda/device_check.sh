@@ -41,7 +41,8 @@ if has profile; then
   done; done
 fi
 if has prof2; then # T = 64k under the wgmma switches (the default is profiled above)
-  for v in NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=cmp NSA_CUDA_WGMMA=scores NSA_CUDA_WG_BN=128; do for dqk in 128 192; do
+  for v in NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=cmp NSA_CUDA_WGMMA=scores NSA_CUDA_WGMMA=all NSA_CUDA_WG_BN=64 \
+           NSA_CUDA_WG_BN=pipe; do for dqk in 128 192; do
     env $v NSA_CUDA_PROFILE=1 timeout 60 $NSA run --backend cuda --T 65536 --dqk $dqk --dv 128 --iters 3 --warmup 1 \
       --check-tokens 0 > /tmp/prof.tmp 2>&1
     note "[$(el)] profile $v Dqk=$dqk T=65536: $(grep 'nsa-cuda profile' /tmp/prof.tmp | tail -1)"
@@ -54,7 +55,8 @@ if has parity; then
 fi
 if has variants; then
   for v in ${VARIANTS:-NSA_CUDA_SCORES_LEAN=0 NSA_CUDA_V3=0 NSA_CUDA_ATTN_VAR=0 NSA_CUDA_FUSE_COMBINE=0 \
-           NSA_CUDA_SLC=mt NSA_CUDA_SLC=tc NSA_CUDA_WGMMA=0 NSA_CUDA_KERNELS=ref}; do
+           NSA_CUDA_SLC=mt NSA_CUDA_SLC=tc NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=all \
+           NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_KERNELS=ref}; do
     env $v timeout 100 $B/tests/test_oracle cuda f32,f16,bf16,fixed small > /tmp/pv.log 2>&1
     note "[$(el)] parity-cuda small corpus, $v: rc=$? $(grep -cE '^FAIL' /tmp/pv.log) failures"
     grep -E "^FAIL" -A1 /tmp/pv.log | head -4 | tee -a "$SUM"
@@ -85,6 +87,12 @@ if has sanitize; then
   timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $NSA run --backend cuda --T 1536 --hq 16 \
     --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 --check-tokens 0 > /tmp/racecheck2.log 2>&1
   note "[$(el)] racecheck nsa run T=1536 G=16 rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' /tmp/racecheck2.log | tail -1)"
+  # D = 128 with two or more K tiles of the wgmma kernels (attn_wg, scores WG) on sm_90
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $NSA run --backend cuda --T 4096 --hq 16 \
+      --hkv 1 --dqk 128 --dv 128 --iters 1 --warmup 0 --check-tokens 0 > /tmp/san3.log 2>&1
+    note "[$(el)] $tool nsa run T=4096 G=16 D=128 rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' /tmp/san3.log | tail -1)"
+  done
 fi
 if has opencl; then
   NSA_OPENCL_PLATFORM=NVIDIA timeout 200 $B/tests/test_oracle opencl f32,f16,bf16,fixed small > /tmp/ocl.log 2>&1

@@ -195,7 +195,7 @@ cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp,
      * stays here: its CTAs see ~9 K tiles, and two CTAs per SM of VAR 1 beat
      * one of attn_wg (H200, T = 64k, D = 128: 7.2 vs 8.9 ms). */
     const size_t wsm = attn_wg_smem(dqkp, dvp, g.wg_bn);
-    if (mode == 0 && (g.wgmma & 1) && wsm > 0 && (int64_t)wsm <= g.smem_optin)
+    if ((g.wgmma & (mode == 0 ? 1 : 4)) && wsm > 0 && (int64_t)wsm <= g.smem_optin)
         return attn_wg(g, mode, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
     if (g.dtype == 1)
         return mode == 0 ? attn_tc_t<__half, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz)

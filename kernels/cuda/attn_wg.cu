@@ -33,12 +33,18 @@ namespace nsa_cuda {
 
 /* BN: keys per K/V tile, 128 (default) or 64 (NSA_CUDA_WG_BN=64). H200,
  * T = 64k, cmp_attn: BN 64 14.8 ms, 128 13.1 ms (D 128); 16.7 / 15.2 (D 192). */
-template <int DQK, int DV, int BN> constexpr size_t attn_wg_smem_t()
+template <int DQK, int DV, int BN, bool PIPE> constexpr size_t attn_wg_smem_t()
 {
-    return 1024 + 2 * (size_t)(TC_BM * DQK + 2 * BN * DQK + 2 * BN * DV);
+    return 1024 + 2 * (size_t)(TC_BM * DQK + (PIPE ? 3 : 2) * BN * (DQK + DV));
 }
 
-template <typename T, int DQK, int DV, int MODE, int BN>
+/* PIPE (v5.1): the product of tile kt+1's S = Q K^T runs on the tensor
+ * cores while the warpgroup does tile kt's softmax (FlashAttention-3's
+ * intra-warpgroup overlap); S of two tiles live in registers and K/V take
+ * three buffers, so BN = 64. Without PIPE every wgmma is waited for at once
+ * and the CTA's barrier per tile keeps both warpgroups in step: while they
+ * both run their softmax the tensor cores idle. */
+template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE>
 __global__ void __launch_bounds__(TC_THREADS, 1)
     attn_wg_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                    const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst,
@@ -51,8 +57,9 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* swizzle atoms need 1024-byte alignment; the launcher added 1 KB */
     unsigned char *const sQ = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    constexpr int NS = PIPE ? 3 : 2; /* K/V buffers */
     unsigned char *const sK = sQ + QB;
-    unsigned char *const sV = sK + 2 * KB;
+    unsigned char *const sV = sK + NS * KB;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     const TileCtx c = tile_ctx(g, tl);
@@ -105,50 +112,105 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     warp_state_init(oacc, m, ls);
     const uint32_t qa = smem_u32(sQ) + wg * 64 * 128; /* this warpgroup's 64 rows in every panel */
 
-    for (int64_t kt = 0; kt < nkt; kt++) {
-        if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
+    /* does tile kt touch this warpgroup's rows? (uniform over the warpgroup) */
+    auto active = [&](int64_t kt) {
+        const int64_t ks = klo + kt * BN;
+        return kt < nkt && ks <= gmaxhi && ks + BN - 1 >= gminlo;
+    };
+    /* S = Q K^T of tile kt (buffer buf), queued as one wgmma group */
+    auto issue_qk = [&](float(&s)[BN / 8][4], int buf) {
+        const uint32_t ka = smem_u32(sK + buf * KB);
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < DQK / 16; kk++) {
+            const uint32_t off = (kk & 3) * 32; /* 16 dims into the 128-byte row */
+            wg_ss<T, BN>(s, sw128_desc(qa + (kk >> 2) * BM * 128 + off, 16),
+                         sw128_desc(ka + (kk >> 2) * BN * 128 + off, 16), kk > 0);
+        }
+        wg_commit();
+    };
+    /* online softmax of tile kt in s (masked, row maxima mx), then
+     * O += P V queued */
+    auto softmax_pv = [&](float(&s)[BN / 8][4], float(&mx)[2], int buf) {
+        warp_softmax_step(s, mx, m, ls, oacc, sl);
+        const uint32_t va = smem_u32(sV + buf * VB);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4];
+            a[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+            a[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+            a[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            a[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            wg_rs<T, DV>(oacc, a, sw128_desc(va + kk * 16 * 128, BN * 128));
+        }
+        wg_commit();
+    };
+
+    if constexpr (!PIPE) {
+        for (int64_t kt = 0; kt < nkt; kt++) {
+            if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
+            cp_async_commit();
+            cp_async_wait<1>();
+            fence_async_smem();
+            __syncthreads();
+            const int buf = (int)(kt & 1);
+            if (active(kt)) {
+                float s[BN / 8][4];
+                issue_qk(s, buf);
+                wg_wait<0>();
+                wg_hold(s);
+                float mx[2];
+                wr.tile_max(s, klo + kt * BN, lane, mx);
+                softmax_pv(s, mx, buf);
+                wg_wait<0>();
+                wg_hold(oacc);
+            }
+            __syncthreads();
+        }
+    } else {
+        /* prologue: tile 1 on its way too; tile 0 (and Q) resident */
+        if (nkt > 1) load_kv(1, 1);
         cp_async_commit();
         cp_async_wait<1>();
         fence_async_smem();
         __syncthreads();
-        const int buf = (int)(kt & 1);
-        const int64_t ks = klo + kt * BN;
-        if (ks <= gmaxhi && ks + BN - 1 >= gminlo) {
-            float s[BN / 8][4];
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            const uint32_t ka = smem_u32(sK + buf * KB);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < DQK / 16; kk++) {
-                const uint32_t off = (kk & 3) * 32; /* 16 dims into the 128-byte row */
-                wg_ss<T, BN>(s, sw128_desc(qa + (kk >> 2) * BM * 128 + off, 16),
-                             sw128_desc(ka + (kk >> 2) * BN * 128 + off, 16), kk > 0);
-            }
-            wg_commit();
+        /* no wgmma sits under a condition that differs between warps (the
+         * compiler then serialises them): both warpgroups take every tile
+         * (a tile past a warpgroup's rows is masked to nothing), and the
+         * last step's look-ahead product re-reads tile kt (discarded) */
+        float sc[BN / 8][4], sn[BN / 8][4];
+        if (nkt > 0) {
+            issue_qk(sc, 0);
             wg_wait<0>();
-            wg_hold(s);
-
+            wg_hold(sc);
+        }
+        for (int64_t kt = 0; kt < nkt; kt++) {
+            /* tile kt+1 has landed, and every warp finished tile kt-1, whose
+             * buffer ((kt+2) % 3) takes tile kt+2 */
+            cp_async_wait<0>();
+            fence_async_smem();
+            __syncthreads();
+            if (kt + 2 < nkt) load_kv(kt + 2, (int)((kt + 2) % 3));
+            cp_async_commit();
+            /* S of tile kt is complete (waited for at the end of the last
+             * step). Its masks branch per warp, so they run before the next
+             * product is queued: divergent code while a wgmma is in flight
+             * makes the compiler serialise the wgmmas. */
             float mx[2];
-            wr.tile_max(s, ks, lane, mx);
-            warp_softmax_step(s, mx, m, ls, oacc, sl);
-
-            const uint32_t va = smem_u32(sV + buf * VB);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                uint32_t a[4];
-                a[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-                a[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-                a[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                a[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                wg_rs<T, DV>(oacc, a, sw128_desc(va + kk * 16 * 128, BN * 128));
-            }
-            wg_commit();
+            wr.tile_max(sc, klo + kt * BN, lane, mx);
+            issue_qk(sn, (int)((kt + 1 < nkt ? kt + 1 : kt) % 3));
+            softmax_pv(sc, mx, (int)(kt % 3)); /* overlaps tile kt+1's S */
             wg_wait<0>();
             wg_hold(oacc);
+            wg_hold(sn);
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[j][e] = sn[j][e];
         }
-        __syncthreads();
     }
     attn_epilogue<T, MODE>(g, c, warp, lane, oacc, m, ls, o, ost, osh, lse, lst, lsh, fz);
 #endif
@@ -178,22 +240,28 @@ bool attn_wg_available()
     return ok && h == 1;
 }
 
-size_t attn_wg_smem(int dqkp, int dvp, int bn)
+/* wg_bn: 128, 64, or 0 for the pipelined loop (BN = 64) */
+template <int DQK, int DV> static size_t wg_smem(int wg_bn)
+{
+    return wg_bn == 128 ? attn_wg_smem_t<DQK, DV, 128, false>()
+                        : wg_bn == 64 ? attn_wg_smem_t<DQK, DV, 64, false>() : attn_wg_smem_t<DQK, DV, 64, true>();
+}
+size_t attn_wg_smem(int dqkp, int dvp, int wg_bn)
 {
     switch (dqkp * 1000 + dvp) {
-    case 64064: return bn == 128 ? attn_wg_smem_t<64, 64, 128>() : attn_wg_smem_t<64, 64, 64>();
-    case 128128: return bn == 128 ? attn_wg_smem_t<128, 128, 128>() : attn_wg_smem_t<128, 128, 64>();
-    case 192128: return bn == 128 ? attn_wg_smem_t<192, 128, 128>() : attn_wg_smem_t<192, 128, 64>();
+    case 64064: return wg_smem<64, 64>(wg_bn);
+    case 128128: return wg_smem<128, 128>(wg_bn);
+    case 192128: return wg_smem<192, 128>(wg_bn);
     default: return 0;
     }
 }
 
-template <typename T, int DQK, int DV, int MODE, int BN>
+template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE>
 static cudaError_t launch_wg(const Geom &g, const Tiles &tl, View q, View k, View v, MView o, MView lse,
                              cudaStream_t s, const FuseCombine &fz)
 {
-    constexpr size_t smem = attn_wg_smem_t<DQK, DV, BN>();
-    cudaError_t e = cudaFuncSetAttribute(attn_wg_kernel<T, DQK, DV, MODE, BN>,
+    constexpr size_t smem = attn_wg_smem_t<DQK, DV, BN, PIPE>();
+    cudaError_t e = cudaFuncSetAttribute(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
@@ -201,7 +269,7 @@ static cudaError_t launch_wg(const Geom &g, const Tiles &tl, View q, View k, Vie
                        rs32_ok(k.st, BN) && rs32_ok(v.st, BN);
     const int64_t kd = MODE == 0 ? DQK : g.Dqk, vd = MODE == 0 ? DV : g.Dv;
     const dim3 grid((unsigned)tl.count, (unsigned)(g.Hkv * tl.nchunk));
-    attn_wg_kernel<T, DQK, DV, MODE, BN><<<grid, TC_THREADS, smem, s>>>(
+    attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE><<<grid, TC_THREADS, smem, s>>>(
         g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh, kd, vd, qvec,
         kvvec, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh, fz);
     return cudaGetLastError();
@@ -211,19 +279,17 @@ template <typename T, int MODE>
 static cudaError_t attn_wg_t(const Geom &g, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
                              MView lse, cudaStream_t s, const FuseCombine &fz)
 {
-    const bool b128 = g.wg_bn == 128;
+#define NSA_WG_LAUNCH(DQK, DV)                                                                                   \
+    return g.wg_bn == 128  ? launch_wg<T, DQK, DV, MODE, 128, false>(g, tl, q, k, v, o, lse, s, fz)                 \
+           : g.wg_bn == 64 ? launch_wg<T, DQK, DV, MODE, 64, false>(g, tl, q, k, v, o, lse, s, fz)                  \
+                           : launch_wg<T, DQK, DV, MODE, 64, true>(g, tl, q, k, v, o, lse, s, fz)
     switch (dqkp * 1000 + dvp) {
-    case 64064:
-        return b128 ? launch_wg<T, 64, 64, MODE, 128>(g, tl, q, k, v, o, lse, s, fz)
-                    : launch_wg<T, 64, 64, MODE, 64>(g, tl, q, k, v, o, lse, s, fz);
-    case 128128:
-        return b128 ? launch_wg<T, 128, 128, MODE, 128>(g, tl, q, k, v, o, lse, s, fz)
-                    : launch_wg<T, 128, 128, MODE, 64>(g, tl, q, k, v, o, lse, s, fz);
-    case 192128:
-        return b128 ? launch_wg<T, 192, 128, MODE, 128>(g, tl, q, k, v, o, lse, s, fz)
-                    : launch_wg<T, 192, 128, MODE, 64>(g, tl, q, k, v, o, lse, s, fz);
+    case 64064: NSA_WG_LAUNCH(64, 64);
+    case 128128: NSA_WG_LAUNCH(128, 128);
+    case 192128: NSA_WG_LAUNCH(192, 128);
     default: return cudaErrorInvalidValue;
     }
+#undef NSA_WG_LAUNCH
 }
 
 cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,

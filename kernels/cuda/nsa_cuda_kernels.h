@@ -36,8 +36,8 @@ struct Geom {
     int64_t smem_optin; /* usable dynamic shared memory per block (device opt-in less a margin) */
     int attn_var;       /* attn_tc tile variant for Dv <= 128 (NSA_CUDA_ATTN_VAR, default 1; attn_tc.cu AttnCfg) */
     int scores_lean;    /* scores_tc LEAN kernels for G = 16 (NSA_CUDA_SCORES_LEAN, default 1) */
-    int wgmma;          /* wgmma kernels that may run (sm_90a code on the device): bit 0 attn_wg, bit 1 scores */
-    int wg_bn;          /* attn_wg keys per tile: 128, or 64 (NSA_CUDA_WG_BN=64) */
+    int wgmma;          /* wgmma kernels that may run (sm_90a code on the device): bit 0 cmp_attn, 1 scores, 2 win_attn */
+    int wg_bn;          /* attn_wg keys per tile: 128 or 64; 0: the pipelined loop (NSA_CUDA_WG_BN) */
     const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
 };
 
