@@ -93,11 +93,12 @@ template <int DQK> struct ScBn {
  * are small enough. */
 /* WG (v5, with LEAN, where the device runs sm_90a code): S = Q K^T on the
  * warpgroup MMA (wgmma.cuh) from 128-byte-swizzled Q and K tiles, BN = 64
- * keys; everything after S is the LEAN code. The K-tile loop is the same, and
+ * keys (32 for Dqk 192, so that two CTAs fit per SM); everything after S is
+ * the LEAN code. The K-tile loop is the same, and
  * the logits of the same keys, so the ranking sees the same scores up to the
  * fp32 summation order inside the MMA. */
 template <int DQK, bool WG> struct ScCfg {
-    static constexpr int BN = WG ? 64 : ScBn<DQK>::value;
+    static constexpr int BN = WG ? (DQK > 128 ? 32 : 64) : ScBn<DQK>::value;
     static constexpr int SQ = WG ? DQK : DQK + 8; /* row stride of the Q / K tiles (elements) */
 };
 
@@ -392,7 +393,10 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
  * bytes; the rows live in shared memory when they fit beside the tiles. */
 static size_t scores_smem_base(int dqkp, bool lean = false, bool wg = false)
 {
-    if (wg) return 1024 + 2 * (size_t)(TC_BM * dqkp + 2 * 64 * dqkp) + sizeof(float) * (size_t)(TC_BM / 16 * 64);
+    if (wg) {
+        const int BN = dqkp > 128 ? 32 : 64; /* ScCfg<DQK, true> */
+        return 1024 + 2 * (size_t)(TC_BM * dqkp + 2 * BN * dqkp) + sizeof(float) * (size_t)(TC_BM / 16 * BN);
+    }
     const int BN = dqkp > 128 ? 32 : 64; /* ScBn */
     const size_t tiles = 2 * (size_t)(TC_BM * (dqkp + 8) + 2 * BN * (dqkp + 8));
     if (lean) return tiles + sizeof(float) * (size_t)(TC_BM / 16 * BN);

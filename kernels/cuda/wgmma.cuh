@@ -70,6 +70,16 @@ template <int NJ> NSA_DEV void wg_hold(float (&d)[NJ][4])
  * Wg<T>::rsN: d += A(registers) B(desc), B MN-major (transposed). */
 template <typename T> struct Wg;
 
+#define NSA_WG_SS32(PTX_T) \
+    static NSA_DEV void ss32(float (&d)[4][4], uint64_t da, uint64_t db, int scale_d) \
+    { \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX_T "." PTX_T " " \
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
+                     : "l"(da), "l"(db), "r"(scale_d)); \
+    }
+
 #define NSA_WG_SS64(PTX_T) \
     static NSA_DEV void ss64(float (&d)[8][4], uint64_t da, uint64_t db, int scale_d) \
     { \
@@ -112,6 +122,7 @@ template <typename T> struct Wg;
 
 #define NSA_WG_16BIT(T, PTX_T)                                                                                  \
     template <> struct Wg<T> {                                                                                   \
+        NSA_WG_SS32(PTX_T)                                                                                       \
         NSA_WG_SS64(PTX_T)                                                                                       \
         NSA_WG_SS128(PTX_T)                                                                                      \
         NSA_WG_RS64(PTX_T)                                                                                       \
@@ -120,15 +131,18 @@ template <typename T> struct Wg;
 NSA_WG_16BIT(__nv_bfloat16, "bf16")
 NSA_WG_16BIT(__half, "f16")
 #undef NSA_WG_16BIT
+#undef NSA_WG_SS32
 #undef NSA_WG_SS64
 #undef NSA_WG_SS128
 #undef NSA_WG_RS64
 #undef NSA_WG_RS128
 
-/* Width-generic entry points for the kernels (N = 64 or 128). */
+/* Width-generic entry points for the kernels (ss: N = 32, 64 or 128; rs: 64 or 128). */
 template <typename T, int N> NSA_DEV void wg_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int scale_d)
 {
-    if constexpr (N == 64)
+    if constexpr (N == 32)
+        Wg<T>::ss32(d, da, db, scale_d);
+    else if constexpr (N == 64)
         Wg<T>::ss64(d, da, db, scale_d);
     else
         Wg<T>::ss128(d, da, db, scale_d);
