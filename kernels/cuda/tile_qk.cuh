@@ -1,8 +1,9 @@
 /*
  * tile_qk.cuh -- the pieces the tiled tensor-core kernels (attn_tc.cu,
- * scores.cu, slc_tc.cu) share: how a CTA's 128 rows map to (token, head), the
- * per-row visible key range, and one warp's S = Q K^T on a shared-memory K
- * tile with mma.sync m16n8k16.
+ * attn_wg.cu, scores.cu, slc_tc.cu) share: how a CTA's 128 rows map to
+ * (token, head), the per-row visible key range, one warp's S = Q K^T on a
+ * shared-memory K tile with mma.sync m16n8k16, the softmax step, and the
+ * masks and epilogue of the compressed / window kernels.
  *
  * Row mapping (attn_tc, scores): a CTA owns `ntok` consecutive tokens of one
  * sequence and `hca` query heads of one KV group, head fastest:
