@@ -50,12 +50,35 @@ NSA_DEV uint64_t sw128_desc(uint32_t saddr, uint32_t lbo)
            (1ull << 62);
 }
 
-NSA_DEV void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-NSA_DEV void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> NSA_DEV void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+/* The fences and waits compile to nothing for targets without wgmma, so that
+ * code shared with the mma.sync kernels builds for every listed target (the
+ * wgmma kernels never run there: the host asks attn_wg_available()). */
+NSA_DEV void wg_fence()
+{
+#ifdef NSA_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+NSA_DEV void wg_commit()
+{
+#ifdef NSA_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N> NSA_DEV void wg_wait()
+{
+#ifdef NSA_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
 /* Shared-memory writes of this thread (cp.async, st.shared) become visible to
  * the async proxy that wgmma reads through; then a barrier. */
-NSA_DEV void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+NSA_DEV void fence_async_smem()
+{
+#ifdef NSA_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
 /* Keeps the compiler from moving reads or writes of an accumulator across
  * the asynchronous MMA that owns it (an empty asm that "changes" it). */
 template <int NJ> NSA_DEV void wg_hold(float (&d)[NJ][4])
