@@ -197,13 +197,7 @@ cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp,
     const size_t wsm = attn_wg_smem(dqkp, dvp, g.wg_bn);
     if ((g.wgmma & (mode == 0 ? 1 : 4)) && wsm > 0 && (int64_t)wsm <= g.smem_optin)
         return attn_wg(g, mode, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
-    if (g.dtype == 1)
-        return mode == 0 ? attn_tc_t<__half, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz)
-                         : attn_tc_t<__half, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
-    if (g.dtype == 2)
-        return mode == 0 ? attn_tc_t<__nv_bfloat16, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz)
-                         : attn_tc_t<__nv_bfloat16, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
-    return cudaErrorInvalidValue;
+    NSA_ATTN_DISPATCH(attn_tc_t, g, mode, g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
 }
 
 } // namespace nsa_cuda

@@ -297,13 +297,7 @@ static cudaError_t attn_wg_t(const Geom &g, const Tiles &tl, int dqkp, int dvp, 
 cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
                     MView lse, cudaStream_t s, const FuseCombine &fz)
 {
-    if (g.dtype == 1)
-        return mode == 0 ? attn_wg_t<__half, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz)
-                         : attn_wg_t<__half, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
-    if (g.dtype == 2)
-        return mode == 0 ? attn_wg_t<__nv_bfloat16, 0>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz)
-                         : attn_wg_t<__nv_bfloat16, 2>(g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
-    return cudaErrorInvalidValue;
+    NSA_ATTN_DISPATCH(attn_wg_t, g, mode, g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
 }
 
 } // namespace nsa_cuda

@@ -327,6 +327,18 @@ template <int MODE> struct WarpRanges {
     }
 };
 
+/* `return FN<T, MODE>(args...)` for the call's 16-bit dtype (g.dtype 1 f16,
+ * 2 bf16) and branch mode (0 compressed, 2 window): the launchers of attn_tc
+ * and attn_wg. */
+#define NSA_ATTN_DISPATCH(FN, g, mode, ...)                                                                      \
+    do {                                                                                                         \
+        if ((g).dtype == 1)                                                                                      \
+            return (mode) == 0 ? FN<__half, 0>(__VA_ARGS__) : FN<__half, 2>(__VA_ARGS__);                        \
+        if ((g).dtype == 2)                                                                                      \
+            return (mode) == 0 ? FN<__nv_bfloat16, 0>(__VA_ARGS__) : FN<__nv_bfloat16, 2>(__VA_ARGS__);          \
+        return cudaErrorInvalidValue;                                                                            \
+    } while (0)
+
 /* The end of the compressed / window tile kernels (attn_tc, attn_wg): stores
  * the warp's 16 rows (o, lse), or for the window branch with fz.out set
  * computes COMBINE in place: the combine kernel's sum, term by term. */

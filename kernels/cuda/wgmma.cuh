@@ -90,7 +90,9 @@ template <int NJ> NSA_DEV void wg_hold(float (&d)[NJ][4])
 }
 
 /* Wg<T>::ssN: d (m64nN) = [d +] A(desc) B(desc), scale_d 0 overwrites d.
- * Wg<T>::rsN: d += A(registers) B(desc), B MN-major (transposed). */
+ * Wg<T>::rsN: d += A(registers) B(desc), B MN-major (transposed).
+ * Inline asm needs one operand per accumulator register, so each width is
+ * written out (the operand lists were generated, not typed). */
 template <typename T> struct Wg;
 
 #define NSA_WG_SS32(PTX_T) \
