@@ -54,11 +54,8 @@ __global__ void __launch_bounds__(TC_THREADS, AttnCfg<DQK, VAR>::MINB)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const TileCtx c = tile_ctx(g, tl);
-    const int64_t tlast = c.tl0 + c.ntok - 1;
-    int64_t klo, khi, tmp;
-    row_range<MODE>(g, c.tl0, klo, tmp);
-    row_range<MODE>(g, tlast, tmp, khi);
-    const int64_t kbase = MODE == 0 ? g.cu_cmp[c.seq] : c.s0;
+    int64_t klo, khi, kbase;
+    tile_keys<MODE>(g, c, klo, khi, kbase);
     const T *kg = k + kbase * kst + c.gi * ksh;
     const T *vg = v + kbase * vst + c.gi * vsh;
 

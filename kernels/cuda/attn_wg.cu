@@ -65,11 +65,8 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     const TileCtx c = tile_ctx(g, tl);
-    const int64_t tlast = c.tl0 + c.ntok - 1;
-    int64_t klo, khi, tmp;
-    row_range<MODE>(g, c.tl0, klo, tmp);
-    row_range<MODE>(g, tlast, tmp, khi);
-    const int64_t kbase = MODE == 0 ? g.cu_cmp[c.seq] : c.s0;
+    int64_t klo, khi, kbase;
+    tile_keys<MODE>(g, c, klo, khi, kbase);
     const T *kg = k + kbase * kst + c.gi * ksh;
     const T *vg = v + kbase * vst + c.gi * vsh;
 
@@ -103,7 +100,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
      * are token-major, so its first and last rows bound it (uniform over
      * the warpgroup, as the wgmma instructions require) */
     const int rf = wg * 64, rl = (int)min(wg * 64 + 63, c.nrows - 1);
-    int64_t gminlo = 1, gmaxhi = 0;
+    int64_t gminlo = 1, gmaxhi = 0, tmp;
     if (rf < c.nrows) {
         row_range<MODE>(g, c.tl0 + rf / c.hca, gminlo, tmp);
         row_range<MODE>(g, c.tl0 + rl / c.hca, tmp, gmaxhi);

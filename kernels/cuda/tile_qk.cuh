@@ -65,6 +65,18 @@ template <int MODE> NSA_DEV void row_range(const Geom &g, int64_t tq, int64_t &l
     }
 }
 
+/* The keys a compressed / window tile reads: [klo, khi] is the union of its
+ * rows' visible ranges (rows are token-major and the ranges grow with the
+ * token), kbase the first key row of its sequence in k / v. */
+template <int MODE> NSA_DEV void tile_keys(const Geom &g, const TileCtx &c, int64_t &klo, int64_t &khi, int64_t &kbase)
+{
+    const int64_t tlast = c.tl0 + c.ntok - 1;
+    int64_t tmp;
+    row_range<MODE>(g, c.tl0, klo, tmp);
+    row_range<MODE>(g, tlast, tmp, khi);
+    kbase = MODE == 0 ? g.cu_cmp[c.seq] : c.s0;
+}
+
 NSA_DEV int64_t warp_min64(int64_t v)
 {
     for (int o = 16; o > 0; o >>= 1) {
