@@ -131,23 +131,9 @@ template <typename T, int DQK, int DV, int MODE, int VAR>
 static cudaError_t launch_tc(const Geom &g, const Tiles &tl, View q, View k, View v, MView o,
                              MView lse, cudaStream_t s, const FuseCombine &fz)
 {
-    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
     constexpr int BN = AttnCfg<DQK, VAR>::BN;
-    const size_t smem = attn_tc_smem_bn(DQK, DV, BN);
-    cudaError_t e = cudaFuncSetAttribute(attn_tc_kernel<T, DQK, DV, MODE, VAR>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
-    /* the packed compressed rows are padded and aligned: always vector loads */
-    const bool kvvec = (MODE == 0 || (vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv))) &&
-                       rs32_ok(k.st, BN) && rs32_ok(v.st, BN);
-    const int64_t kd = MODE == 0 ? DQK : g.Dqk, vd = MODE == 0 ? DV : g.Dv;
-    const dim3 grid((unsigned)tl.count, (unsigned)(g.Hkv * tl.nchunk));
-    attn_tc_kernel<T, DQK, DV, MODE, VAR><<<grid, TC_THREADS, smem, s>>>(
-        g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh,
-        kd, vd, qvec,
-        kvvec, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh, fz);
-    return cudaGetLastError();
+    return launch_attn_tiles<T, DQK, DV, MODE>(attn_tc_kernel<T, DQK, DV, MODE, VAR>, BN,
+                                               attn_tc_smem_bn(DQK, DV, BN), g, tl, q, k, v, o, lse, s, fz);
 }
 
 template <typename T, int MODE>

@@ -339,6 +339,28 @@ template <int MODE> struct WarpRanges {
     }
 };
 
+/* Host side: launches a compressed / window tile kernel (attn_tc_kernel and
+ * attn_wg_kernel take the same arguments) on one CTA of TC_THREADS per tile,
+ * K/V tiles of BN keys, smem bytes of dynamic shared memory. */
+template <typename T, int DQK, int DV, int MODE, typename Kernel>
+static cudaError_t launch_attn_tiles(Kernel kern, int BN, size_t smem, const Geom &g, const Tiles &tl, View q, View k,
+                                     View v, MView o, MView lse, cudaStream_t s, const FuseCombine &fz)
+{
+    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
+    /* the packed compressed rows are padded and aligned: always vector loads */
+    const bool kvvec = (MODE == 0 || (vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv))) &&
+                       rs32_ok(k.st, BN) && rs32_ok(v.st, BN);
+    const int64_t kd = MODE == 0 ? DQK : g.Dqk, vd = MODE == 0 ? DV : g.Dv;
+    const dim3 grid((unsigned)tl.count, (unsigned)(g.Hkv * tl.nchunk));
+    kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh,
+                                        (const T *)v.p, v.st, v.sh, kd, vd, qvec, kvvec, (float *)o.p, o.st, o.sh,
+                                        (float *)lse.p, lse.st, lse.sh, fz);
+    return cudaGetLastError();
+}
+
 /* `return FN<T, MODE>(args...)` for the call's 16-bit dtype (g.dtype 1 f16,
  * 2 bf16) and branch mode (0 compressed, 2 window): the launchers of attn_tc
  * and attn_wg. */
