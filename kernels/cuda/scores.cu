@@ -94,15 +94,10 @@ template <int DQK> struct ScBn {
  * capped at 128 so that two CTAs (16 warps) fit per SM where the score rows
  * are small enough. */
 /* WG (v5, with LEAN, where the device runs sm_90a code): S = Q K^T on the
- * warpgroup MMA (wgmma.cuh) from 128-byte-swizzled Q and K tiles, BN = 64
- * keys (32 for Dqk 192, so that two CTAs fit per SM); everything after S is
- * the LEAN code. The K-tile loop is the same, and
- * the logits of the same keys, so the ranking sees the same scores up to the
- * fp32 summation order inside the MMA. */
-template <int DQK, bool WG> struct ScCfg {
-    static constexpr int BN = WG ? (DQK > 128 ? 32 : 64) : ScBn<DQK>::value;
-    static constexpr int SQ = WG ? DQK : DQK + 8; /* row stride of the Q / K tiles (elements) */
-};
+ * warpgroup MMA (wgmma.cuh) from 128-byte-swizzled Q and K tiles (row stride
+ * DQK, no padding); everything after S is the LEAN code, on the same K tiles
+ * (BN = 32 for Dqk 192 keeps two CTAs per SM there too). The ranking sees
+ * the same scores up to the fp32 summation order inside the MMA. */
 
 template <typename T, int DQK, bool FUSED, bool LEAN, bool WG = false>
 __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
@@ -112,8 +107,8 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
                      int *idx, int64_t ist, int64_t ish)
 {
     static_assert(!WG || (LEAN && DQK % 64 == 0), "the wgmma path is LEAN with 64-element panels");
-    constexpr int BM = TC_BM, NT = TC_THREADS, BN = ScCfg<DQK, WG>::BN;
-    constexpr int SQ = ScCfg<DQK, WG>::SQ, SP = BN + 4;
+    constexpr int BM = TC_BM, NT = TC_THREADS, BN = ScBn<DQK>::value;
+    constexpr int SQ = WG ? DQK : DQK + 8, SP = BN + 4; /* SQ: row stride of the Q / K tiles */
     constexpr bool QREG = !LEAN && DQK <= 192;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* WG: swizzle atoms need 1024-byte alignment (the launcher added 1 KB) */
@@ -274,15 +269,15 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
         if constexpr (WG) {
 #ifdef NSA_WGMMA
             if (ks <= gmaxhi) { /* all four warps of the warpgroup, rows or not */
-            const uint32_t qa = smem_u32(sQ) + (warp >> 2) * 64 * 128, ka = smem_u32(sK + buf * BN * SQ);
-            wg_fence();
+                const uint32_t qa = smem_u32(sQ) + (warp >> 2) * 64 * 128, ka = smem_u32(sK + buf * BN * SQ);
+                wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < DQK / 16; kk++)
-                wg_ss<T, BN>(s, sw128_desc(qa + (kk >> 2) * BM * 128 + (kk & 3) * 32, 16),
-                             sw128_desc(ka + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16), kk > 0);
-            wg_commit();
-            wg_wait<0>();
-            wg_hold(s);
+                for (int kk = 0; kk < DQK / 16; kk++)
+                    wg_ss<T, BN>(s, sw128_desc(qa + (kk >> 2) * BM * 128 + (kk & 3) * 32, 16),
+                                 sw128_desc(ka + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16), kk > 0);
+                wg_commit();
+                wg_wait<0>();
+                wg_hold(s);
             }
 #endif
         }
@@ -395,11 +390,9 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
  * bytes; the rows live in shared memory when they fit beside the tiles. */
 static size_t scores_smem_base(int dqkp, bool lean = false, bool wg = false)
 {
-    if (wg) {
-        const int BN = dqkp > 128 ? 32 : 64; /* ScCfg<DQK, true> */
-        return 1024 + 2 * (size_t)(TC_BM * dqkp + 2 * BN * dqkp) + sizeof(float) * (size_t)(TC_BM / 16 * BN);
-    }
     const int BN = dqkp > 128 ? 32 : 64; /* ScBn */
+    if (wg) /* unpadded swizzled tiles, 1 KB for their alignment */
+        return 1024 + 2 * (size_t)(TC_BM * dqkp + 2 * BN * dqkp) + sizeof(float) * (size_t)(TC_BM / 16 * BN);
     const size_t tiles = 2 * (size_t)(TC_BM * (dqkp + 8) + 2 * BN * (dqkp + 8));
     if (lean) return tiles + sizeof(float) * (size_t)(TC_BM / 16 * BN);
     return tiles + sizeof(float) * (size_t)(TC_BM * (BN + 4) + TC_BM * BN);
@@ -431,7 +424,7 @@ static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc
         accw = (int)g.max_ns;
         smem += acc;
     }
-    if (!rs32_ok(kc.st, 64)) return cudaErrorInvalidValue;
+    if (!rs32_ok(kc.st, ScBn<DQK>::value)) return cudaErrorInvalidValue;
     const bool fused = idx.p != nullptr;
     if (fused && accw == 0) return cudaErrorInvalidConfiguration; /* the backend checks scores_topn_fits first */
     auto kern = fused ? (lean ? scores_tc_kernel<T, DQK, true, true> : scores_tc_kernel<T, DQK, true, false>)
