@@ -166,8 +166,9 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->fuse_combine = on("NSA_CUDA_FUSE_COMBINE");
     c->attn_var = on("NSA_CUDA_ATTN_VAR") ? 1 : 0;
     c->scores_lean = on("NSA_CUDA_SCORES_LEAN");
-    /* the probe runs only on sm_90 devices, where the module may hold sm_90a code */
-    /* NSA_CUDA_WGMMA unset: cmp + scores; 0: none; cmp / scores: that one; all: the window too */
+    /* NSA_CUDA_WGMMA unset: cmp + scores; 0: none; cmp / scores: that one; all:
+     * the window too. The probe runs only on sm_90 devices, the ones the
+     * module's sm_90a code can run on. */
     const char *wv = getenv("NSA_CUDA_WGMMA");
     c->wgmma = !(wv && strcmp(wv, "0") == 0) && p.major == 9 && attn_wg_available()
                    ? (wv && strcmp(wv, "cmp") == 0      ? 1

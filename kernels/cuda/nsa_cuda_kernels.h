@@ -87,7 +87,7 @@ cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp,
 
 /* attn_wg.cu: attn_tc's tile on Hopper wgmma (sm_90a), padded dims 64/64,
  * 128/128 and 192/128 (attn_wg_smem > 0); attn_tc calls it for the
- * compressed branch when g.wgmma.
+ * compressed branch when g.wgmma bit 0 is set (bit 2: the window branch).
  * attn_wg_available: does this device run the module's sm_90a code (a probe
  * kernel; synchronous, for context creation only)? */
 bool attn_wg_available();
