@@ -10,16 +10,20 @@
  *               hold S (rounded to the input type, as in attn_tc), V from
  *               shared memory (MN-major, transposed by the MMA).
  *
- * The CTA is two warpgroups (rows 0-63 and 64-127); while one warpgroup runs
- * its softmax the other's MMAs keep the tensor cores busy. Masks, the online
+ * The CTA is two warpgroups (rows 0-63 and 64-127). One could run its
+ * softmax while the other's MMAs use the tensor cores, but the CTA barrier
+ * per K tile keeps them in step (ncu at 64k: tensor pipe 35 % busy, 2 warps
+ * per scheduler, latency-bound); NOTES.md says what was tried. Masks, the online
  * softmax (warp_softmax_step), the epilogue and the fused COMBINE are the
  * attn_tc ones, so both kernels compute the same function; only the fp32
  * summation order inside the MMAs differs (within the testkit tolerances).
  *
  * Runs where the device executes sm_90a code (H100 / H200 / GH200, module
  * built with nvcc_archs containing 90a; attn_wg_available() asks a probe
- * kernel) for padded dims 64/64, 128/128 and 192/128; NSA_CUDA_WGMMA=0 turns
- * it off (attn_tc runs). Everything else takes attn_tc.
+ * kernel) for padded dims 64/64, 128/128 and 192/128: the compressed branch
+ * by default; the window branch only with NSA_CUDA_WGMMA=all (9.0 ms at 64k
+ * against attn_tc's 7.2: a window CTA sees ~9 K tiles, and attn_tc fits two
+ * CTAs per SM). NSA_CUDA_WGMMA=0 turns it off. Everything else takes attn_tc.
  *
  * Shared memory (D = 128, BN = 128): Q 32 KB + K 2 x 32 KB + V 2 x 32 KB
  * + 1 KB of alignment = 161 KB, one CTA (8 warps) per SM.
