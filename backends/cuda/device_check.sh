@@ -49,6 +49,8 @@ if has prof2; then # T = 64k under the wgmma switches (the default is profiled a
   done; done
 fi
 if has parity; then
+  timeout 60 $B/tests/test_wgmma > /tmp/wgmma.log 2>&1
+  note "[$(el)] cuda-wgmma rc=$? $(tail -1 /tmp/wgmma.log)"
   timeout 200 $B/tests/test_oracle cuda > "$OUT/parity.log" 2>&1
   note "[$(el)] parity-cuda full corpus rc=$?"
   grep -E "^parity-cuda|^FAIL" "$OUT/parity.log" | head -12 | tee -a "$SUM"
