@@ -155,16 +155,20 @@ static int compare(const char *name, const std::vector<float> &got, const std::v
     return ok ? 0 : 1;
 }
 
-template <int N> static int run_ss(bf16 *dA, bf16 *dB, float *dD)
+/* Fresh inputs a (na values) and b (nb values) on the device, D poisoned,
+ * launch(), then D (64 x N) against sum_k a[ai(i, k)] * b[bi(k, j)], k < kd. */
+template <typename Launch, typename AIdx, typename BIdx>
+static int check(const char *name, int N, int kd, size_t na, size_t nb, bf16 *dA, bf16 *dB, float *dD,
+                 Launch launch, AIdx ai, BIdx bi)
 {
-    std::vector<bf16> hA, hB;
-    std::vector<float> fA, fB;
-    fill(hA, fA, (size_t)M * K);
-    fill(hB, fB, (size_t)N * K);
-    CK(cudaMemcpy(dA, hA.data(), hA.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dB, hB.data(), hB.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<bf16> ha, hb;
+    std::vector<float> fa, fb;
+    fill(ha, fa, na);
+    fill(hb, fb, nb);
+    CK(cudaMemcpy(dA, ha.data(), na * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dB, hb.data(), nb * 2, cudaMemcpyHostToDevice));
     CK(cudaMemset(dD, 0xff, (size_t)M * N * 4)); /* NaN */
-    ss_kernel<N><<<1, 128>>>(dA, dB, dD);
+    launch();
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<float> got((size_t)M * N);
@@ -173,46 +177,33 @@ template <int N> static int run_ss(bf16 *dA, bf16 *dB, float *dD)
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             double s = 0, m = 0;
-            for (int k = 0; k < K; k++) {
-                s += (double)fA[i * K + k] * fB[j * K + k];
-                m += std::fabs((double)fA[i * K + k] * fB[j * K + k]);
+            for (int k = 0; k < kd; k++) {
+                const double t = (double)fa[ai(i, k)] * fb[bi(k, j)];
+                s += t;
+                m += std::fabs(t);
             }
-            ref[i * N + j] = s;
-            mag[i * N + j] = m;
+            ref[(size_t)i * N + j] = s;
+            mag[(size_t)i * N + j] = m;
         }
+    return compare(name, got, ref, mag);
+}
+
+template <int N> static int run_ss(bf16 *dA, bf16 *dB, float *dD)
+{
     char name[64];
     snprintf(name, sizeof name, "ss m64n%dk16 (K-major A, B)", N);
-    return compare(name, got, ref, mag);
+    return check(
+        name, N, K, (size_t)M * K, (size_t)N * K, dA, dB, dD, [&] { ss_kernel<N><<<1, 128>>>(dA, dB, dD); },
+        [](int i, int k) { return i * K + k; }, [](int k, int j) { return j * K + k; });
 }
 
 template <int N> static int run_rs(bf16 *dP, bf16 *dV, float *dD)
 {
-    std::vector<bf16> hP, hV;
-    std::vector<float> fP, fV;
-    fill(hP, fP, (size_t)M * KP);
-    fill(hV, fV, (size_t)KP * N);
-    CK(cudaMemcpy(dP, hP.data(), hP.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dV, hV.data(), hV.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemset(dD, 0xff, (size_t)M * N * 4));
-    rs_kernel<N><<<1, 128>>>(dP, dV, dD);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    std::vector<float> got((size_t)M * N);
-    CK(cudaMemcpy(got.data(), dD, got.size() * 4, cudaMemcpyDeviceToHost));
-    std::vector<double> ref(got.size()), mag(got.size());
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double s = 0, m = 0;
-            for (int k = 0; k < KP; k++) {
-                s += (double)fP[i * KP + k] * fV[k * N + j];
-                m += std::fabs((double)fP[i * KP + k] * fV[k * N + j]);
-            }
-            ref[i * N + j] = s;
-            mag[i * N + j] = m;
-        }
     char name[64];
     snprintf(name, sizeof name, "rs m64n%dk16 (registers A, MN-major B)", N);
-    return compare(name, got, ref, mag);
+    return check(
+        name, N, KP, (size_t)M * KP, (size_t)KP * N, dP, dV, dD, [&] { rs_kernel<N><<<1, 128>>>(dP, dV, dD); },
+        [](int i, int k) { return i * KP + k; }, [](int k, int j) { return k * N + j; });
 }
 
 int main()
