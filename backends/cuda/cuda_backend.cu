@@ -64,7 +64,7 @@ struct CudaCtx {
     int slc_kernel;      /* NSA_CUDA_SLC: 0 auto (slc_mt for Dqk' = 192), 1 tc, 2 mt (slc_mt.cu says why) */
     bool scores_lean;    /* NSA_CUDA_SCORES_LEAN (default 1): scores_tc's LEAN kernels for G = 16 */
     int wgmma;           /* wgmma kernels (sm_90a): bit 0 cmp_attn, 1 scores, 2 win_attn (NSA_CUDA_WGMMA) */
-    int wg_bn;           /* attn_wg keys per tile, 128 or 64, 0: pipelined (NSA_CUDA_WG_BN=128|64|pipe) */
+    int wg_bn;           /* attn_wg loop, Geom::wg_bn (NSA_CUDA_WG_BN=128|64|pipe|x2|x2s; unset: -1, per branch) */
     int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
@@ -166,18 +166,27 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->fuse_combine = on("NSA_CUDA_FUSE_COMBINE");
     c->attn_var = on("NSA_CUDA_ATTN_VAR") ? 1 : 0;
     c->scores_lean = on("NSA_CUDA_SCORES_LEAN");
-    /* NSA_CUDA_WGMMA unset: cmp + scores; 0: none; cmp / scores: that one; all:
-     * the window too. The probe runs only on sm_90 devices, the ones the
-     * module's sm_90a code can run on. */
+    /* NSA_CUDA_WGMMA unset or all: compressed, scores and window; 0: none;
+     * cmp / scores / win: that one; nowin: cmp + scores (the v5 default).
+     * The probe runs only on sm_90 devices, the ones the module's sm_90a code
+     * can run on. */
     const char *wv = getenv("NSA_CUDA_WGMMA");
     c->wgmma = !(wv && strcmp(wv, "0") == 0) && p.major == 9 && attn_wg_available()
-                   ? (wv && strcmp(wv, "cmp") == 0      ? 1
-                      : wv && strcmp(wv, "scores") == 0 ? 2
-                      : wv && strcmp(wv, "all") == 0    ? 7 /* the window branch too */
-                                                        : 3)
+                   ? (!wv                          ? 7
+                      : strcmp(wv, "cmp") == 0    ? 1
+                      : strcmp(wv, "scores") == 0 ? 2
+                      : strcmp(wv, "win") == 0    ? 4
+                      : strcmp(wv, "nowin") == 0  ? 3
+                                                  : 7)
                    : 0;
     const char *wb = getenv("NSA_CUDA_WG_BN");
-    c->wg_bn = wb && strcmp(wb, "64") == 0 ? 64 : wb && strcmp(wb, "pipe") == 0 ? 0 : 128;
+    c->wg_bn = !wb                      ? -1
+               : strcmp(wb, "128") == 0  ? 128
+               : strcmp(wb, "64") == 0   ? 64
+               : strcmp(wb, "pipe") == 0 ? 0
+               : strcmp(wb, "x2") == 0   ? 2
+               : strcmp(wb, "x2s") == 0  ? 3
+                                         : -1;
     const char *sv = getenv("NSA_CUDA_SLC");
     c->slc_kernel = !sv ? 0 : strcmp(sv, "tc") == 0 ? 1 : strcmp(sv, "mt") == 0 ? 2 : 0;
     int optin = 0;

@@ -6,7 +6,8 @@
 # Run from the repository root on the GPU machine:
 #   bash backends/cuda/device_check.sh [step,step,...]
 # steps (default all): profile parity variants check det sanitize opencl bench sdpa; prof2 (not in
-# the default) profiles T = 64k under the wgmma switches
+# the default) profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list).
+# A variant is one or more VAR=value settings joined by commas (VARIANTS, PROF_VARIANTS).
 # Needs: .debs (libcheck/libsubunit/libclblast .deb files, unpacked with dpkg -x;
 # the machine has no internet) and, for sdpa, .bench/sdpa_baseline.py (a copy of
 # ../shared/bench/sdpa_baseline.py, not part of the project). Logs go to $OUT (or
@@ -41,9 +42,10 @@ if has profile; then
   done; done
 fi
 if has prof2; then # T = 64k under the wgmma switches (the default is profiled above)
-  for v in NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=cmp NSA_CUDA_WGMMA=scores NSA_CUDA_WGMMA=all NSA_CUDA_WG_BN=64 \
-           NSA_CUDA_WG_BN=pipe; do for dqk in 128 192; do
-    env $v NSA_CUDA_PROFILE=1 timeout 60 $NSA run --backend cuda --T 65536 --dqk $dqk --dv 128 --iters 3 --warmup 1 \
+  for v in ${PROF_VARIANTS:-NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=cmp NSA_CUDA_WGMMA=scores NSA_CUDA_WGMMA=all \
+           NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_WG_BN=x2 NSA_CUDA_WGMMA=all,NSA_CUDA_WG_BN=x2}; do
+    for dqk in 128 192; do
+    env ${v//,/ } NSA_CUDA_PROFILE=1 timeout 60 $NSA run --backend cuda --T 65536 --dqk $dqk --dv 128 --iters 3 --warmup 1 \
       --check-tokens 0 > /tmp/prof.tmp 2>&1
     note "[$(el)] profile $v Dqk=$dqk T=65536: $(grep 'nsa-cuda profile' /tmp/prof.tmp | tail -1)"
   done; done
@@ -58,8 +60,9 @@ fi
 if has variants; then
   for v in ${VARIANTS:-NSA_CUDA_SCORES_LEAN=0 NSA_CUDA_V3=0 NSA_CUDA_ATTN_VAR=0 NSA_CUDA_FUSE_COMBINE=0 \
            NSA_CUDA_SLC=mt NSA_CUDA_SLC=tc NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=all \
-           NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_KERNELS=ref}; do
-    env $v timeout 100 $B/tests/test_oracle cuda f32,f16,bf16,fixed small > /tmp/pv.log 2>&1
+           NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_WG_BN=x2 NSA_CUDA_WGMMA=all,NSA_CUDA_WG_BN=x2 \
+           NSA_CUDA_KERNELS=ref}; do
+    env ${v//,/ } timeout 100 $B/tests/test_oracle cuda f32,f16,bf16,fixed small > /tmp/pv.log 2>&1
     note "[$(el)] parity-cuda small corpus, $v: rc=$? $(grep -cE '^FAIL' /tmp/pv.log) failures"
     grep -E "^FAIL" -A1 /tmp/pv.log | head -4 | tee -a "$SUM"
   done

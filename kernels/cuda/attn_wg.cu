@@ -50,8 +50,8 @@ template <int DQK, int DV, int BN, bool PIPE> constexpr size_t attn_wg_smem_t()
  * three buffers, so BN = 64. Without PIPE every wgmma is waited for at once
  * and the CTA's barrier per tile keeps both warpgroups in step: while they
  * both run their softmax the tensor cores idle. */
-template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE>
-__global__ void __launch_bounds__(TC_THREADS, 1)
+template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1>
+__global__ void __launch_bounds__(TC_THREADS, MINB)
     attn_wg_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                    const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst,
                    int64_t vsh, int64_t kd, int64_t vd, bool qvec, bool kvvec, float *o, int64_t ost, int64_t osh,
@@ -243,11 +243,22 @@ bool attn_wg_available()
     return ok && h == 1;
 }
 
-/* wg_bn: 128, 64, or 0 for the pipelined loop (BN = 64) */
+/* TWO (NSA_CUDA_WG_BN=x2, g.wg_bn == 2): two CTAs per SM instead of one, so
+ * that one CTA's softmax runs while the other's products hold the tensor
+ * cores. Registers are capped at 128 and the K/V tiles are small enough for
+ * two CTAs' shared memory: 64 keys (99 KB at D 128), 32 for Dqk 192 (91 KB). */
+template <int DQK> struct WgTwoBn {
+    static constexpr int value = DQK > 128 ? 32 : 64;
+};
+
+/* wg_bn: 128, 64, 0 for the pipelined loop (BN = 64), 2 for TWO, 3 for TWO with 32 keys */
 template <int DQK, int DV> static size_t wg_smem(int wg_bn)
 {
     return wg_bn == 128 ? attn_wg_smem_t<DQK, DV, 128, false>()
-                        : wg_bn == 64 ? attn_wg_smem_t<DQK, DV, 64, false>() : attn_wg_smem_t<DQK, DV, 64, true>();
+           : wg_bn == 64 ? attn_wg_smem_t<DQK, DV, 64, false>()
+           : wg_bn == 2  ? attn_wg_smem_t<DQK, DV, WgTwoBn<DQK>::value, false>()
+           : wg_bn == 3  ? attn_wg_smem_t<DQK, DV, 32, false>()
+                         : attn_wg_smem_t<DQK, DV, 64, true>();
 }
 size_t attn_wg_smem(int dqkp, int dvp, int wg_bn)
 {
@@ -259,22 +270,24 @@ size_t attn_wg_smem(int dqkp, int dvp, int wg_bn)
     }
 }
 
-template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE>
+template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1>
 static cudaError_t launch_wg(const Geom &g, const Tiles &tl, View q, View k, View v, MView o, MView lse,
                              cudaStream_t s, const FuseCombine &fz)
 {
-    return launch_attn_tiles<T, DQK, DV, MODE>(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE>, BN,
+    return launch_attn_tiles<T, DQK, DV, MODE>(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB>, BN,
                                                attn_wg_smem_t<DQK, DV, BN, PIPE>(), g, tl, q, k, v, o, lse, s, fz);
 }
 
 template <typename T, int MODE>
-static cudaError_t attn_wg_t(const Geom &g, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
-                             MView lse, cudaStream_t s, const FuseCombine &fz)
+static cudaError_t attn_wg_t(const Geom &g, int bn, const Tiles &tl, int dqkp, int dvp, View q, View k, View v,
+                             MView o, MView lse, cudaStream_t s, const FuseCombine &fz)
 {
 #define NSA_WG_LAUNCH(DQK, DV)                                                                                   \
-    return g.wg_bn == 128  ? launch_wg<T, DQK, DV, MODE, 128, false>(g, tl, q, k, v, o, lse, s, fz)                 \
-           : g.wg_bn == 64 ? launch_wg<T, DQK, DV, MODE, 64, false>(g, tl, q, k, v, o, lse, s, fz)                  \
-                           : launch_wg<T, DQK, DV, MODE, 64, true>(g, tl, q, k, v, o, lse, s, fz)
+    return bn == 128  ? launch_wg<T, DQK, DV, MODE, 128, false>(g, tl, q, k, v, o, lse, s, fz)                      \
+           : bn == 64 ? launch_wg<T, DQK, DV, MODE, 64, false>(g, tl, q, k, v, o, lse, s, fz)                       \
+           : bn == 2  ? launch_wg<T, DQK, DV, MODE, WgTwoBn<DQK>::value, false, 2>(g, tl, q, k, v, o, lse, s, fz)    \
+           : bn == 3  ? launch_wg<T, DQK, DV, MODE, 32, false, 2>(g, tl, q, k, v, o, lse, s, fz)                    \
+                      : launch_wg<T, DQK, DV, MODE, 64, true>(g, tl, q, k, v, o, lse, s, fz)
     switch (dqkp * 1000 + dvp) {
     case 64064: NSA_WG_LAUNCH(64, 64);
     case 128128: NSA_WG_LAUNCH(128, 128);
@@ -284,10 +297,17 @@ static cudaError_t attn_wg_t(const Geom &g, const Tiles &tl, int dqkp, int dvp, 
 #undef NSA_WG_LAUNCH
 }
 
+int attn_wg_loop(const Geom &g, int mode, int dqkp)
+{
+    if (g.wg_bn >= 0) return g.wg_bn;
+    return mode == 2 || dqkp <= 128 ? 2 : 128;
+}
+
 cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
                     MView lse, cudaStream_t s, const FuseCombine &fz)
 {
-    NSA_ATTN_DISPATCH(attn_wg_t, g, mode, g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
+    const int bn = attn_wg_loop(g, mode, dqkp);
+    NSA_ATTN_DISPATCH(attn_wg_t, g, mode, g, bn, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
 }
 
 } // namespace nsa_cuda

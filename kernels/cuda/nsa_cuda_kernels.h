@@ -37,7 +37,8 @@ struct Geom {
     int attn_var;       /* attn_tc tile variant for Dv <= 128 (NSA_CUDA_ATTN_VAR, default 1; attn_tc.cu AttnCfg) */
     int scores_lean;    /* scores_tc LEAN kernels for G = 16 (NSA_CUDA_SCORES_LEAN, default 1) */
     int wgmma;          /* wgmma kernels that may run (sm_90a code on the device): bit 0 cmp_attn, 1 scores, 2 win_attn */
-    int wg_bn;          /* attn_wg keys per tile: 128 or 64; 0: the pipelined loop (NSA_CUDA_WG_BN) */
+    int wg_bn;          /* attn_wg loop (NSA_CUDA_WG_BN): 128 or 64 keys per tile, 0 pipelined, 2 / 3 two CTAs per SM
+                        * (3: 32 keys), -1 the measured best per branch (attn_wg_loop) */
     const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
 };
 
@@ -92,6 +93,7 @@ cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp,
  * kernel; synchronous, for context creation only)? */
 bool attn_wg_available();
 size_t attn_wg_smem(int dqkp, int dvp, int bn);
+int attn_wg_loop(const Geom &g, int mode, int dqkp); /* the wg_bn code attn_wg runs for a branch */
 cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
                     MView lse, cudaStream_t s, const FuseCombine &fz);
 
