@@ -5,8 +5,8 @@
 # NVIDIA OpenCL parity, and the T sweep beside PyTorch's cuDNN attention.
 # Run from the repository root on the GPU machine:
 #   bash backends/cuda/device_check.sh [step,step,...]
-# steps (default all): profile parity variants check det sanitize opencl bench sdpa; prof2 (not in
-# the default) profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list).
+# steps (default all): profile parity variants check det sanitize opencl bench sdpa; sanwg (in
+# sanitize; alone: only the wgmma kernels' sanitizer runs) and prof2 (not in the default) profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list).
 # A variant is one or more VAR=value settings joined by commas (VARIANTS, PROF_VARIANTS).
 # Needs: .debs (libcheck/libsubunit/libclblast .deb files, unpacked with dpkg -x;
 # the machine has no internet) and, for sdpa, .bench/sdpa_baseline.py (a copy of
@@ -63,7 +63,7 @@ if has variants; then
            NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_WG_BN=x2 NSA_CUDA_WGMMA=all,NSA_CUDA_WG_BN=x2 \
            NSA_CUDA_KERNELS=ref}; do
     env ${v//,/ } timeout 100 $B/tests/test_oracle cuda f32,f16,bf16,fixed small > /tmp/pv.log 2>&1
-    note "[$(el)] parity-cuda small corpus, $v: rc=$? $(grep -cE '^FAIL' /tmp/pv.log) failures"
+    note "[$(el)] parity-cuda small corpus, $v: rc=$? $(grep -cE '^FAIL' /tmp/pv.log) failures, $(grep -hE '^parity-cuda' /tmp/pv.log | tr '\n' ' ' | cut -c1-240)"
     grep -E "^FAIL" -A1 /tmp/pv.log | head -4 | tee -a "$SUM"
   done
 fi
@@ -92,7 +92,9 @@ if has sanitize; then
   timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $NSA run --backend cuda --T 1536 --hq 16 \
     --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 --check-tokens 0 > /tmp/racecheck2.log 2>&1
   note "[$(el)] racecheck nsa run T=1536 G=16 rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' /tmp/racecheck2.log | tail -1)"
-  # D = 128 with two or more K tiles of the wgmma kernels (attn_wg, scores WG) on sm_90
+fi
+if has sanitize || has sanwg; then
+  # D = 128 with two or more K tiles of the wgmma kernels (attn_wg, scores WG / WT) on sm_90
   for tool in memcheck racecheck; do
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $NSA run --backend cuda --T 4096 --hq 16 \
       --hkv 1 --dqk 128 --dv 128 --iters 1 --warmup 0 --check-tokens 0 > /tmp/san3.log 2>&1

@@ -29,6 +29,7 @@
  *    13.5 ms (D 128), 21.9 -> 17.7 ms (D 192) at T = 64k, H200.
  */
 #include "tile_qk.cuh"
+#include "scores_map.cuh"
 #include "topn.cuh"
 #include "wgmma.cuh"
 
@@ -194,45 +195,17 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
      * tile suffices (the double buffer) and warps overlap their phases */
     const bool wown = LEAN || (g.v3 && g16);
 
-    /* v4: the overlap map as a table. When BN * d is a multiple of l_s, every
-     * K tile starts on a selection-block boundary (ks * d = jlo * l_s), so
-     * entry e (= j - jlo) of any tile reads the same tile columns with the
-     * same weights: sTf[e] first column, sTn[e] count, sTw[e][*] the weights
-     * overlap / d, computed exactly as overlap_entry computes them. Columns
-     * past a token's nc (or past khi) hold p = 0 in sC, so the table need not
-     * clip there: adding w * 0 leaves the sum bitwise unchanged. Without the
-     * table each entry cost two 64-bit divisions and a float division per
-     * compressed block (the hottest code of v3's loop). */
-    constexpr int TAB_E = 48, TAB_I = 8;
-    __shared__ float sTw[TAB_E * TAB_I];
-    __shared__ int sTf[TAB_E], sTn[TAB_E];
-    const int64_t tab_ne = ((int64_t)(BN - 1) * g.d + g.l - 1) / g.ls + 1;
-    const bool ptab = wown && ((int64_t)BN * g.d) % g.ls == 0 && tab_ne <= TAB_E &&
-                      (g.ls + g.l - 2) / g.d + 2 <= TAB_I;
-    if (ptab && tid < tab_ne) {
-        int f = -1, n = 0;
-        for (int r = 0; r < BN; r++) {
-            const int64_t ov = nsa_overlap(r, tid, g.l, g.d, g.ls);
-            if (ov > 0) {
-                if (f < 0) f = r;
-                sTw[tid * TAB_I + n++] = (float)ov / (float)g.d;
-            }
-        }
-        sTf[tid] = f < 0 ? 0 : f;
-        sTn[tid] = n;
-    }
+    /* v4: the overlap map as a table (scores_map.cuh) where the tiles are periodic */
+    __shared__ MapTab sTab;
+    const int tab_ne = wown ? map_tab_entries(g, BN) : 0;
+    map_tab_build(sTab, g, BN, tab_ne, tid);
 
-    /* overlap map of entry e (selection block jlo + e) of token tok for the K
-     * tile starting at ks: the same arithmetic in either loop below */
+    /* entry e (selection block jlo + e) of token tok for the K tile starting
+     * at ks: the same arithmetic in either loop below */
     auto overlap_entry = [&](int tok, int e, int64_t ks, int64_t jlo) {
         const int64_t j = jlo + e;
-        const int64_t nc = sNc[tok];
-        const int64_t i0 = nsa_max64(nsa_cmp_first_overlapping(j, g.l, g.d, g.ls), ks);
-        const int64_t i1 = nsa_min64(nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), ks + BN - 1), nc - 1);
-        if (i0 > i1) return;
-        float acc = 0.f;
-        for (int64_t i = i0; i <= i1; i++)
-            acc += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * sC[tok * BN + (int)(i - ks)];
+        float acc;
+        if (!overlap_entry_sum(g, j, ks, BN, sNc[tok], sC + tok * BN, acc)) return;
         if (FUSED || accw > 0)
             sAcc[tok * accw + j] += acc;
         else
@@ -326,30 +299,9 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
         if (wown) {
             /* token `warp`'s row: sC[warp] was written by this warp's lanes 0..3 */
             __syncwarp();
-            if (warp_rows) {
-                int64_t jlo;
-                int nj;
-                if (ptab && ks + BN - 1 <= khi) { /* a whole periodic tile: no divisions */
-                    jlo = kt * (((int64_t)BN * g.d) / g.ls);
-                    nj = (int)tab_ne;
-                } else {
-                    const int64_t last = nsa_min64(ks + BN - 1, khi);
-                    jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
-                    nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
-                }
-                if (ptab) {
-                    float *row = sAcc + warp * accw + jlo;
-                    for (int e = lane; e < nj; e += 32) {
-                        const float *w = sTw + e * TAB_I, *cc = sC + warp * BN + sTf[e];
-                        const int n = sTn[e];
-                        float acc = 0.f;
-                        for (int k = 0; k < n; k++) acc += w[k] * cc[k];
-                        row[e] += acc;
-                    }
-                } else {
-                    for (int e = lane; e < nj; e += 32) overlap_entry(warp, e, ks, jlo);
-                }
-            }
+            if (warp_rows)
+                map_tile_row(g, sTab, tab_ne, BN, kt, khi, sNc[warp], sC + warp * BN,
+                             FUSED || accw > 0 ? sAcc + warp * accw : scg + warp * sst, lane);
             continue;
         }
         __syncthreads();
@@ -427,6 +379,12 @@ static cudaError_t launch_scores(const Geom &g, const Tiles &tl, View q, View kc
     if (!rs32_ok(kc.st, ScBn<DQK>::value)) return cudaErrorInvalidValue;
     const bool fused = idx.p != nullptr;
     if (fused && accw == 0) return cudaErrorInvalidConfiguration; /* the backend checks scores_topn_fits first */
+    /* v6: the transposed product (scores_wt.cu) where it runs; it refuses
+     * (cudaErrorInvalidConfiguration) what it does not cover */
+    if (wg && g.scores_wt) {
+        const cudaError_t ew = scores_wt(g, tl, DQK, q, kc, lse, sc, idx, s);
+        if (ew != cudaErrorInvalidConfiguration) return ew;
+    }
     auto kern = fused ? (lean ? scores_tc_kernel<T, DQK, true, true> : scores_tc_kernel<T, DQK, true, false>)
                       : (lean ? scores_tc_kernel<T, DQK, false, true> : scores_tc_kernel<T, DQK, false, false>);
     if constexpr (wg_dims)

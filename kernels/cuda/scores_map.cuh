@@ -1,0 +1,106 @@
+/*
+ * scores_map.cuh -- the overlap map of BLOCK_SCORES (semantics section 3) for
+ * the tiled scores kernels (scores.cu, scores_wt.cu): a K tile of BN
+ * compressed blocks starting at key ks = kt * BN, whose group sums p[i]
+ * (i < BN, 0 for blocks a token does not see) are added onto the selection
+ * blocks they overlap,
+ *     row[j] += sum_i overlap(ks + i, j) / d * p[i].
+ *
+ * MapTab (v4): when BN * d is a multiple of l_s, every K tile starts on a
+ * selection-block boundary (ks * d = jlo * l_s), so entry e (= j - jlo) of
+ * any tile reads the same tile columns with the same weights: f[e] first
+ * column, n[e] count, w[e][*] the weights overlap / d, computed exactly as
+ * overlap_entry_sum computes them. Columns past a token's nc (or past khi)
+ * hold p = 0, so the table need not clip there: adding w * 0 leaves the sum
+ * bitwise unchanged. Without the table each entry costs two 64-bit divisions
+ * and a float division per compressed block.
+ */
+#ifndef NSA_KERNELS_CUDA_SCORES_MAP_CUH
+#define NSA_KERNELS_CUDA_SCORES_MAP_CUH
+
+#include "nsa_cuda.cuh"
+#include "nsa_cuda_kernels.h"
+
+namespace nsa_cuda {
+
+constexpr int MAP_E = 48, MAP_I = 8;
+
+struct MapTab { /* lives in shared memory */
+    float w[MAP_E * MAP_I];
+    int f[MAP_E], n[MAP_E];
+};
+
+/* Entries of a periodic tile of BN keys, or 0 where the table does not apply
+ * (then map_tile_row takes the arithmetic path). Uniform over the CTA. */
+NSA_DEV int map_tab_entries(const Geom &g, int BN)
+{
+    const int64_t ne = ((int64_t)(BN - 1) * g.d + g.l - 1) / g.ls + 1;
+    const bool ok = ((int64_t)BN * g.d) % g.ls == 0 && ne <= MAP_E && (g.ls + g.l - 2) / g.d + 2 <= MAP_I;
+    return ok ? (int)ne : 0;
+}
+
+/* Threads 0 .. ne-1 fill the table (a barrier must follow before it is read). */
+NSA_DEV void map_tab_build(MapTab &t, const Geom &g, int BN, int ne, int tid)
+{
+    if (tid >= ne) return;
+    int f = -1, n = 0;
+    for (int r = 0; r < BN; r++) {
+        const int64_t ov = nsa_overlap(r, tid, g.l, g.d, g.ls);
+        if (ov > 0) {
+            if (f < 0) f = r;
+            t.w[tid * MAP_I + n++] = (float)ov / (float)g.d;
+        }
+    }
+    t.f[tid] = f < 0 ? 0 : f;
+    t.n[tid] = n;
+}
+
+/* Entry j (selection block) of the tile starting at ks, the arithmetic way,
+ * for a token that sees nc compressed blocks; false when no visible block of
+ * the tile overlaps j. */
+NSA_DEV bool overlap_entry_sum(const Geom &g, int64_t j, int64_t ks, int BN, int64_t nc, const float *p, float &acc)
+{
+    const int64_t i0 = nsa_max64(nsa_cmp_first_overlapping(j, g.l, g.d, g.ls), ks);
+    const int64_t i1 = nsa_min64(nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), ks + BN - 1), nc - 1);
+    if (i0 > i1) return false;
+    acc = 0.f;
+    for (int64_t i = i0; i <= i1; i++) acc += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * p[i - ks];
+    return true;
+}
+
+/* One warp adds K tile kt's map for one token (nc visible blocks; p its BN
+ * group sums) into its score row; khi: the last key the CTA's tokens see. */
+NSA_DEV void map_tile_row(const Geom &g, const MapTab &t, int ne, int BN, int64_t kt, int64_t khi, int64_t nc,
+                          const float *p, float *row, int lane)
+{
+    const int64_t ks = kt * BN;
+    int64_t jlo;
+    int nj;
+    if (ne > 0 && ks + BN - 1 <= khi) { /* a whole periodic tile: no divisions */
+        jlo = kt * (((int64_t)BN * g.d) / g.ls);
+        nj = ne;
+    } else {
+        const int64_t last = nsa_min64(ks + BN - 1, khi);
+        jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
+        nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
+    }
+    if (ne > 0) {
+        float *r = row + jlo;
+        for (int e = lane; e < nj; e += 32) {
+            const float *w = t.w + e * MAP_I, *cc = p + t.f[e];
+            const int n = t.n[e];
+            float acc = 0.f;
+            for (int k = 0; k < n; k++) acc += w[k] * cc[k];
+            r[e] += acc;
+        }
+    } else {
+        for (int e = lane; e < nj; e += 32) {
+            float acc;
+            if (overlap_entry_sum(g, jlo + e, ks, BN, nc, p, acc)) row[jlo + e] += acc;
+        }
+    }
+}
+
+} // namespace nsa_cuda
+
+#endif

@@ -1,0 +1,259 @@
+/*
+ * scores_wt.cu -- version 6 of BLOCK_SCORES (+ SELECT_TOPN) for G = 16 on
+ * Hopper (sm_90a): the product transposed, S^T = K Q^T, so that the group
+ * sum over a token's 16 heads runs mostly inside each thread.
+ *
+ * What scores.cu's WG kernel (v5) computes, rows = (token, head): every thread
+ * holds 2 heads of a column, so the sum over 16 heads took 3 shuffles per
+ * column pair, 48 per 64-key tile per warp, and the kernel was bound by
+ * instruction issue (ncu, 64k: ALU the top pipe, 6.6 G instructions).
+ *
+ * Here the wgmma's M is 64 compressed keys and its N is 64 columns =
+ * 4 tokens x 16 heads (head fastest), one such product per warpgroup:
+ *   A = the K tile (64 keys x Dqk), B = the warpgroup's 64 Q rows, both
+ *   K-major from 128-byte-swizzled shared memory (the layouts of v5, with
+ *   the operands swapped).
+ * The accumulator gives thread (lane, warp w of the warpgroup) keys
+ * 16w + lane/4 and +8, and, of every token, the heads 2c, 2c+1, 8+2c, 9+2c
+ * (c = lane % 4). So a token's group sum is 3 adds in the thread, then a
+ * reduce-scatter over the quad (6 shuffles for 4 tokens x 2 keys) leaves
+ * lane c with the full sums of token c: 6 shuffles per thread per tile
+ * instead of 48. The sums go to a [token][key] tile in shared memory, and
+ * each warp maps one token's sums onto its score row (scores_map.cuh); the
+ * rows stay in shared memory (the launcher refuses where they do not fit)
+ * and are ranked at the end (topn.cuh), or written out when the plain
+ * BLOCK_SCORES stage runs.
+ *
+ * Measured (H200, T = 64k, bf16, fused scores + top-n): v5 13.44 ms, v6 12.94 ms
+ * at Dqk 128. At Dqk 192 v6 needs 131 KB of shared memory, so one CTA per SM,
+ * and took 20.5 ms against v5's 17.9 (two CTAs of 32-key tiles): v6 runs for
+ * padded Dqk 64 and 128 only. The 48 shuffles were not what bound v5; the
+ * per-tile chain (barrier, product, wait, exp, sums, map) is.
+ *
+ * CTA: the tile of scores.cu (8 tokens x 16 heads, tile_qk.cuh), 2 warpgroups
+ * (tokens 0-3 and 4-7) sharing each K tile of 64 keys (cp.async double
+ * buffer). Per tile: one CTA barrier (the buffer), one warpgroup barrier
+ * (the sums tile). Numerics: p = 2^(s * scale * log2e - lse * log2e) as in
+ * v5, summed in another order (the scores differ from v5's by fp32
+ * rounding; near-ties are judged as such by the parity tests).
+ */
+#include "scores_map.cuh"
+#include "tile_qk.cuh"
+#include "topn.cuh"
+#include "wgmma.cuh"
+
+namespace nsa_cuda {
+
+constexpr int WT_BN = 64;        /* keys per tile: the M of one wgmma */
+constexpr int WT_SC = WT_BN + 8; /* row stride (floats) of the sums tile: the 4 lanes of a quad write 4 rows */
+
+template <int DQK> constexpr size_t scores_wt_smem_t()
+{
+    return 1024 + 2 * (size_t)(TC_BM * DQK + 2 * WT_BN * DQK) + sizeof(float) * (size_t)(TC_BM / 16 * WT_SC);
+}
+
+/* barrier of warpgroup wg's 128 threads (named barriers 1 and 2; 0 is __syncthreads) */
+NSA_DEV void wg_bar(int wg)
+{
+    if (wg == 0)
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+}
+
+/* two CTAs per SM (Dqk <= 128: 101 KB of shared memory at T = 64k) */
+template <typename T, int DQK, bool FUSED>
+__global__ void __launch_bounds__(TC_THREADS, 2)
+    scores_wt_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
+                     const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec, const float *lse, int64_t lst,
+                     int64_t lsh,
+                     float *sc, int64_t sst, int64_t ssh, int accw, int *idx, int64_t ist, int64_t ish)
+{
+#ifdef NSA_WGMMA
+    constexpr int BM = TC_BM, NT = TC_THREADS, BN = WT_BN, NTOK = TC_BM / 16;
+    constexpr uint32_t QB = BM * DQK * 2, KB = BN * DQK * 2;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    /* swizzle atoms need 1024-byte alignment; the launcher added 1 KB */
+    unsigned char *const sQ = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    unsigned char *const sK = sQ + QB;                 /* [2][BN][DQK] */
+    float *const sC = (float *)(sK + 2 * KB);          /* [NTOK][WT_SC] group sums of the tile */
+    float *const sAcc = sC + NTOK * WT_SC;             /* [NTOK][accw] score rows */
+    __shared__ MapTab sTab;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2, wq = warp & 3;
+    const TileCtx c = tile_ctx(g, tl); /* hca == 16: rows = token * 16 + head */
+    const int64_t tlast = c.tl0 + c.ntok - 1;
+    const int64_t khi = nsa_cmp_visible(tlast, g.l, g.d) - 1;
+    const T *kg = k + g.cu_cmp[c.seq] * kst + c.gi * ksh;
+
+    load_tile_to<T, BM, DQK, NT>([&](int r, int cc) { return (T *)(sQ + sw128_off(r, cc, BM)); }, q, g.Dqk, qvec,
+                                 [&](int r) -> int64_t {
+                                     return r < c.nrows ? (c.t0 + r / 16) * qst + (c.h0 + r % 16) * qsh : -1;
+                                 });
+    cp_async_commit();
+    const int64_t nkt = khi >= 0 ? (khi + BN) / BN : 0;
+    auto load_k = [&](int64_t kt, int buf) {
+        const int64_t ks = kt * BN;
+        const int nv = (int)nsa_min64(BN, khi - ks + 1);
+        load_rows_vec_to<T, BN, DQK, NT>([&](int r, int cc) { return (T *)(sK + buf * KB + sw128_off(r, cc, BN)); },
+                                         kg + ks * kst, (int)kst, nv, DQK);
+    };
+    if (nkt > 0) load_k(0, 0);
+    cp_async_commit();
+
+    /* the score rows start at 0 */
+    for (int e = tid; e < c.ntok * accw; e += NT) sAcc[e] = 0.f;
+    const int tab_ne = map_tab_entries(g, BN);
+    map_tab_build(sTab, g, BN, tab_ne, tid);
+
+    /* this thread's columns: heads 2c + {0, 1} (j even) and 8 + 2c + {0, 1}
+     * (j odd) of tokens 4 wg + j / 2; lse2[u][x] for x = (j & 1) * 2 + e % 2 */
+    const int cq = lane & 3;
+    float lse2[4][4];
+    int64_t hi[4]; /* last visible key of each of the warpgroup's tokens, -1 when absent */
+    int64_t wminhi = INT64_MAX, wmaxhi = -1;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int tok = wg * 4 + u;
+        const bool ok = tok < c.ntok;
+        hi[u] = ok ? nsa_cmp_visible(c.tl0 + tok, g.l, g.d) - 1 : -1;
+        if (ok) wminhi = min(wminhi, hi[u]);
+        wmaxhi = max(wmaxhi, hi[u]);
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int h = (x >> 1) * 8 + 2 * cq + (x & 1);
+            lse2[u][x] = ok ? lse[(c.t0 + tok) * lst + (c.h0 + h) * lsh] * NSA_LOG2E : 0.f;
+        }
+    }
+    /* the token this warp maps, and the token whose sums this lane gathers */
+    const int mtok = wg * 4 + wq;
+    const int64_t mnc = mtok < c.ntok ? nsa_cmp_visible(c.tl0 + mtok, g.l, g.d) : 0;
+    float *const mrow = sAcc + mtok * accw;
+    const float sl = g.scale * NSA_LOG2E;
+    const uint32_t qa = smem_u32(sQ) + wg * 64 * 128; /* the warpgroup's 64 rows in every panel */
+
+    for (int64_t kt = 0; kt < nkt; kt++) {
+        /* tile kt has landed; every warp is done with tile kt - 1 (its buffer
+         * and the sums tile) */
+        cp_async_wait<0>();
+        fence_async_smem();
+        __syncthreads();
+        if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
+        cp_async_commit();
+        const int64_t ks = kt * BN;
+        if (ks > wmaxhi) continue; /* no token of the warpgroup sees this tile (uniform over it) */
+
+        float s[8][4];
+        const uint32_t ka = smem_u32(sK + (kt & 1) * KB);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < DQK / 16; kk++) {
+            const uint32_t off = (kk & 3) * 32; /* 16 dims into the 128-byte row */
+            wg_ss<T, 64>(s, sw128_desc(ka + (kk >> 2) * BN * 128 + off, 16),
+                         sw128_desc(qa + (kk >> 2) * BM * 128 + off, 16), kk > 0);
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(s);
+
+        /* p = 2^(s*scale*log2e - lse*log2e); keys a token does not see give 0 */
+        const int key0 = 16 * wq + (lane >> 2); /* this thread's keys: ks + key0 (+ 8) */
+        if (ks + BN - 1 <= wminhi) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[j][e] = fast_ex2(fmaf(s[j][e], sl, -lse2[j >> 1][(j & 1) * 2 + (e & 1)]));
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int64_t lim = hi[j >> 1] - ks;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = fast_ex2(fmaf(s[j][e], sl, -lse2[j >> 1][(j & 1) * 2 + (e & 1)]));
+                    s[j][e] = key0 + 8 * (e >> 1) <= lim ? p : 0.f;
+                }
+            }
+        }
+        /* v[r][u]: this thread's 4 heads of token u at key key0 + 8r */
+        float v[2][4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                v[r][u] = (s[2 * u][2 * r] + s[2 * u][2 * r + 1]) + (s[2 * u + 1][2 * r] + s[2 * u + 1][2 * r + 1]);
+        /* reduce-scatter over the quad: after xor 1 lane keeps tokens of its
+         * parity (u = 2 pr + (c & 1)), after xor 2 token c alone */
+        const bool b1 = cq & 1, b2 = cq & 2;
+        float w1[2][2];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int pr = 0; pr < 2; pr++) {
+                const float keep = b1 ? v[r][2 * pr + 1] : v[r][2 * pr];
+                const float send = b1 ? v[r][2 * pr] : v[r][2 * pr + 1];
+                w1[r][pr] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+            }
+        float *const crow = sC + (wg * 4 + cq) * WT_SC;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float keep = b2 ? w1[r][1] : w1[r][0];
+            const float send = b2 ? w1[r][0] : w1[r][1];
+            crow[key0 + 8 * r] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+        }
+        wg_bar(wg); /* the warpgroup's sums are in sC */
+        if (mtok < c.ntok && ks < mnc)
+            map_tile_row(g, sTab, tab_ne, BN, kt, khi, mnc, sC + mtok * WT_SC, mrow, lane);
+    }
+    __syncthreads(); /* the rows are complete */
+    if (FUSED) {
+        for (int tok = warp; tok < c.ntok; tok += NT / 32)
+            warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane);
+    } else {
+        const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
+        for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
+            const int tok = (int)(e / width);
+            const int64_t j = e % width;
+            if (j <= nsa_slc_last(c.tl0 + tok, g.ls)) sc[(c.t0 + tok) * sst + c.gi * ssh + j] = sAcc[tok * accw + j];
+        }
+    }
+#endif
+}
+
+template <typename T, int DQK>
+static cudaError_t launch_wt(const Geom &g, const Tiles &tl, View q, View kc, View lse, MView sc, MView idx,
+                             cudaStream_t s)
+{
+    const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
+    const size_t smem = scores_wt_smem_t<DQK>() + acc;
+    if (g.G != 16 || tl.nchunk != 1 || tl.qt != TC_BM / 16 || (int64_t)smem > g.smem_optin ||
+        !rs32_ok(kc.st, WT_BN))
+        return cudaErrorInvalidConfiguration;
+    const bool fused = idx.p != nullptr;
+    auto kern = fused ? scores_wt_kernel<T, DQK, true> : scores_wt_kernel<T, DQK, false>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
+    kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, kc.st, kc.sh,
+                                        vec_ok(q.p, q.st, q.sh, g.Dqk), (const float *)lse.p, lse.st, lse.sh,
+                                        (float *)sc.p, sc.st, sc.sh, (int)g.max_ns, (int *)idx.p, idx.st, idx.sh);
+    return cudaGetLastError();
+}
+
+cudaError_t scores_wt(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc, MView idx,
+                      cudaStream_t s)
+{
+    if (tl.count == 0) return cudaSuccess;
+    if (g.dtype != 1 && g.dtype != 2) return cudaErrorInvalidValue;
+#define NSA_WT(DQK)                                                                                              \
+    return g.dtype == 1 ? launch_wt<__half, DQK>(g, tl, q, kc, lse, sc, idx, s)                                   \
+                        : launch_wt<__nv_bfloat16, DQK>(g, tl, q, kc, lse, sc, idx, s)
+    switch (dqkp) {
+    case 64: NSA_WT(64);
+    case 128: NSA_WT(128);
+    default: return cudaErrorInvalidConfiguration; /* Dqk 192: v5 is faster (one CTA per SM here) */
+    }
+#undef NSA_WT
+}
+
+} // namespace nsa_cuda
