@@ -6,7 +6,7 @@
 # Run from the repository root on the GPU machine:
 #   bash backends/cuda/device_check.sh [step,step,...]
 # steps (default all): profile parity variants check det sanitize opencl bench sdpa; sanwg (in
-# sanitize; alone: only the wgmma kernels' sanitizer runs) and prof2 (not in the default) profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list).
+# sanitize; alone: only the wgmma kernels' sanitizer runs), prof2 and ncu (not in the default) profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list).
 # A variant is one or more VAR=value settings joined by commas (VARIANTS, PROF_VARIANTS).
 # Needs: .debs (libcheck/libsubunit/libclblast .deb files, unpacked with dpkg -x;
 # the machine has no internet) and, for sdpa, .bench/sdpa_baseline.py (a copy of
@@ -120,6 +120,19 @@ if has sdpa; then
       --no-backward > /tmp/sdpa.log 2>&1
     note "[$(el)] sdpa Dqk=$dqk rc=$?:"
     grep -o '"baseline": "[a-z-]*".*"fwd_ms": [0-9.]*' /tmp/sdpa.log | sed 's/"hq.*"dtype": "bf16", "device": "[^"]*", //' | tee -a "$SUM"
+  done
+fi
+if has ncu; then # stall reasons and per-instruction samples of the wgmma kernels, T = 32k, D = 128
+  for spec in scores_wt_kernel:1 attn_wg_kernel:2; do
+    k=${spec%%:*}; n=${spec##*:}
+    timeout 240 ncu --clock-control none -k regex:$k --launch-count $n --section SpeedOfLight --section Occupancy \
+      --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis --section SourceCounters \
+      -f -o /tmp/ncu_$k $NSA run --backend cuda --T 32768 --dqk 128 --dv 128 --iters 1 --warmup 0 \
+      --check-tokens 0 > /tmp/ncu_run.log 2>&1
+    note "[$(el)] ncu $k rc=$?"
+    ncu --import /tmp/ncu_$k.ncu-rep --page details > "$OUT/ncu_$k.txt" 2>&1
+    ncu --import /tmp/ncu_$k.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_src_$k.csv" 2>&1
+    tail -3 /tmp/ncu_run.log
   done
 fi
 note "[$(el)] done"

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
     const float sl = g.scale * NSA_LOG2E;
     float oacc[DV / 8][4], m[2], ls[2];
     warp_state_init(oacc, m, ls);
-    const uint32_t qa = smem_u32(sQ) + wg * 64 * 128; /* this warpgroup's 64 rows in every panel */
+    const uint64_t qd = sw128_desc(smem_u32(sQ) + wg * 64 * 128, 16); /* this warpgroup's 64 rows of every panel */
 
     /* does tile kt touch this warpgroup's rows? (uniform over the warpgroup) */
     auto active = [&](int64_t kt) {
@@ -122,15 +122,14 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
     };
     /* S = Q K^T of tile kt (buffer buf), queued as one wgmma group */
     auto issue_qk = [&](float(&s)[BN / 8][4], int buf) {
-        const uint32_t ka = smem_u32(sK + buf * KB);
+        const uint64_t kd = sw128_desc(smem_u32(sK + buf * KB), 16);
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; kk++) {
             const uint32_t off = (kk & 3) * 32; /* 16 dims into the 128-byte row */
-            wg_ss<T, BN>(s, sw128_desc(qa + (kk >> 2) * BM * 128 + off, 16),
-                         sw128_desc(ka + (kk >> 2) * BN * 128 + off, 16), kk > 0);
+            wg_ss<T, BN>(s, desc_at(qd, (kk >> 2) * BM * 128 + off), desc_at(kd, (kk >> 2) * BN * 128 + off), kk > 0);
         }
         wg_commit();
     };
@@ -138,7 +137,7 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
      * O += P V queued */
     auto softmax_pv = [&](float(&s)[BN / 8][4], float(&mx)[2], int buf) {
         warp_softmax_step(s, mx, m, ls, oacc, sl);
-        const uint32_t va = smem_u32(sV + buf * VB);
+        const uint64_t vd = sw128_desc(smem_u32(sV + buf * VB), BN * 128);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
@@ -147,7 +146,7 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
             a[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
             a[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             a[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            wg_rs<T, DV>(oacc, a, sw128_desc(va + kk * 16 * 128, BN * 128));
+            wg_rs<T, DV>(oacc, a, desc_at(vd, kk * 16 * 128));
         }
         wg_commit();
     };

@@ -36,6 +36,7 @@ struct Geom {
     int64_t smem_optin; /* usable dynamic shared memory per block (device opt-in less a margin) */
     int attn_var;       /* attn_tc tile variant for Dv <= 128 (NSA_CUDA_ATTN_VAR, default 1; attn_tc.cu AttnCfg) */
     int scores_lean;    /* scores_tc LEAN kernels for G = 16 (NSA_CUDA_SCORES_LEAN, default 1) */
+    int topn_rounds;    /* 1: top-n by n rounds only, not by filtering (NSA_CUDA_TOPN=rounds; topn.cuh) */
     int scores_wt;      /* scores_wt (v6, transposed S) where the WG scores kernel would run (NSA_CUDA_SCORES_WT, default 1) */
     int wgmma;          /* wgmma kernels that may run (sm_90a code on the device): bit 0 cmp_attn, 1 scores, 2 win_attn */
     int wg_bn;          /* attn_wg loop (NSA_CUDA_WG_BN): 128 or 64 keys per tile, 0 pipelined, 2 / 3 two CTAs per SM

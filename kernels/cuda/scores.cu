@@ -198,6 +198,7 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
     /* v4: the overlap map as a table (scores_map.cuh) where the tiles are periodic */
     __shared__ MapTab sTab;
     const int tab_ne = wown ? map_tab_entries(g, BN) : 0;
+    const int64_t tab_per = ((int64_t)BN * g.d) / g.ls; /* selection blocks per periodic tile */
     map_tab_build(sTab, g, BN, tab_ne, tid);
 
     /* entry e (selection block jlo + e) of token tok for the K tile starting
@@ -242,12 +243,13 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
         if constexpr (WG) {
 #ifdef NSA_WGMMA
             if (ks <= gmaxhi) { /* all four warps of the warpgroup, rows or not */
-                const uint32_t qa = smem_u32(sQ) + (warp >> 2) * 64 * 128, ka = smem_u32(sK + buf * BN * SQ);
+                const uint64_t qd = sw128_desc(smem_u32(sQ) + (warp >> 2) * 64 * 128, 16),
+                               kd = sw128_desc(smem_u32(sK + buf * BN * SQ), 16);
                 wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < DQK / 16; kk++)
-                    wg_ss<T, BN>(s, sw128_desc(qa + (kk >> 2) * BM * 128 + (kk & 3) * 32, 16),
-                                 sw128_desc(ka + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16), kk > 0);
+                    wg_ss<T, BN>(s, desc_at(qd, (kk >> 2) * BM * 128 + (kk & 3) * 32),
+                                 desc_at(kd, (kk >> 2) * BN * 128 + (kk & 3) * 32), kk > 0);
                 wg_commit();
                 wg_wait<0>();
                 wg_hold(s);
@@ -300,7 +302,7 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
             /* token `warp`'s row: sC[warp] was written by this warp's lanes 0..3 */
             __syncwarp();
             if (warp_rows)
-                map_tile_row(g, sTab, tab_ne, BN, kt, khi, sNc[warp], sC + warp * BN,
+                map_tile_row(g, sTab, tab_ne, tab_per, BN, kt, khi, sNc[warp], sC + warp * BN,
                              FUSED || accw > 0 ? sAcc + warp * accw : scg + warp * sst, lane);
             continue;
         }
@@ -323,12 +325,15 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
         for (int e = tid; e < c.ntok * nj; e += NT) overlap_entry(e / nj, e % nj, ks, jlo);
         __syncthreads();
     }
+    cp_async_wait<0>();
     __syncthreads(); /* the rows are complete (the v3 loop ends without a barrier) */
     if (FUSED) {
         /* sAcc holds exactly the values the plain path stores in the scores
-         * buffer (same arithmetic, same order), so the ranking matches it */
+         * buffer (same arithmetic, same order), so the ranking matches it;
+         * the K tiles' memory is free now and holds the ranking's scratch */
+        uint64_t *cand = (uint64_t *)sK + warp * TOPN_CAND;
         for (int tok = warp; tok < c.ntok; tok += NT / 32)
-            warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane);
+            warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane, cand);
     } else if (accw > 0) {
         const int wi = (int)width; /* <= accw */
         for (int e = tid; e < c.ntok * wi; e += NT) {

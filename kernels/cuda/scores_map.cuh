@@ -69,15 +69,16 @@ NSA_DEV bool overlap_entry_sum(const Geom &g, int64_t j, int64_t ks, int BN, int
 }
 
 /* One warp adds K tile kt's map for one token (nc visible blocks; p its BN
- * group sums) into its score row; khi: the last key the CTA's tokens see. */
-NSA_DEV void map_tile_row(const Geom &g, const MapTab &t, int ne, int BN, int64_t kt, int64_t khi, int64_t nc,
-                          const float *p, float *row, int lane)
+ * group sums) into its score row; khi: the last key the CTA's tokens see;
+ * per: BN * d / l_s, the selection blocks a periodic tile advances by. */
+NSA_DEV void map_tile_row(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
+                          int64_t nc, const float *p, float *row, int lane)
 {
     const int64_t ks = kt * BN;
     int64_t jlo;
     int nj;
     if (ne > 0 && ks + BN - 1 <= khi) { /* a whole periodic tile: no divisions */
-        jlo = kt * (((int64_t)BN * g.d) / g.ls);
+        jlo = kt * per;
         nj = ne;
     } else {
         const int64_t last = nsa_min64(ks + BN - 1, khi);

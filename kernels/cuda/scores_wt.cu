@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
     /* the score rows start at 0 */
     for (int e = tid; e < c.ntok * accw; e += NT) sAcc[e] = 0.f;
     const int tab_ne = map_tab_entries(g, BN);
+    const int64_t tab_per = ((int64_t)BN * g.d) / g.ls; /* selection blocks per periodic tile */
     map_tab_build(sTab, g, BN, tab_ne, tid);
 
     /* this thread's columns: heads 2c + {0, 1} (j even) and 8 + 2c + {0, 1}
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
     const int64_t mnc = mtok < c.ntok ? nsa_cmp_visible(c.tl0 + mtok, g.l, g.d) : 0;
     float *const mrow = sAcc + mtok * accw;
     const float sl = g.scale * NSA_LOG2E;
-    const uint32_t qa = smem_u32(sQ) + wg * 64 * 128; /* the warpgroup's 64 rows in every panel */
+    const uint64_t qd = sw128_desc(smem_u32(sQ) + wg * 64 * 128, 16); /* the warpgroup's 64 rows of every panel */
 
     for (int64_t kt = 0; kt < nkt; kt++) {
         /* tile kt has landed; every warp is done with tile kt - 1 (its buffer
@@ -144,13 +145,12 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
         if (ks > wmaxhi) continue; /* no token of the warpgroup sees this tile (uniform over it) */
 
         float s[8][4];
-        const uint32_t ka = smem_u32(sK + (kt & 1) * KB);
+        const uint64_t kd = sw128_desc(smem_u32(sK + (kt & 1) * KB), 16);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; kk++) {
             const uint32_t off = (kk & 3) * 32; /* 16 dims into the 128-byte row */
-            wg_ss<T, 64>(s, sw128_desc(ka + (kk >> 2) * BN * 128 + off, 16),
-                         sw128_desc(qa + (kk >> 2) * BM * 128 + off, 16), kk > 0);
+            wg_ss<T, 64>(s, desc_at(kd, (kk >> 2) * BN * 128 + off), desc_at(qd, (kk >> 2) * BM * 128 + off), kk > 0);
         }
         wg_commit();
         wg_wait<0>();
@@ -203,12 +203,13 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
         }
         wg_bar(wg); /* the warpgroup's sums are in sC */
         if (mtok < c.ntok && ks < mnc)
-            map_tile_row(g, sTab, tab_ne, BN, kt, khi, mnc, sC + mtok * WT_SC, mrow, lane);
+            map_tile_row(g, sTab, tab_ne, tab_per, BN, kt, khi, mnc, sC + mtok * WT_SC, mrow, lane);
     }
     __syncthreads(); /* the rows are complete */
-    if (FUSED) {
+    if (FUSED) { /* the K tiles' memory holds the ranking's scratch */
+        uint64_t *cand = (uint64_t *)sK + warp * TOPN_CAND;
         for (int tok = warp; tok < c.ntok; tok += NT / 32)
-            warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane);
+            warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane, cand);
     } else {
         const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
         for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {

@@ -4,9 +4,10 @@
  *
  * One warp per (token, group). Every eligible block j gets a unique 64-bit
  * rank key (rank_key in topn.cuh, shared with the fused SCORES_TOPN kernel).
- * n rounds of a warp-wide "largest key below the previous one" find the n-th
- * largest key; one ballot/popc pass then writes every block whose key is at
- * least that threshold, in ascending j, with -1 in the unused slots.
+ * The n-th largest key is found by filtering on the lanes' maxima (or, where
+ * that does not apply, n rounds of a warp-wide "largest key below the previous
+ * one"); one ballot/popc pass then writes every block whose key is at least
+ * that threshold, in ascending j, with -1 in the unused slots.
  * The ranking itself is warp_select_row (topn.cuh), shared with the fused
  * SCORES_TOPN kernel so that both paths pick bitwise the same blocks.
  */
@@ -17,12 +18,13 @@ namespace nsa_cuda {
 __global__ void __launch_bounds__(128) topn_kernel(const Geom g, const float *sc, int64_t sst, int64_t ssh, int *out,
                                                    int64_t ost, int64_t osh)
 {
+    __shared__ uint64_t cand[4][TOPN_CAND];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t pairs = g.T * g.Hkv;
     for (int64_t pr = (int64_t)blockIdx.x * 4 + warp; pr < pairs; pr += (int64_t)gridDim.x * 4) {
         const int64_t t = pr / g.Hkv, gi = pr % g.Hkv;
         const int64_t tl = t - g.cu_seqlens[g.tok_seq[t]];
-        warp_select_row(g, sc + t * sst + gi * ssh, tl, out + t * ost + gi * osh, lane);
+        warp_select_row(g, sc + t * sst + gi * ssh, tl, out + t * ost + gi * osh, lane, cand[warp]);
     }
 }
 
