@@ -173,7 +173,15 @@ cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp,
 {
     if (tl.count == 0) return cudaSuccess;
     FuseCombine fz = {};
-    if (fzp && mode == 2) fz = *fzp;
+    if (fzp && mode == 2) {
+        fz = *fzp;
+        /* element pairs (col, col + 1) at even col: 8 bytes of fp32, 4 of the output type */
+        auto even = [](const void *p, int64_t st, int64_t sh, size_t align) {
+            return !p || ((uintptr_t)p % align == 0 && st % 2 == 0 && sh % 2 == 0);
+        };
+        fz.pair = g.Dv % 2 == 0 && even(fz.ob[0].p, fz.ob[0].st, fz.ob[0].sh, 8) &&
+                  even(fz.ob[1].p, fz.ob[1].st, fz.ob[1].sh, 8) && even(fz.out.p, fz.out.st, fz.out.sh, 4);
+    }
     /* Hopper: both branches on wgmma (attn_wg.cu). The window branch went
      * there once attn_wg ran two CTAs per SM: H200, T = 64k, D = 128: 7.2 ms
      * here (VAR 1), 8.9 on one attn_wg CTA per SM, 5.5 on two. */

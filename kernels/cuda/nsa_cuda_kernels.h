@@ -80,6 +80,7 @@ struct FuseCombine {
     View gate[3];
     View ob[2]; /* o_cmp, o_slc (fp32) */
     MView out;
+    bool pair; /* Dv even and every row of ob / out aligned for 2-element accesses (attn_tc sets it) */
 };
 
 /* attn_tc.cu: tensor-core FlashAttention-style tiles; mode 0 (k, v = packed

@@ -405,17 +405,47 @@ NSA_DEV void attn_epilogue(const Geom &g, const TileCtx &c, int warp, int lane, 
             if (oc) oc += t * fz.ob[0].st + h * fz.ob[0].sh;
             if (os) os += t * fz.ob[1].st + h * fz.ob[1].sh;
             T *orow = (T *)fz.out.p + t * fz.out.st + h * fz.out.sh;
+            /* v6: the partials of 4 column groups are loaded before any of
+             * their outputs is stored (pairs where fz.pair allows), so their
+             * latencies overlap; one at a time they were most of this
+             * kernel's stalls (ncu, T = 32k: long scoreboard 46 %) */
+            constexpr int JC = 4;
 #pragma unroll
-            for (int j = 0; j < DV / 8; j++) {
-                const int col = j * 8 + 2 * (lane & 3);
+            for (int j0 = 0; j0 < DV / 8; j0 += JC) {
+                float2 pc[JC], ps[JC];
 #pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    if (col + u >= g.Dv) continue;
-                    float acc = 0.f;
-                    if (oc) acc += gc * oc[col + u];
-                    if (os) acc += gs * os[col + u];
-                    acc += gw * (oacc[j][2 * i + u] * inv);
-                    orow[col + u] = from_f<T>(acc);
+                for (int jj = 0; jj < JC; jj++) {
+                    const int col = (j0 + jj) * 8 + 2 * (lane & 3);
+                    pc[jj] = ps[jj] = make_float2(0.f, 0.f);
+                    if (fz.pair && col + 1 < g.Dv) {
+                        if (oc) pc[jj] = __ldg(reinterpret_cast<const float2 *>(oc + col));
+                        if (os) ps[jj] = __ldg(reinterpret_cast<const float2 *>(os + col));
+                    } else {
+                        if (oc && col < g.Dv) pc[jj].x = __ldg(oc + col);
+                        if (oc && col + 1 < g.Dv) pc[jj].y = __ldg(oc + col + 1);
+                        if (os && col < g.Dv) ps[jj].x = __ldg(os + col);
+                        if (os && col + 1 < g.Dv) ps[jj].y = __ldg(os + col + 1);
+                    }
+                }
+#pragma unroll
+                for (int jj = 0; jj < JC; jj++) {
+                    const int j = j0 + jj, col = j * 8 + 2 * (lane & 3);
+                    float r[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) { /* the combine kernel's sum, term by term */
+                        float acc = 0.f;
+                        if (oc) acc += gc * (u ? pc[jj].y : pc[jj].x);
+                        if (os) acc += gs * (u ? ps[jj].y : ps[jj].x);
+                        acc += gw * (oacc[j][2 * i + u] * inv);
+                        r[u] = acc;
+                    }
+                    if (fz.pair && col + 1 < g.Dv) {
+                        T two[2] = {from_f<T>(r[0]), from_f<T>(r[1])};
+                        *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<const uint32_t *>(two);
+                    } else {
+                        if (col < g.Dv) orow[col] = from_f<T>(r[0]);
+                        if (col + 1 < g.Dv) orow[col + 1] = from_f<T>(r[1]);
+                    }
                 }
             }
             if (lse && (lane & 3) == 0)
