@@ -13,32 +13,37 @@
  * The CTA is two warpgroups (rows 0-63 and 64-127). One could run its
  * softmax while the other's MMAs use the tensor cores, but the CTA barrier
  * per K tile keeps them in step (ncu at 64k: tensor pipe 35 % busy, 2 warps
- * per scheduler, latency-bound); NOTES.md says what was tried. Masks, the online
+ * per scheduler, latency-bound); NOTES.md says what was tried. TWO (v6) runs
+ * two CTAs per SM instead (registers capped at 128, 64- or 32-key tiles), so
+ * that one CTA's softmax overlaps the other's products. Masks, the online
  * softmax (warp_softmax_step), the epilogue and the fused COMBINE are the
  * attn_tc ones, so both kernels compute the same function; only the fp32
  * summation order inside the MMAs differs (within the testkit tolerances).
  *
  * Runs where the device executes sm_90a code (H100 / H200 / GH200, module
  * built with nvcc_archs containing 90a; attn_wg_available() asks a probe
- * kernel) for padded dims 64/64, 128/128 and 192/128: the compressed branch
- * by default; the window branch only with NSA_CUDA_WGMMA=all (9.0 ms at 64k
- * against attn_tc's 7.2: a window CTA sees ~9 K tiles, and attn_tc fits two
- * CTAs per SM). NSA_CUDA_WGMMA=0 turns it off. Everything else takes attn_tc.
+ * kernel) for padded dims 64/64, 128/128 and 192/128, for the compressed and
+ * the window branch (NSA_CUDA_WGMMA=0 turns it off, nowin keeps the window on
+ * attn_tc). attn_wg_loop picks the loop per branch unless NSA_CUDA_WG_BN says.
  *
- * Shared memory (D = 128, BN = 128): Q 32 KB + K 2 x 32 KB + V 2 x 32 KB
- * + 1 KB of alignment = 161 KB, one CTA (8 warps) per SM.
+ * Shared memory (D = 128): BN = 128: Q 32 KB + K 2 x 32 KB + V 2 x 32 KB
+ * + 1 KB of alignment = 161 KB, one CTA (8 warps) per SM; TWO, BN = 64: 97 KB.
  *
- * Measured (H200, T = 64k, bf16, compressed branch): attn_tc 18.8 ms (D 128) /
- * 23.6 ms (D 192); attn_wg BN = 64 14.8 / 16.7; BN = 128 13.1 / 15.1 (the
- * default); pipelined 13.9 / 16.5. Details: backends/cuda/NOTES.md ("v5").
+ * Measured (H200, T = 64k, bf16, ms, D 128 / D 192):
+ *   compressed: attn_tc 18.8 / 23.6; attn_wg BN = 64 14.8 / 16.7; BN = 128
+ *     13.1 / 15.1 (the v5 default); pipelined 13.9 / 16.5; TWO (v6) 11.8 at
+ *     D 128 (64 keys; 32 keys: 14.0), 17.7 at D 192 (32 keys), so D 192 keeps
+ *     BN = 128; with descriptors built once per tile (desc_at) 11.3 / 14.8.
+ *   window (+ COMBINE): attn_tc 7.2 / 8.6; attn_wg one CTA 8.9 / -; TWO 5.5 /
+ *     6.7; with the epilogue's loads batched 4.6 / 5.6 (the default).
+ * Details: backends/cuda/NOTES.md ("v5", "v6").
  */
 #include "tile_qk.cuh"
 #include "wgmma.cuh"
 
 namespace nsa_cuda {
 
-/* BN: keys per K/V tile, 128 (default) or 64 (NSA_CUDA_WG_BN=64). H200,
- * T = 64k, cmp_attn: BN 64 14.8 ms, 128 13.1 ms (D 128); 16.7 / 15.2 (D 192). */
+/* BN: keys per K/V tile, 128, 64 or 32 (TWO); the bytes attn_wg_kernel asks for. */
 template <int DQK, int DV, int BN, bool PIPE> constexpr size_t attn_wg_smem_t()
 {
     return 1024 + 2 * (size_t)(TC_BM * DQK + (PIPE ? 3 : 2) * BN * (DQK + DV));

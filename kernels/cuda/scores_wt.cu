@@ -25,10 +25,14 @@
  * BLOCK_SCORES stage runs.
  *
  * Measured (H200, T = 64k, bf16, fused scores + top-n): v5 13.44 ms, v6 12.94 ms
- * at Dqk 128. At Dqk 192 v6 needs 131 KB of shared memory, so one CTA per SM,
- * and took 20.5 ms against v5's 17.9 (two CTAs of 32-key tiles): v6 runs for
- * padded Dqk 64 and 128 only. The 48 shuffles were not what bound v5; the
- * per-tile chain (barrier, product, wait, exp, sums, map) is.
+ * at Dqk 128; 10.85 ms with the filtering top-n (topn.cuh) and descriptors
+ * built once per tile (desc_at), which v5 has too (15.2 ms at Dqk 192). At
+ * Dqk 192 v6 needs 131 KB of shared memory, so one CTA per SM, and took
+ * 20.5 ms against v5's 17.9 (two CTAs of 32-key tiles): v6 runs for padded
+ * Dqk 64 and 128 only. The 48 shuffles were not what bound v5; ncu (T = 32k)
+ * shows the CTA barrier and fixed-latency waits as the top stalls, and
+ * integer work (tile loads, descriptors, the old top-n rounds) as most of the
+ * instructions.
  *
  * CTA: the tile of scores.cu (8 tokens x 16 heads, tile_qk.cuh), 2 warpgroups
  * (tokens 0-3 and 4-7) sharing each K tile of 64 keys (cp.async double

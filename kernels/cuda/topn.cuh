@@ -7,6 +7,8 @@
  *   forced:   1 << 63 | (2^31 - 1 - j)                  (above all, lower j first)
  *   unforced: ord(score) << 31 | (2^31 - 1 - j)         (higher score first, ties: lower j)
  * where ord() maps a float's bits to an order-preserving unsigned integer.
+ * The n-th largest key is the threshold: warp_nth_key (v6) finds it by
+ * filtering on the lanes' maxima, the n rounds of v3 remain as its fallback.
  */
 #ifndef NSA_KERNELS_CUDA_TOPN_CUH
 #define NSA_KERNELS_CUDA_TOPN_CUH
