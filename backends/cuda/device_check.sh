@@ -53,6 +53,9 @@ fi
 if has parity; then
   timeout 60 $B/tests/test_wgmma > /tmp/wgmma.log 2>&1
   note "[$(el)] cuda-wgmma rc=$? $(tail -1 /tmp/wgmma.log)"
+  timeout 60 $B/tests/test_topn > /tmp/topn.log 2>&1
+  note "[$(el)] cuda-topn rc=$? $(tail -1 /tmp/topn.log)"
+  grep -E "^FAIL" /tmp/topn.log | head -4 | tee -a "$SUM"
   timeout 200 $B/tests/test_oracle cuda > "$OUT/parity.log" 2>&1
   note "[$(el)] parity-cuda full corpus rc=$?"
   grep -E "^parity-cuda|^FAIL" "$OUT/parity.log" | head -12 | tee -a "$SUM"

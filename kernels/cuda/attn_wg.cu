@@ -250,7 +250,7 @@ bool attn_wg_available()
 /* TWO (NSA_CUDA_WG_BN=x2, g.wg_bn == 2): two CTAs per SM instead of one, so
  * that one CTA's softmax runs while the other's products hold the tensor
  * cores. Registers are capped at 128 and the K/V tiles are small enough for
- * two CTAs' shared memory: 64 keys (99 KB at D 128), 32 for Dqk 192 (91 KB). */
+ * two CTAs' shared memory: 64 keys (97 KB at D 128), 32 for Dqk 192 (89 KB). */
 template <int DQK> struct WgTwoBn {
     static constexpr int value = DQK > 128 ? 32 : 64;
 };
