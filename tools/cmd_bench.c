@@ -129,6 +129,16 @@ static void print_pct(double value, double peak)
         printf(" %6s", "n/a");
 }
 
+/* " %*.4g" of a time in seconds as milliseconds, or "-" where it was not
+ * measured (--no-stages, --no-dense, a branch that is off) */
+static void print_ms(int width, double seconds)
+{
+    if (isnan(seconds))
+        printf(" %*s", width, "-");
+    else
+        printf(" %*.4g", width, seconds * 1e3);
+}
+
 int cmd_bench(int argc, char **argv)
 {
     config_flags cf;
@@ -353,8 +363,15 @@ int cmd_bench(int argc, char **argv)
             print_pct(tf, peak_tflops);
             printf(" %9.4g", gb);
             print_pct(gb, peak_gbps);
-            printf(" %9.4g %9.4g %9.4g %10.4g %10.4g %7.3gx\n", cmp_s * 1e3, slc_s * 1e3, win_s * 1e3,
-                   dense_s * 1e3, m[V_DENSE].ran ? m[V_DENSE].time_s * 1e3 : NAN, speedup);
+            print_ms(9, cmp_s);
+            print_ms(9, slc_s);
+            print_ms(9, win_s);
+            print_ms(10, dense_s);
+            print_ms(10, m[V_DENSE].ran ? m[V_DENSE].time_s : NAN);
+            if (isnan(speedup))
+                printf(" %8s\n", "-");
+            else
+                printf(" %7.3gx\n", speedup);
         } else {
             printf("%8lld failed: %s\n", (long long)Ts[i], m[V_FULL].note);
         }
