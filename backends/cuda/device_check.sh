@@ -5,7 +5,7 @@
 # NVIDIA OpenCL parity, and the T sweep beside PyTorch's cuDNN attention.
 # Run from the repository root on the GPU machine:
 #   bash backends/cuda/device_check.sh [step,step,...]
-# steps (default all): profile parity variants check det sanitize opencl bench sdpa; sanwg (in
+# steps (default all): profile parity variants check long det sanitize opencl bench sdpa; sanwg (in
 # sanitize; alone: only the wgmma kernels' sanitizer runs), prof2 and ncu (not in the default) profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list).
 # A variant is one or more VAR=value settings joined by commas (VARIANTS, PROF_VARIANTS).
 # Needs: .debs (libcheck/libsubunit/libclblast .deb files, unpacked with dpkg -x;
@@ -20,7 +20,7 @@ SUM=$OUT/summary.txt
 note() { echo "$*" | tee -a "$SUM"; }
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 ))s; }
-S=${1:-profile,parity,variants,check,det,sanitize,opencl,bench,sdpa}
+S=${1:-profile,parity,variants,check,long,det,sanitize,opencl,bench,sdpa}
 has() { [[ ",$S," == *",$1,"* ]]; }
 
 mkdir -p /tmp/r && for f in .debs/*.deb; do dpkg -x "$f" /tmp/r; done
@@ -75,6 +75,17 @@ if has check; then
               "--dqk 128 --dv 128 --seqlens 3000,0,5000,190"; do
     timeout 100 $NSA run --backend cuda --T 8192 $args --iters 3 --warmup 1 > /tmp/check.tmp 2>&1
     note "[$(el)] nsa run $args: rc=$? $(grep -E 'max err / tol|PASS|FAIL' /tmp/check.tmp | tr '\n' ' ' | cut -c1-200)"
+  done
+fi
+if has long; then # T = 140000, G = 16: score rows past the fused stage's shared memory (private
+  # scores buffer + select_topn); with SCORES_WT=0 the v5 LEAN kernel's global-row path
+  for v in NSA_CUDA_SCORES_WT=1 NSA_CUDA_SCORES_WT=0; do
+    env $v timeout 120 $NSA run --backend cuda --T 140000 --hq 16 --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 \
+      > /tmp/long.tmp 2>&1
+    note "[$(el)] nsa run T=140000 G=16 D=64 $v: rc=$? $(grep -E 'max err / tol|PASS|FAIL' /tmp/long.tmp | tr '\n' ' ' | cut -c1-160)"
+    env $v timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $NSA run --backend cuda --T 140000 \
+      --hq 16 --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 --check-tokens 0 > /tmp/long2.log 2>&1
+    note "[$(el)] memcheck T=140000 $v rc=$? $(grep -E 'ERROR SUMMARY' /tmp/long2.log | tail -1)"
   done
 fi
 if has det; then
