@@ -61,7 +61,7 @@ struct CudaCtx {
     bool v3;             /* NSA_CUDA_V3 (default 1): fused SCORES_TOPN */
     bool fuse_combine;   /* NSA_CUDA_FUSE_COMBINE (default 1): COMBINE in the window epilogue */
     int attn_var;        /* NSA_CUDA_ATTN_VAR: attn_tc tile variant (attn_tc.cu AttnCfg) */
-    int slc_kernel;      /* NSA_CUDA_SLC: 0 auto (slc_mt for Dqk' = 192), 1 tc, 2 mt (slc_mt.cu says why) */
+    int slc_kernel;      /* NSA_CUDA_SLC: 0 auto (slc_mt for Dqk' = 192), 1 tc, 2 mt, 3 fs (slc_mt.cu, slc_fs.cu) */
     bool scores_lean;    /* NSA_CUDA_SCORES_LEAN (default 1): scores_tc's LEAN kernels for G = 16 */
     bool scores_wt;      /* NSA_CUDA_SCORES_WT (default 1): the transposed wgmma scores kernel (v6) */
     bool topn_rounds;    /* NSA_CUDA_TOPN=rounds: the top-n ranking by n rounds (v5), not by filtering (v6) */
@@ -193,7 +193,11 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
                : strcmp(wb, "x2s") == 0  ? 3
                                          : -1;
     const char *sv = getenv("NSA_CUDA_SLC");
-    c->slc_kernel = !sv ? 0 : strcmp(sv, "tc") == 0 ? 1 : strcmp(sv, "mt") == 0 ? 2 : 0;
+    c->slc_kernel = !sv                      ? 0
+                    : strcmp(sv, "tc") == 0 ? 1
+                    : strcmp(sv, "mt") == 0 ? 2
+                    : strcmp(sv, "fs") == 0 ? 3
+                                            : 0;
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
@@ -656,7 +660,11 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->v[NSA_BRANCH_SLC], "v[slc]");
         NEED(a->indices, "indices");
         NEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
-        if (fast && (c->slc_kernel == 2 || (c->slc_kernel == 0 && p->dqkp == 192)) &&
+        if (fast && c->slc_kernel == 3 &&
+            slc_fs_ok(g, p->dqkp, p->dvp, view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC])))
+            e = slc_fs(g, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC]),
+                       view(a->indices), mview(a->o_b[NSA_BRANCH_SLC]), mview(a->lse[NSA_BRANCH_SLC]), s);
+        else if (fast && (c->slc_kernel == 2 || (c->slc_kernel == 0 && p->dqkp == 192)) &&
             slc_mt_ok(g, p->dqkp, p->dvp, view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC])))
             e = slc_mt(g, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC]),
                        view(a->indices), mview(a->o_b[NSA_BRANCH_SLC]), mview(a->lse[NSA_BRANCH_SLC]), s);

@@ -43,7 +43,8 @@ if has profile; then
 fi
 if has prof2; then # T = 64k under the wgmma switches (the default is profiled above)
   for v in ${PROF_VARIANTS:-NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=cmp NSA_CUDA_WGMMA=scores NSA_CUDA_WGMMA=all \
-           NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_WG_BN=x2 NSA_CUDA_WGMMA=all,NSA_CUDA_WG_BN=x2}; do
+           NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_WG_BN=x2 NSA_CUDA_WGMMA=all,NSA_CUDA_WG_BN=x2 \
+           NSA_CUDA_SLC=fs NSA_CUDA_SLC=mt}; do
     for dqk in 128 192; do
     env ${v//,/ } NSA_CUDA_PROFILE=1 timeout 60 $NSA run --backend cuda --T 65536 --dqk $dqk --dv 128 --iters 3 --warmup 1 \
       --check-tokens 0 > /tmp/prof.tmp 2>&1
@@ -64,7 +65,7 @@ if has variants; then
   for v in ${VARIANTS:-NSA_CUDA_SCORES_LEAN=0 NSA_CUDA_V3=0 NSA_CUDA_ATTN_VAR=0 NSA_CUDA_FUSE_COMBINE=0 \
            NSA_CUDA_SLC=mt NSA_CUDA_SLC=tc NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=all \
            NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_WG_BN=x2 NSA_CUDA_WGMMA=all,NSA_CUDA_WG_BN=x2 \
-           NSA_CUDA_KERNELS=ref}; do
+           NSA_CUDA_SLC=fs NSA_CUDA_SCORES_WT=0 NSA_CUDA_TOPN=rounds NSA_CUDA_KERNELS=ref}; do
     env ${v//,/ } timeout 100 $B/tests/test_oracle cuda f32,f16,bf16,fixed small > /tmp/pv.log 2>&1
     note "[$(el)] parity-cuda small corpus, $v: rc=$? $(grep -cE '^FAIL' /tmp/pv.log) failures, $(grep -hE '^parity-cuda' /tmp/pv.log | tr '\n' ' ' | cut -c1-240)"
     grep -E "^FAIL" -A1 /tmp/pv.log | head -4 | tee -a "$SUM"

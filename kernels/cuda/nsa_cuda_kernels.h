@@ -106,6 +106,13 @@ bool slc_mt_ok(const Geom &g, int dqkp, int dvp, View k, View v);
 cudaError_t slc_mt(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
                    cudaStream_t s);
 
+/* slc_fs.cu: selected attention with 8 tokens per CTA fetching their common
+ * blocks once (G = 16, l_s <= 64, n <= 32, Dqk <= 192, Dv <= 128, aligned K/V:
+ * slc_fs_ok); opt-in (NSA_CUDA_SLC=fs), not yet run on a GPU. */
+bool slc_fs_ok(const Geom &g, int dqkp, int dvp, View k, View v);
+cudaError_t slc_fs(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
+                   cudaStream_t s);
+
 /* slc_tc.cu: group-centric selected attention, f16 / bf16. */
 cudaError_t slc_tc(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
                    cudaStream_t s);

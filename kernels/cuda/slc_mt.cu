@@ -147,7 +147,10 @@ __global__ void __launch_bounds__(SMT_THREADS)
         __syncthreads();
         const int buf = u & 1;
         if ((sUmask[u] >> warp) & 1u) {
-            const int vis = (int)nsa_min64(KB, t + 1 - sU[u]); /* >= 1: the warp selected this block */
+            /* keys of the block at or before t (>= 1: the warp selected it). The block has
+             * l_s <= KB keys: min with KB counted the zero rows past them as keys wherever
+             * l_s < KB and the block lay wholly before t (found reading the code, v6) */
+            const int vis = (int)nsa_min64(g.ls, t + 1 - sU[u]);
             float s[KB / 8][4];
 #pragma unroll
             for (int j = 0; j < KB / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;

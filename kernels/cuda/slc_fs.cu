@@ -1,0 +1,324 @@
+/*
+ * slc_fs.cu -- version 4 of the selected branch (G = 16, l_s <= 64, n <= 32;
+ * opt-in: NSA_CUDA_SLC=fs): 8 consecutive tokens per CTA fetch the blocks they
+ * all selected once, and each warp streams the rest of its token's blocks on
+ * its own, without CTA barriers.
+ *
+ * Why: slc_tc (v2) is bound by the L2 -> SM stream of K/V blocks (v4 ncu: L2
+ * 82 %, 134 GB at T = 64k). The 8 tokens of a CTA lie in one selection block
+ * (8 divides l_s = 64), so they all select its forced blocks (the first and
+ * the two local ones): 3 of every token's 16, fetched 8 times by slc_tc. Here
+ * they are fetched once: 3 + 8 x 13 = 107 fetches instead of 128 (-16 %) on
+ * random inputs, more where tokens agree. slc_mt (v3) shares the whole union
+ * of 4 tokens, but one warp computes each union block while the others wait
+ * at the CTA barrier; the blocks here are either used by every warp (phase 1)
+ * or by one warp alone (phase 2), so no warp waits on another's block.
+ *
+ * CTA: 8 warps, warp w = token t0 + w, its 16 query heads as the 16 rows of
+ * mma.sync m16n8k16 (fragments of Q kept in registers).
+ *   setup    every token's selected blocks as absolute key ranges; the
+ *            shared set: the first token's blocks that every other (valid)
+ *            token selected too (by key range: tokens of two sequences share
+ *            nothing). Caller-given indices work the same way.
+ *   phase 1  the shared blocks, one 64-key tile each through a CTA-wide
+ *            cp.async double buffer; every warp computes its rows on all of
+ *            it, keys past its own token masked.
+ *   phase 2  the warp's other blocks in 16-key chunks through its own
+ *            cp.async double buffer (synchronised with __syncwarp only).
+ * One online softmax per warp over both phases (warp_softmax_step), keys in a
+ * fixed order (shared blocks first, then the token's list order): results are
+ * reproducible and differ from slc_tc only by the fp32 summation order.
+ *
+ * Shared memory: the Q tile at the start, then phase 1's tiles, then the 8
+ * warps' chunk buffers, in one region: 139 KB at D 128, 172 KB at Dqk 192,
+ * plus the lists; one CTA (8 warps) per SM.
+ *
+ * Status: compiled for every target, NOT yet run on a GPU (written after the
+ * fourth session's device time was spent). NOTES.md ("v6") gives the one
+ * device_check command that checks and measures it; the prediction at
+ * T = 64k, bf16: 23.1 -> ~19.5 ms (D 128), 28.5 -> ~24 ms (D 192) if the
+ * branch stays bound by the L2 stream.
+ */
+#include "tile_qk.cuh"
+
+namespace nsa_cuda {
+
+constexpr int SFS_TOK = 8, SFS_THREADS = 32 * SFS_TOK, SFS_KB = 64, SFS_CK = 16, SFS_NS = 2, SFS_MAXN = 32;
+
+template <int DQK, int DV> constexpr size_t slc_fs_smem_t()
+{
+    constexpr size_t SQ = DQK + 8, SV = DV + 8;
+    constexpr size_t q = 2 * SFS_TOK * 16 * SQ;                        /* Q tile */
+    constexpr size_t p1 = 2 * 2 * SFS_KB * (SQ + SV);                  /* phase 1: 2 tiles of K and V */
+    constexpr size_t p2 = 2 * SFS_TOK * SFS_NS * SFS_CK * (SQ + SV);   /* phase 2: every warp's chunks */
+    return q > p1 ? (q > p2 ? q : p2) : (p1 > p2 ? p1 : p2);
+}
+
+/* One warp copies rows [0, ROWS) x dims [0, DP) of a 16-bit K/V chunk into
+ * shared memory (row stride SS): row r < nvalid from base + r * rs, the rest
+ * and dims >= D zero (load_rows_vec for one warp instead of the CTA). */
+template <typename T, int ROWS, int DP, int SS>
+NSA_DEV void warp_load_rows(T *dst, const T *base, int rs, int nvalid, int D, int lane)
+{
+    constexpr int CPR = DP / 8, N = ROWS * CPR;
+#pragma unroll
+    for (int i = 0; i < (N + 31) / 32; i++) {
+        const int x = lane + 32 * i;
+        if (N % 32 != 0 && x >= N) break;
+        const int r = x / CPR, c = x - (x / CPR) * CPR;
+        const bool ok = r < nvalid && c * 8 < D;
+        cp_async16(dst + r * SS + c * 8, base + (ok ? r * rs + c * 8 : 0), ok);
+    }
+}
+
+/* Keys of a tile at or past vis get -inf; leaves the rows' maxima in mx. */
+template <int NJ> NSA_DEV void mask_keys(float (&s)[NJ][4], int vis, int lane, float (&mx)[2])
+{
+    mx[0] = mx[1] = -INFINITY;
+    if (vis >= NJ * 8) {
+        warp_rows_max(s, mx);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = j * 8 + 2 * (lane & 3) + (e & 1);
+            const float x = key < vis ? s[j][e] : -INFINITY;
+            s[j][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+}
+
+template <typename T, int DQK, int DV>
+__global__ void __launch_bounds__(SFS_THREADS, 1)
+    slc_fs_kernel(const Geom g, const T *__restrict__ q, int64_t qst, int64_t qsh, const T *__restrict__ k,
+                  int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst, int64_t vsh, bool qvec,
+                  const int *idx, int64_t ist, int64_t ish, float *o, int64_t ost, int64_t osh, float *lse,
+                  int64_t lst, int64_t lsh)
+{
+    constexpr int NT = SFS_THREADS, TOK = SFS_TOK, KB = SFS_KB, CK = SFS_CK, NS = SFS_NS, SQ = DQK + 8,
+                  SV = DV + 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *const sQ = (T *)smem_raw;       /* [TOK * 16][SQ], until the fragments are in registers */
+    T *const sK1 = (T *)smem_raw;      /* phase 1: [2][KB][SQ] */
+    T *const sV1 = sK1 + 2 * KB * SQ;  /*          [2][KB][SV] */
+    __shared__ int64_t sKa[TOK][SFS_MAXN]; /* absolute first key of token tok's block b, -1: none */
+    __shared__ int sVis[TOK][SFS_MAXN];    /* its keys at or before the token */
+    __shared__ int64_t sSh[SFS_MAXN];      /* the shared blocks (first key) */
+    __shared__ int sShCnt[SFS_MAXN];       /* keys to fetch: the largest vis */
+    __shared__ unsigned char sIsSh[TOK][SFS_MAXN]; /* token tok's block b is a shared one */
+    __shared__ int s_nsh;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t t0 = (int64_t)blockIdx.x * TOK, gi = blockIdx.y, h0 = gi * 16;
+    const int n = (int)g.n;
+
+    for (int c = tid; c < TOK * SFS_MAXN; c += NT) {
+        const int tok = c / SFS_MAXN, b = c % SFS_MAXN;
+        const int64_t t = t0 + tok;
+        int64_t ka = -1;
+        int vis = 0;
+        if (b < n && t < g.T) {
+            const int64_t s0 = g.cu_seqlens[g.tok_seq[t]], tl = t - s0;
+            const int64_t j = idx[t * ist + gi * ish + b];
+            if (j >= 0 && j <= nsa_slc_last(tl, g.ls)) {
+                ka = s0 + j * g.ls;
+                vis = (int)nsa_min64(g.ls, tl + 1 - j * g.ls);
+            }
+        }
+        sKa[tok][b] = ka;
+        sVis[tok][b] = vis;
+    }
+    load_tile<T, TOK * 16, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
+        const int64_t t = t0 + r / 16;
+        return t < g.T ? t * qst + (h0 + r % 16) * qsh : -1;
+    });
+    cp_async_commit();
+    __syncthreads();
+    if (warp == 0) { /* lane b: entry b of token 0, shared when every valid token has its block */
+        const int64_t ka = lane < n ? sKa[0][lane] : -1;
+        bool sh = ka >= 0;
+        int cnt = sh ? sVis[0][lane] : 0;
+        for (int tok = 1; tok < TOK; tok++) {
+            if (t0 + tok >= g.T) break;
+            bool found = false;
+            for (int b = 0; b < n; b++)
+                if (sKa[tok][b] == ka) {
+                    found = true;
+                    cnt = max(cnt, sVis[tok][b]);
+                }
+            sh = sh && found;
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, sh);
+        if (sh) {
+            const int pos = __popc(bal & ((1u << lane) - 1u));
+            sSh[pos] = ka;
+            sShCnt[pos] = cnt;
+        }
+        if (lane == 0) s_nsh = __popc(bal);
+    }
+    __syncthreads();
+    const int nsh = s_nsh;
+    for (int c = tid; c < TOK * SFS_MAXN; c += NT) {
+        const int64_t ka = sKa[c / SFS_MAXN][c % SFS_MAXN];
+        bool shared = false;
+        for (int u = 0; u < nsh; u++) shared = shared || (ka >= 0 && sSh[u] == ka);
+        sIsSh[c / SFS_MAXN][c % SFS_MAXN] = shared;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t qf[DQK / 16][4];
+    q_frags<SQ, true>(qf, sQ + warp * 16 * SQ, lane);
+    __syncthreads(); /* the region is phase 1's now */
+
+    const int64_t t = t0 + warp;
+    const bool live = t < g.T;
+    const T *kg = k + gi * ksh, *vg = v + gi * vsh;
+    const float sl = g.scale * NSA_LOG2E;
+    float oacc[DV / 8][4], m[2], ls[2];
+    warp_state_init(oacc, m, ls);
+
+    /* phase 1 */
+    auto load1 = [&](int u, int buf) {
+        const int64_t ka = sSh[u];
+        const int cnt = sShCnt[u];
+        load_rows_vec<T, KB, DQK, SQ, NT>(sK1 + buf * KB * SQ, kg + ka * kst, (int)kst, cnt, (int)g.Dqk);
+        load_rows_vec<T, KB, DV, SV, NT>(sV1 + buf * KB * SV, vg + ka * vst, (int)vst, cnt, (int)g.Dv);
+    };
+    if (nsh > 0) load1(0, 0);
+    cp_async_commit();
+    for (int u = 0; u < nsh; u++) {
+        if (u + 1 < nsh) load1(u + 1, (u + 1) & 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const int buf = u & 1;
+        if (live) {
+            /* keys of the block at or before the token (>= 1: it selected the block); the
+             * block has l_s <= KB keys, rows past the fetched count are zero */
+            const int vis = (int)nsa_min64(g.ls, t + 1 - sSh[u]);
+            float s[KB / 8][4];
+#pragma unroll
+            for (int j = 0; j < KB / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            warp_qk<T, DQK, KB / 8, SQ, true>(s, qf, sQ, sK1 + buf * KB * SQ, 0, lane);
+            float mx[2];
+            mask_keys(s, vis, lane, mx);
+            warp_softmax_step(s, mx, m, ls, oacc, sl);
+            warp_pv<T, DV, KB / 16, SV>(oacc, s, sV1 + buf * KB * SV, 0, lane);
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* phase 1's tiles are done with: the region is the warps' chunk buffers now */
+
+    /* phase 2: this warp alone */
+    T *const wK = (T *)smem_raw + warp * NS * CK * (SQ + SV); /* [NS][CK][SQ] */
+    T *const wV = wK + NS * CK * SQ;                          /* [NS][CK][SV] */
+    /* the warp's chunks in order: entry b of its list (not shared, not empty),
+     * keys x .. x + 15 of it; (b, x) advances uniformly over the warp */
+    auto advance = [&](int &b, int &x) {
+        x += CK;
+        if (b >= 0 && x < sVis[warp][b]) return;
+        x = 0;
+        for (b++; b < n; b++)
+            if (sKa[warp][b] >= 0 && !sIsSh[warp][b]) return;
+    };
+    auto load2 = [&](int b, int x, int buf) {
+        const int64_t ka = sKa[warp][b] + x;
+        const int cnt = min(CK, sVis[warp][b] - x);
+        warp_load_rows<T, CK, DQK, SQ>(wK + buf * CK * SQ, kg + ka * kst, (int)kst, cnt, (int)g.Dqk, lane);
+        warp_load_rows<T, CK, DV, SV>(wV + buf * CK * SV, vg + ka * vst, (int)vst, cnt, (int)g.Dv, lane);
+    };
+    int cb = -1, cx = -CK; /* the chunk being computed */
+    advance(cb, cx);
+    if (!live) cb = n;
+    if (cb < n) load2(cb, cx, 0);
+    cp_async_commit();
+    for (int ci = 0; cb < n; ci++) {
+        int nb = cb, nx = cx; /* the next chunk, fetched while this one is computed */
+        advance(nb, nx);
+        if (nb < n) load2(nb, nx, (ci + 1) & 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp(); /* every lane's copies of this chunk are visible to the warp */
+        const int buf = ci & 1;
+        float s[CK / 8][4];
+#pragma unroll
+        for (int j = 0; j < CK / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        warp_qk<T, DQK, CK / 8, SQ, true>(s, qf, sQ, wK + buf * CK * SQ, 0, lane);
+        float mx[2];
+        mask_keys(s, min(CK, sVis[warp][cb] - cx), lane, mx);
+        warp_softmax_step(s, mx, m, ls, oacc, sl);
+        warp_pv<T, DV, CK / 16, SV>(oacc, s, wV + buf * CK * SV, 0, lane);
+        __syncwarp(); /* this chunk's buffer is refilled next */
+        cb = nb;
+        cx = nx;
+    }
+    cp_async_wait<0>();
+
+    if (!live) return;
+    warp_store_rows(
+        oacc, m, ls, g.Dv, lane, [&](int i) { return o + t * ost + (h0 + (lane >> 2) + 8 * i) * osh; },
+        [&](int i) { return lse ? lse + t * lst + (h0 + (lane >> 2) + 8 * i) * lsh : (float *)nullptr; });
+}
+
+static size_t slc_fs_smem(int dqkp, int dvp)
+{
+    switch (dqkp * 1000 + dvp) {
+    case 32032: return slc_fs_smem_t<32, 32>();
+    case 64064: return slc_fs_smem_t<64, 64>();
+    case 128128: return slc_fs_smem_t<128, 128>();
+    case 192128: return slc_fs_smem_t<192, 128>();
+    default: return 0;
+    }
+}
+
+bool slc_fs_ok(const Geom &g, int dqkp, int dvp, View k, View v)
+{
+    const size_t smem = slc_fs_smem(dqkp, dvp);
+    return g.G == 16 && g.ls <= SFS_KB && g.n >= 1 && g.n <= SFS_MAXN && smem > 0 &&
+           (int64_t)smem <= g.smem_optin && vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv) &&
+           rs32_ok(k.st, SFS_KB) && rs32_ok(v.st, SFS_KB);
+}
+
+template <typename T, int DQK, int DV>
+static cudaError_t launch_fs(const Geom &g, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
+{
+    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
+    const size_t smem = slc_fs_smem_t<DQK, DV>();
+    cudaError_t e = cudaFuncSetAttribute(slc_fs_kernel<T, DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((unsigned)((g.T + SFS_TOK - 1) / SFS_TOK), (unsigned)g.Hkv);
+    slc_fs_kernel<T, DQK, DV><<<grid, SFS_THREADS, smem, s>>>(
+        g, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh,
+        vec_ok(q.p, q.st, q.sh, g.Dqk), (const int *)idx.p, idx.st, idx.sh, (float *)o.p, o.st, o.sh,
+        (float *)lse.p, lse.st, lse.sh);
+    return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t slc_fs_t(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
+                            cudaStream_t s)
+{
+    switch (dqkp * 1000 + dvp) {
+    case 32032: return launch_fs<T, 32, 32>(g, q, k, v, idx, o, lse, s);
+    case 64064: return launch_fs<T, 64, 64>(g, q, k, v, idx, o, lse, s);
+    case 128128: return launch_fs<T, 128, 128>(g, q, k, v, idx, o, lse, s);
+    case 192128: return launch_fs<T, 192, 128>(g, q, k, v, idx, o, lse, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t slc_fs(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
+                   cudaStream_t s)
+{
+    if (g.T == 0) return cudaSuccess;
+    if (!slc_fs_ok(g, dqkp, dvp, k, v)) return cudaErrorInvalidValue;
+    if (g.dtype == 1) return slc_fs_t<__half>(g, dqkp, dvp, q, k, v, idx, o, lse, s);
+    if (g.dtype == 2) return slc_fs_t<__nv_bfloat16>(g, dqkp, dvp, q, k, v, idx, o, lse, s);
+    return cudaErrorInvalidValue;
+}
+
+} // namespace nsa_cuda
