@@ -63,7 +63,7 @@ struct CudaCtx {
     int attn_var;        /* NSA_CUDA_ATTN_VAR: attn_tc tile variant (attn_tc.cu AttnCfg) */
     int slc_kernel;      /* NSA_CUDA_SLC: 0 auto (slc_mt for Dqk' = 192), 1 tc, 2 mt, 3 fs (slc_mt.cu, slc_fs.cu) */
     bool scores_lean;    /* NSA_CUDA_SCORES_LEAN (default 1): scores_tc's LEAN kernels for G = 16 */
-    bool scores_wt;      /* NSA_CUDA_SCORES_WT (default 1): the transposed wgmma scores kernel (v6) */
+    int scores_wt;       /* NSA_CUDA_SCORES_WT: the transposed wgmma scores kernel (v6), Geom::scores_wt */
     bool topn_rounds;    /* NSA_CUDA_TOPN=rounds: the top-n ranking by n rounds (v5), not by filtering (v6) */
     int wgmma;           /* wgmma kernels (sm_90a): bit 0 cmp_attn, 1 scores, 2 win_attn (NSA_CUDA_WGMMA) */
     int wg_bn;           /* attn_wg loop, Geom::wg_bn (NSA_CUDA_WG_BN=128|64|pipe|x2|x2s; unset: -1, per branch) */
@@ -168,7 +168,8 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->fuse_combine = on("NSA_CUDA_FUSE_COMBINE");
     c->attn_var = on("NSA_CUDA_ATTN_VAR") ? 1 : 0;
     c->scores_lean = on("NSA_CUDA_SCORES_LEAN");
-    c->scores_wt = on("NSA_CUDA_SCORES_WT");
+    const char *sw = getenv("NSA_CUDA_SCORES_WT");
+    c->scores_wt = !sw ? 1 : strcmp(sw, "0") == 0 ? 0 : strcmp(sw, "192") == 0 ? 2 : 1;
     const char *tn = getenv("NSA_CUDA_TOPN");
     c->topn_rounds = tn && strcmp(tn, "rounds") == 0;
     /* NSA_CUDA_WGMMA unset or all: compressed, scores and window; 0: none;
@@ -559,7 +560,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     g.smem_optin = c->smem_optin;
     g.attn_var = c->attn_var;
     g.scores_lean = c->scores_lean ? 1 : 0;
-    g.scores_wt = c->scores_wt ? 1 : 0;
+    g.scores_wt = c->scores_wt;
     g.topn_rounds = c->topn_rounds ? 1 : 0;
     g.wgmma = c->wgmma;
     g.wg_bn = c->wg_bn;

@@ -37,7 +37,8 @@ struct Geom {
     int attn_var;       /* attn_tc tile variant for Dv <= 128 (NSA_CUDA_ATTN_VAR, default 1; attn_tc.cu AttnCfg) */
     int scores_lean;    /* scores_tc LEAN kernels for G = 16 (NSA_CUDA_SCORES_LEAN, default 1) */
     int topn_rounds;    /* 1: top-n by n rounds only, not by filtering (NSA_CUDA_TOPN=rounds; topn.cuh) */
-    int scores_wt;      /* scores_wt (v6, transposed S) where the WG scores kernel would run (NSA_CUDA_SCORES_WT, default 1) */
+    int scores_wt;      /* scores_wt (v6, transposed S) where the WG scores kernel would run: 1 Dqk <= 128
+                         * (default), 2 Dqk 192 too (one K buffer), 0 never (NSA_CUDA_SCORES_WT=1|192|0) */
     int wgmma;          /* wgmma kernels that may run (sm_90a code on the device): bit 0 cmp_attn, 1 scores, 2 win_attn */
     int wg_bn;          /* attn_wg loop (NSA_CUDA_WG_BN): 128 or 64 keys per tile, 0 pipelined, 2 / 3 two CTAs per SM
                         * (3: 32 keys), -1 the measured best per branch (attn_wg_loop) */
@@ -132,7 +133,7 @@ bool scores_topn_fits(int dqkp, int qt, int64_t max_ns, int64_t smem_optin);
 cudaError_t scores_topn_tc(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse,
                            MView idx, cudaStream_t s);
 
-/* scores_wt.cu, v6 (sm_90a, G = 16, padded Dqk 64 / 128, 8-token
+/* scores_wt.cu, v6 (sm_90a, G = 16, padded Dqk 64 / 128, and 192 with scores_wt == 2; 8-token
  * tiles): scores (idx NULL) or fused scores + top-n (idx set) with S^T =
  * K Q^T on wgmma; scores_tc / scores_topn_tc call it where it applies. It
  * returns cudaErrorInvalidConfiguration, launching nothing, for a shape it

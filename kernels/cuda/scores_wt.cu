@@ -51,9 +51,13 @@ namespace nsa_cuda {
 constexpr int WT_BN = 64;        /* keys per tile: the M of one wgmma */
 constexpr int WT_SC = WT_BN + 8; /* row stride (floats) of the sums tile: the 4 lanes of a quad write 4 rows */
 
-template <int DQK> constexpr size_t scores_wt_smem_t()
+/* NB: K tile buffers. 2 (Dqk 64 / 128): tile kt+1 is fetched while tile kt is
+ * worked on. 1 (Dqk 192, opt-in NSA_CUDA_SCORES_WT=192, not yet run on a GPU):
+ * 110 KB at T = 64k, so two CTAs per SM fit, and each overlaps the other's
+ * fetch instead of its own (with 2 buffers: 131 KB, one CTA, 20.5 ms). */
+template <int DQK, int NB> constexpr size_t scores_wt_smem_t()
 {
-    return 1024 + 2 * (size_t)(TC_BM * DQK + 2 * WT_BN * DQK) + sizeof(float) * (size_t)(TC_BM / 16 * WT_SC);
+    return 1024 + 2 * (size_t)(TC_BM * DQK + NB * WT_BN * DQK) + sizeof(float) * (size_t)(TC_BM / 16 * WT_SC);
 }
 
 /* barrier of warpgroup wg's 128 threads (named barriers 1 and 2; 0 is __syncthreads) */
@@ -65,8 +69,8 @@ NSA_DEV void wg_bar(int wg)
         asm volatile("bar.sync 2, 128;\n" ::: "memory");
 }
 
-/* two CTAs per SM (Dqk <= 128: 101 KB of shared memory at T = 64k) */
-template <typename T, int DQK, bool FUSED>
+/* two CTAs per SM (101 KB of shared memory at T = 64k for Dqk 128; NB above) */
+template <typename T, int DQK, bool FUSED, int NB>
 __global__ void __launch_bounds__(TC_THREADS, 2)
     scores_wt_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                      const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec, const float *lse, int64_t lst,
@@ -79,8 +83,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* swizzle atoms need 1024-byte alignment; the launcher added 1 KB */
     unsigned char *const sQ = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    unsigned char *const sK = sQ + QB;                 /* [2][BN][DQK] */
-    float *const sC = (float *)(sK + 2 * KB);          /* [NTOK][WT_SC] group sums of the tile */
+    unsigned char *const sK = sQ + QB;                 /* [NB][BN][DQK] */
+    float *const sC = (float *)(sK + NB * KB);         /* [NTOK][WT_SC] group sums of the tile */
     float *const sAcc = sC + NTOK * WT_SC;             /* [NTOK][accw] score rows */
     __shared__ MapTab sTab;
 
@@ -138,18 +142,25 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
     const uint64_t qd = sw128_desc(smem_u32(sQ) + wg * 64 * 128, 16); /* the warpgroup's 64 rows of every panel */
 
     for (int64_t kt = 0; kt < nkt; kt++) {
+        if (NB == 1 && kt > 0) { /* every warp is done with tile kt - 1: refill the one buffer */
+            __syncthreads();
+            load_k(kt, 0);
+            cp_async_commit();
+        }
         /* tile kt has landed; every warp is done with tile kt - 1 (its buffer
          * and the sums tile) */
         cp_async_wait<0>();
         fence_async_smem();
         __syncthreads();
-        if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
-        cp_async_commit();
+        if (NB == 2) {
+            if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
+            cp_async_commit();
+        }
         const int64_t ks = kt * BN;
         if (ks > wmaxhi) continue; /* no token of the warpgroup sees this tile (uniform over it) */
 
         float s[8][4];
-        const uint64_t kd = sw128_desc(smem_u32(sK + (kt & 1) * KB), 16);
+        const uint64_t kd = sw128_desc(smem_u32(sK + (NB == 2 ? (int)(kt & 1) : 0) * KB), 16);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; kk++) {
@@ -225,17 +236,17 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
 #endif
 }
 
-template <typename T, int DQK>
+template <typename T, int DQK, int NB>
 static cudaError_t launch_wt(const Geom &g, const Tiles &tl, View q, View kc, View lse, MView sc, MView idx,
                              cudaStream_t s)
 {
     const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
-    const size_t smem = scores_wt_smem_t<DQK>() + acc;
+    const size_t smem = scores_wt_smem_t<DQK, NB>() + acc;
     if (g.G != 16 || tl.nchunk != 1 || tl.qt != TC_BM / 16 || (int64_t)smem > g.smem_optin ||
         !rs32_ok(kc.st, WT_BN))
         return cudaErrorInvalidConfiguration;
     const bool fused = idx.p != nullptr;
-    auto kern = fused ? scores_wt_kernel<T, DQK, true> : scores_wt_kernel<T, DQK, false>;
+    auto kern = fused ? scores_wt_kernel<T, DQK, true, NB> : scores_wt_kernel<T, DQK, false, NB>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
@@ -250,13 +261,16 @@ cudaError_t scores_wt(const Geom &g, const Tiles &tl, int dqkp, View q, View kc,
 {
     if (tl.count == 0) return cudaSuccess;
     if (g.dtype != 1 && g.dtype != 2) return cudaErrorInvalidValue;
-#define NSA_WT(DQK)                                                                                              \
-    return g.dtype == 1 ? launch_wt<__half, DQK>(g, tl, q, kc, lse, sc, idx, s)                                   \
-                        : launch_wt<__nv_bfloat16, DQK>(g, tl, q, kc, lse, sc, idx, s)
+#define NSA_WT(DQK, NB)                                                                                          \
+    return g.dtype == 1 ? launch_wt<__half, DQK, NB>(g, tl, q, kc, lse, sc, idx, s)                               \
+                        : launch_wt<__nv_bfloat16, DQK, NB>(g, tl, q, kc, lse, sc, idx, s)
     switch (dqkp) {
-    case 64: NSA_WT(64);
-    case 128: NSA_WT(128);
-    default: return cudaErrorInvalidConfiguration; /* Dqk 192: v5 is faster (one CTA per SM here) */
+    case 64: NSA_WT(64, 2);
+    case 128: NSA_WT(128, 2);
+    case 192: /* v5 is faster than two buffers (one CTA per SM); one buffer is opt-in */
+        if (g.scores_wt == 2) NSA_WT(192, 1);
+        return cudaErrorInvalidConfiguration;
+    default: return cudaErrorInvalidConfiguration;
     }
 #undef NSA_WT
 }
