@@ -197,30 +197,8 @@ bool slc_mt_ok(const Geom &g, int dqkp, int dvp, View k, View v)
 template <typename T, int DQK, int DV>
 static cudaError_t launch_mt(const Geom &g, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
 {
-    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
-    const size_t smem = slc_mt_smem(DQK, DV);
-    cudaError_t e = cudaFuncSetAttribute(slc_mt_kernel<T, DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
-    if (e != cudaSuccess) return e;
-    const dim3 grid((unsigned)((g.T + SMT_TOK - 1) / SMT_TOK), (unsigned)g.Hkv);
-    slc_mt_kernel<T, DQK, DV><<<grid, SMT_THREADS, smem, s>>>(
-        g, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh,
-        vec_ok(q.p, q.st, q.sh, g.Dqk), (const int *)idx.p, idx.st, idx.sh, (float *)o.p, o.st, o.sh,
-        (float *)lse.p, lse.st, lse.sh);
-    return cudaGetLastError();
-}
-
-template <typename T>
-static cudaError_t slc_mt_t(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
-                            cudaStream_t s)
-{
-    switch (dqkp * 1000 + dvp) {
-    case 32032: return launch_mt<T, 32, 32>(g, q, k, v, idx, o, lse, s);
-    case 64064: return launch_mt<T, 64, 64>(g, q, k, v, idx, o, lse, s);
-    case 128128: return launch_mt<T, 128, 128>(g, q, k, v, idx, o, lse, s);
-    case 192128: return launch_mt<T, 192, 128>(g, q, k, v, idx, o, lse, s);
-    default: return cudaErrorInvalidValue;
-    }
+    return launch_slc_tokens<T>(slc_mt_kernel<T, DQK, DV>, SMT_TOK, SMT_THREADS, slc_mt_smem(DQK, DV), g, q, k, v,
+                                idx, o, lse, s);
 }
 
 cudaError_t slc_mt(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
@@ -228,9 +206,7 @@ cudaError_t slc_mt(const Geom &g, int dqkp, int dvp, View q, View k, View v, Vie
 {
     if (g.T == 0) return cudaSuccess;
     if (!slc_mt_ok(g, dqkp, dvp, k, v)) return cudaErrorInvalidValue;
-    if (g.dtype == 1) return slc_mt_t<__half>(g, dqkp, dvp, q, k, v, idx, o, lse, s);
-    if (g.dtype == 2) return slc_mt_t<__nv_bfloat16>(g, dqkp, dvp, q, k, v, idx, o, lse, s);
-    return cudaErrorInvalidValue;
+    NSA_SLC_DISPATCH(launch_mt, g, dqkp, dvp, g, q, k, v, idx, o, lse, s);
 }
 
 } // namespace nsa_cuda

@@ -361,6 +361,40 @@ static cudaError_t launch_attn_tiles(Kernel kern, int BN, size_t smem, const Geo
     return cudaGetLastError();
 }
 
+/* Host side: launches a selected-attention kernel that takes `tok` consecutive
+ * tokens of one KV group per CTA (slc_mt_kernel and slc_fs_kernel take the same
+ * arguments). */
+template <typename T, typename Kernel>
+static cudaError_t launch_slc_tokens(Kernel kern, int tok, int threads, size_t smem, const Geom &g, View q, View k,
+                                     View v, View idx, MView o, MView lse, cudaStream_t s)
+{
+    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((unsigned)((g.T + tok - 1) / tok), (unsigned)g.Hkv);
+    kern<<<grid, threads, smem, s>>>(g, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st,
+                                     v.sh, vec_ok(q.p, q.st, q.sh, g.Dqk), (const int *)idx.p, idx.st, idx.sh,
+                                     (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh);
+    return cudaGetLastError();
+}
+
+/* `return FN<T, DQK, DV>(args...)` for the call's 16-bit dtype and the padded
+ * dims 32/32, 64/64, 128/128 or 192/128 (the launchers of slc_mt, slc_fs). */
+#define NSA_SLC_DIMS(FN, T, dqkp, dvp, ...)                                                                      \
+    switch ((dqkp) * 1000 + (dvp)) {                                                                             \
+    case 32032: return FN<T, 32, 32>(__VA_ARGS__);                                                               \
+    case 64064: return FN<T, 64, 64>(__VA_ARGS__);                                                               \
+    case 128128: return FN<T, 128, 128>(__VA_ARGS__);                                                            \
+    case 192128: return FN<T, 192, 128>(__VA_ARGS__);                                                            \
+    default: return cudaErrorInvalidValue;                                                                       \
+    }
+#define NSA_SLC_DISPATCH(FN, g, dqkp, dvp, ...)                                                                  \
+    do {                                                                                                         \
+        if ((g).dtype == 1) { NSA_SLC_DIMS(FN, __half, dqkp, dvp, __VA_ARGS__) }                                 \
+        if ((g).dtype == 2) { NSA_SLC_DIMS(FN, __nv_bfloat16, dqkp, dvp, __VA_ARGS__) }                          \
+        return cudaErrorInvalidValue;                                                                            \
+    } while (0)
+
 /* `return FN<T, MODE>(args...)` for the call's 16-bit dtype (g.dtype 1 f16,
  * 2 bf16) and branch mode (0 compressed, 2 window): the launchers of attn_tc
  * and attn_wg. */
