@@ -66,7 +66,7 @@ struct CudaCtx {
     int scores_wt;       /* NSA_CUDA_SCORES_WT: the transposed wgmma scores kernel (v6), Geom::scores_wt */
     bool topn_rounds;    /* NSA_CUDA_TOPN=rounds: the top-n ranking by n rounds (v5), not by filtering (v6) */
     int wgmma;           /* wgmma kernels (sm_90a): bit 0 cmp_attn, 1 scores, 2 win_attn (NSA_CUDA_WGMMA) */
-    int wg_bn;           /* attn_wg loop, Geom::wg_bn (NSA_CUDA_WG_BN=128|64|pipe|x2|x2s; unset: -1, per branch) */
+    int wg_bn;           /* attn_wg loop, Geom::wg_bn (NSA_CUDA_WG_BN=128|64|pipe|x2; unset: -1, per branch) */
     int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
@@ -191,7 +191,6 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
                : strcmp(wb, "64") == 0   ? 64
                : strcmp(wb, "pipe") == 0 ? 0
                : strcmp(wb, "x2") == 0   ? 2
-               : strcmp(wb, "x2s") == 0  ? 3
                                          : -1;
     const char *sv = getenv("NSA_CUDA_SLC");
     c->slc_kernel = !sv                      ? 0

@@ -255,13 +255,12 @@ template <int DQK> struct WgTwoBn {
     static constexpr int value = DQK > 128 ? 32 : 64;
 };
 
-/* wg_bn: 128, 64, 0 for the pipelined loop (BN = 64), 2 for TWO, 3 for TWO with 32 keys */
+/* wg_bn: 128, 64, 0 for the pipelined loop (BN = 64), 2 for TWO */
 template <int DQK, int DV> static size_t wg_smem(int wg_bn)
 {
     return wg_bn == 128 ? attn_wg_smem_t<DQK, DV, 128, false>()
            : wg_bn == 64 ? attn_wg_smem_t<DQK, DV, 64, false>()
            : wg_bn == 2  ? attn_wg_smem_t<DQK, DV, WgTwoBn<DQK>::value, false>()
-           : wg_bn == 3  ? attn_wg_smem_t<DQK, DV, 32, false>()
                          : attn_wg_smem_t<DQK, DV, 64, true>();
 }
 size_t attn_wg_smem(int dqkp, int dvp, int wg_bn)
@@ -290,7 +289,6 @@ static cudaError_t attn_wg_t(const Geom &g, int bn, const Tiles &tl, int dqkp, i
     return bn == 128  ? launch_wg<T, DQK, DV, MODE, 128, false>(g, tl, q, k, v, o, lse, s, fz)                      \
            : bn == 64 ? launch_wg<T, DQK, DV, MODE, 64, false>(g, tl, q, k, v, o, lse, s, fz)                       \
            : bn == 2  ? launch_wg<T, DQK, DV, MODE, WgTwoBn<DQK>::value, false, 2>(g, tl, q, k, v, o, lse, s, fz)    \
-           : bn == 3  ? launch_wg<T, DQK, DV, MODE, 32, false, 2>(g, tl, q, k, v, o, lse, s, fz)                    \
                       : launch_wg<T, DQK, DV, MODE, 64, true>(g, tl, q, k, v, o, lse, s, fz)
     switch (dqkp * 1000 + dvp) {
     case 64064: NSA_WG_LAUNCH(64, 64);

@@ -40,8 +40,8 @@ struct Geom {
     int scores_wt;      /* scores_wt (v6, transposed S) where the WG scores kernel would run: 1 Dqk <= 128
                          * (default), 2 Dqk 192 too (one K buffer), 0 never (NSA_CUDA_SCORES_WT=1|192|0) */
     int wgmma;          /* wgmma kernels that may run (sm_90a code on the device): bit 0 cmp_attn, 1 scores, 2 win_attn */
-    int wg_bn;          /* attn_wg loop (NSA_CUDA_WG_BN): 128 or 64 keys per tile, 0 pipelined, 2 / 3 two CTAs per SM
-                        * (3: 32 keys), -1 the measured best per branch (attn_wg_loop) */
+    int wg_bn;          /* attn_wg loop (NSA_CUDA_WG_BN): 128 or 64 keys per tile, 0 pipelined, 2 two CTAs per SM (TWO),
+                        * -1 the measured best per branch (attn_wg_loop) */
     const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
 };
 
