@@ -338,11 +338,7 @@ __global__ void __launch_bounds__(TC_THREADS, LEAN ? 2 : 1)
         for (int tok = warp; tok < c.ntok; tok += NT / 32)
             warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane, cand);
     } else if (accw > 0) {
-        const int wi = (int)width; /* <= accw */
-        for (int e = tid; e < c.ntok * wi; e += NT) {
-            const int tok = e / wi, j = e % wi;
-            if (j <= nsa_slc_last(c.tl0 + tok, g.ls)) scg[tok * sst + j] = sAcc[tok * accw + j];
-        }
+        store_score_rows(g, sAcc, accw, scg, sst, c.ntok, c.tl0, width, tid, NT);
     }
 }
 

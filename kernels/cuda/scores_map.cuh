@@ -102,6 +102,19 @@ NSA_DEV void map_tile_row(const Geom &g, const MapTab &t, int ne, int64_t per, i
     }
 }
 
+/* The CTA's score rows (sAcc, row stride accw) out to the scores buffer, token
+ * tok's row at dst + tok * sst: the eligible entries j <= floor(t / l_s) only;
+ * width is the last token's count of them. */
+NSA_DEV void store_score_rows(const Geom &g, const float *sAcc, int accw, float *dst, int64_t sst, int ntok,
+                              int64_t tl0, int64_t width, int tid, int nt)
+{
+    for (int64_t e = tid; e < (int64_t)ntok * width; e += nt) {
+        const int tok = (int)(e / width);
+        const int64_t j = e % width;
+        if (j <= nsa_slc_last(tl0 + tok, g.ls)) dst[tok * sst + j] = sAcc[tok * accw + j];
+    }
+}
+
 } // namespace nsa_cuda
 
 #endif

@@ -226,12 +226,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
         for (int tok = warp; tok < c.ntok; tok += NT / 32)
             warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane, cand);
     } else {
-        const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
-        for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
-            const int tok = (int)(e / width);
-            const int64_t j = e % width;
-            if (j <= nsa_slc_last(c.tl0 + tok, g.ls)) sc[(c.t0 + tok) * sst + c.gi * ssh + j] = sAcc[tok * accw + j];
-        }
+        store_score_rows(g, sAcc, accw, sc + c.t0 * sst + c.gi * ssh, sst, c.ntok, c.tl0,
+                         nsa_slc_last(tlast, g.ls) + 1, tid, NT);
     }
 #endif
 }

@@ -71,25 +71,6 @@ NSA_DEV void warp_load_rows(T *dst, const T *base, int rs, int nvalid, int D, in
     }
 }
 
-/* Keys of a tile at or past vis get -inf; leaves the rows' maxima in mx. */
-template <int NJ> NSA_DEV void mask_keys(float (&s)[NJ][4], int vis, int lane, float (&mx)[2])
-{
-    mx[0] = mx[1] = -INFINITY;
-    if (vis >= NJ * 8) {
-        warp_rows_max(s, mx);
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int key = j * 8 + 2 * (lane & 3) + (e & 1);
-            const float x = key < vis ? s[j][e] : -INFINITY;
-            s[j][e] = x;
-            mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-}
-
 template <typename T, int DQK, int DV>
 __global__ void __launch_bounds__(SFS_THREADS, 1)
     slc_fs_kernel(const Geom g, const T *__restrict__ q, int64_t qst, int64_t qsh, const T *__restrict__ k,
@@ -203,7 +184,7 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
             for (int j = 0; j < KB / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
             warp_qk<T, DQK, KB / 8, SQ, true>(s, qf, sQ, sK1 + buf * KB * SQ, 0, lane);
             float mx[2];
-            mask_keys(s, vis, lane, mx);
+            warp_mask_keys(s, vis, lane, mx);
             warp_softmax_step(s, mx, m, ls, oacc, sl);
             warp_pv<T, DV, KB / 16, SV>(oacc, s, sV1 + buf * KB * SV, 0, lane);
         }
@@ -248,7 +229,7 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
         for (int j = 0; j < CK / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         warp_qk<T, DQK, CK / 8, SQ, true>(s, qf, sQ, wK + buf * CK * SQ, 0, lane);
         float mx[2];
-        mask_keys(s, min(CK, sVis[warp][cb] - cx), lane, mx);
+        warp_mask_keys(s, min(CK, sVis[warp][cb] - cx), lane, mx);
         warp_softmax_step(s, mx, m, ls, oacc, sl);
         warp_pv<T, DV, CK / 16, SV>(oacc, s, wV + buf * CK * SV, 0, lane);
         __syncwarp(); /* this chunk's buffer is refilled next */

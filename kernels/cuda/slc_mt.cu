@@ -155,20 +155,8 @@ __global__ void __launch_bounds__(SMT_THREADS)
 #pragma unroll
             for (int j = 0; j < KB / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
             warp_qk<T, DQK, KB / 8, SQ, QREG>(s, qf, sQw, sK + buf * KB * SQ, 0, lane);
-            float mx[2] = {-INFINITY, -INFINITY};
-            if (vis >= KB) {
-                warp_rows_max(s, mx);
-            } else {
-#pragma unroll
-                for (int j = 0; j < KB / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = j * 8 + 2 * (lane & 3) + (e & 1);
-                        const float x = key < vis ? s[j][e] : -INFINITY;
-                        s[j][e] = x;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                    }
-            }
+            float mx[2];
+            warp_mask_keys(s, vis, lane, mx);
             warp_softmax_step(s, mx, m, ls, oacc, sl);
             warp_pv<T, DV, KB / 16, SV>(oacc, s, sV + buf * KB * SV, 0, lane);
         }

@@ -190,6 +190,26 @@ template <int NJ> NSA_DEV void warp_rows_max(const float (&s)[NJ][4], float (&mx
         for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
 }
 
+/* Keys of a tile (NJ * 8 of them, from key 0) at or past vis get -inf, and mx
+ * gets the rows' maxima over this thread's columns (slc_mt, slc_fs). */
+template <int NJ> NSA_DEV void warp_mask_keys(float (&s)[NJ][4], int vis, int lane, float (&mx)[2])
+{
+    mx[0] = mx[1] = -INFINITY;
+    if (vis >= NJ * 8) {
+        warp_rows_max(s, mx);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = j * 8 + 2 * (lane & 3) + (e & 1);
+            const float x = key < vis ? s[j][e] : -INFINITY;
+            s[j][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+}
+
 /* Completes the row sums over the quad (the 4 lanes of a row) and stores row
  * i's normalised output (fp32, the first dv columns) at orow(i) and its LSE
  * (natural log) at lsep(i) when that is not NULL; orow(i) == NULL skips row i. */
