@@ -6,7 +6,7 @@
 # Run from the repository root on the GPU machine:
 #   bash backends/cuda/device_check.sh [step,step,...]
 # steps (default all): profile parity variants check long det sanitize opencl bench sdpa; sanwg (in
-# sanitize; alone: only the wgmma kernels' sanitizer runs), prof2 and ncu (not in the default) profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list).
+# sanitize; alone: only the wgmma kernels' sanitizer runs), prof2, ncu and l2 (not in the default): prof2 profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list), l2 reads L2 / DRAM counters of one launch per kernel.
 # A variant is one or more VAR=value settings joined by commas (VARIANTS, PROF_VARIANTS).
 # Needs: .debs (libcheck/libsubunit/libclblast .deb files, unpacked with dpkg -x;
 # the machine has no internet) and, for sdpa, .bench/sdpa_baseline.py (a copy of
@@ -139,17 +139,29 @@ if has sdpa; then
     grep -o '"baseline": "[a-z-]*".*"fwd_ms": [0-9.]*' /tmp/sdpa.log | sed 's/"hq.*"dtype": "bf16", "device": "[^"]*", //' | tee -a "$SUM"
   done
 fi
-if has ncu; then # stall reasons and per-instruction samples of the wgmma kernels, T = 32k, D = 128
-  for spec in scores_wt_kernel:1 attn_wg_kernel:2; do
+if has ncu; then # stall reasons and per-instruction samples (NCU_SPEC kernel:launch-count, default the wgmma
+  # kernels; NCU_T, default 32768; NCU_DQK, default 128)
+  for spec in ${NCU_SPEC:-scores_wt_kernel:1 attn_wg_kernel:2}; do
     k=${spec%%:*}; n=${spec##*:}
     timeout 240 ncu --clock-control none -k regex:$k --launch-count $n --section SpeedOfLight --section Occupancy \
       --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis --section SourceCounters \
-      -f -o /tmp/ncu_$k $NSA run --backend cuda --T 32768 --dqk 128 --dv 128 --iters 1 --warmup 0 \
+      --section MemoryWorkloadAnalysis \
+      -f -o /tmp/ncu_$k $NSA run --backend cuda --T ${NCU_T:-32768} --dqk ${NCU_DQK:-128} --dv 128 --iters 1 --warmup 0 \
       --check-tokens 0 > /tmp/ncu_run.log 2>&1
     note "[$(el)] ncu $k rc=$?"
     ncu --import /tmp/ncu_$k.ncu-rep --page details > "$OUT/ncu_$k.txt" 2>&1
     ncu --import /tmp/ncu_$k.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_src_$k.csv" 2>&1
     tail -3 /tmp/ncu_run.log
+  done
+fi
+if has l2; then # L2 sectors the SMs read, DRAM bytes and instructions of one launch (L2_SPEC kernel regexes, T = 64k)
+  for k in ${L2_SPEC:-slc_fs_kernel attn_wg_kernel scores_wt_kernel}; do
+    for dqk in 128 192; do
+      timeout 200 ncu --clock-control none -k regex:$k --launch-count 1 --metrics \
+        gpu__time_duration.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,dram__bytes_read.sum,smsp__inst_executed.sum,lts__t_sectors_srcunit_tex.sum,l1tex__m_xbar2l1tex_read_bytes.sum \
+        $NSA run --backend cuda --T 65536 --dqk $dqk --dv 128 --iters 1 --warmup 0 --check-tokens 0 > /tmp/l2.log 2>&1
+      note "[$(el)] l2 $k Dqk=$dqk rc=$?: $(grep -E '^ +(gpu__|lts__|dram__|smsp__|l1tex__)' /tmp/l2.log | awk '{print $1"="$(NF)}' | tr '\n' ' ')"
+    done
   done
 fi
 note "[$(el)] done"
