@@ -24,29 +24,34 @@
  * built with nvcc_archs containing 90a; attn_wg_available() asks a probe
  * kernel) for padded dims 64/64, 128/128 and 192/128, for the compressed and
  * the window branch (NSA_CUDA_WGMMA=0 turns it off, nowin keeps the window on
- * attn_tc). attn_wg_loop picks the loop per branch unless NSA_CUDA_WG_BN says.
+ * attn_tc). attn_wg_loop picks the loop per branch (ONE for the compressed
+ * branch, TWO for the window) unless NSA_CUDA_WG_BN says.
  *
  * Shared memory (D = 128): BN = 128: Q 32 KB + K 2 x 32 KB + V 2 x 32 KB
- * + 1 KB of alignment = 161 KB, one CTA (8 warps) per SM; TWO, BN = 64: 97 KB.
+ * + 1 KB of alignment = 161 KB, one CTA (8 warps) per SM; TWO, BN = 64: 97 KB;
+ * ONE (one 64-key K/V buffer): 65 KB (91 KB at Dqk 192, so two CTAs fit).
  *
  * Measured (H200, T = 64k, bf16, ms, D 128 / D 192):
  *   compressed: attn_tc 18.8 / 23.6; attn_wg BN = 64 14.8 / 16.7; BN = 128
  *     13.1 / 15.1 (the v5 default); pipelined 13.9 / 16.5; TWO (v6) 11.8 at
  *     D 128 (64 keys; 32 keys: 14.0), 17.7 at D 192 (32 keys), so D 192 keeps
- *     BN = 128; with descriptors built once per tile (desc_at) 11.3 / 14.8.
+ *     BN = 128; with descriptors built once per tile (desc_at) 11.3 / 14.8;
+ *     ONE (v7, the default) 11.0 / 13.7.
  *   window (+ COMBINE): attn_tc 7.2 / 8.6; attn_wg one CTA 8.9 / -; TWO 5.5 /
- *     6.7; with the epilogue's loads batched 4.6 / 5.6 (the default).
- * Details: backends/cuda/NOTES.md ("v5", "v6").
+ *     6.7; with the epilogue's loads batched 4.6 / 5.6 (the default); ONE
+ *     4.65 / 6.2.
+ * Details: backends/cuda/NOTES.md ("v5", "v6", "v7").
  */
 #include "tile_qk.cuh"
 #include "wgmma.cuh"
 
 namespace nsa_cuda {
 
-/* BN: keys per K/V tile, 128, 64 or 32 (TWO); the bytes attn_wg_kernel asks for. */
-template <int DQK, int DV, int BN, bool PIPE> constexpr size_t attn_wg_smem_t()
+/* BN: keys per K/V tile, 128, 64 or 32 (TWO); NB: K/V buffers of the plain
+ * loop (2, or 1 for ONE); the bytes attn_wg_kernel asks for. */
+template <int DQK, int DV, int BN, bool PIPE, int NB = 2> constexpr size_t attn_wg_smem_t()
 {
-    return 1024 + 2 * (size_t)(TC_BM * DQK + (PIPE ? 3 : 2) * BN * (DQK + DV));
+    return 1024 + 2 * (size_t)(TC_BM * DQK + (PIPE ? 3 : NB) * BN * (DQK + DV));
 }
 
 /* PIPE (v5.1): the product of tile kt+1's S = Q K^T runs on the tensor
@@ -55,7 +60,7 @@ template <int DQK, int DV, int BN, bool PIPE> constexpr size_t attn_wg_smem_t()
  * three buffers, so BN = 64. Without PIPE every wgmma is waited for at once
  * and the CTA's barrier per tile keeps both warpgroups in step: while they
  * both run their softmax the tensor cores idle. */
-template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1>
+template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1, int NB = 2>
 __global__ void __launch_bounds__(TC_THREADS, MINB)
     attn_wg_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                    const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst,
@@ -68,7 +73,8 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* swizzle atoms need 1024-byte alignment; the launcher added 1 KB */
     unsigned char *const sQ = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    constexpr int NS = PIPE ? 3 : 2; /* K/V buffers */
+    constexpr int NS = PIPE ? 3 : NB; /* K/V buffers */
+    static_assert(NB == 1 || NB == 2, "one or two K/V buffers");
     unsigned char *const sK = sQ + QB;
     unsigned char *const sV = sK + NS * KB;
 
@@ -158,12 +164,21 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
 
     if constexpr (!PIPE) {
         for (int64_t kt = 0; kt < nkt; kt++) {
-            if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
-            cp_async_commit();
-            cp_async_wait<1>();
+            if (NB == 2) {
+                if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else { /* ONE: every warp is done with tile kt - 1; refill the buffer and wait for it (the other CTA on
+                      * the SM computes meanwhile) */
+                if (kt > 0) {
+                    load_kv(kt, 0);
+                    cp_async_commit();
+                }
+                cp_async_wait<0>();
+            }
             fence_async_smem();
             __syncthreads();
-            const int buf = (int)(kt & 1);
+            const int buf = NB == 2 ? (int)(kt & 1) : 0;
             if (active(kt)) {
                 float s[BN / 8][4];
                 issue_qk(s, buf);
@@ -175,7 +190,7 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
                 wg_wait<0>();
                 wg_hold(oacc);
             }
-            __syncthreads();
+            __syncthreads(); /* the buffer is free for the next fetch */
         }
     } else {
         /* prologue: tile 1 on its way too; tile 0 (and Q) resident */
@@ -255,12 +270,19 @@ template <int DQK> struct WgTwoBn {
     static constexpr int value = DQK > 128 ? 32 : 64;
 };
 
-/* wg_bn: 128, 64, 0 for the pipelined loop (BN = 64), 2 for TWO */
+/* ONE (NSA_CUDA_WG_BN=x1, g.wg_bn == 1): two CTAs per SM as in TWO, but
+ * 64-key tiles in a single K/V buffer, so that Dqk 192 gets 64-key tiles
+ * into two CTAs' shared memory (91 KB each). A CTA waits for its own fetch;
+ * the other CTA on the SM computes meanwhile. */
+constexpr int WG_ONE_BN = 64;
+
+/* wg_bn: 128, 64, 0 for the pipelined loop (BN = 64), 2 for TWO, 1 for ONE */
 template <int DQK, int DV> static size_t wg_smem(int wg_bn)
 {
     return wg_bn == 128 ? attn_wg_smem_t<DQK, DV, 128, false>()
            : wg_bn == 64 ? attn_wg_smem_t<DQK, DV, 64, false>()
            : wg_bn == 2  ? attn_wg_smem_t<DQK, DV, WgTwoBn<DQK>::value, false>()
+           : wg_bn == 1  ? attn_wg_smem_t<DQK, DV, WG_ONE_BN, false, 1>()
                          : attn_wg_smem_t<DQK, DV, 64, true>();
 }
 size_t attn_wg_smem(int dqkp, int dvp, int wg_bn)
@@ -273,12 +295,13 @@ size_t attn_wg_smem(int dqkp, int dvp, int wg_bn)
     }
 }
 
-template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1>
+template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1, int NB = 2>
 static cudaError_t launch_wg(const Geom &g, const Tiles &tl, View q, View k, View v, MView o, MView lse,
                              cudaStream_t s, const FuseCombine &fz)
 {
-    return launch_attn_tiles<T, DQK, DV, MODE>(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB>, BN,
-                                               attn_wg_smem_t<DQK, DV, BN, PIPE>(), g, tl, q, k, v, o, lse, s, fz);
+    return launch_attn_tiles<T, DQK, DV, MODE>(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB, NB>, BN,
+                                               attn_wg_smem_t<DQK, DV, BN, PIPE, NB>(), g, tl, q, k, v, o, lse, s,
+                                               fz);
 }
 
 template <typename T, int MODE>
@@ -289,6 +312,7 @@ static cudaError_t attn_wg_t(const Geom &g, int bn, const Tiles &tl, int dqkp, i
     return bn == 128  ? launch_wg<T, DQK, DV, MODE, 128, false>(g, tl, q, k, v, o, lse, s, fz)                      \
            : bn == 64 ? launch_wg<T, DQK, DV, MODE, 64, false>(g, tl, q, k, v, o, lse, s, fz)                       \
            : bn == 2  ? launch_wg<T, DQK, DV, MODE, WgTwoBn<DQK>::value, false, 2>(g, tl, q, k, v, o, lse, s, fz)    \
+           : bn == 1  ? launch_wg<T, DQK, DV, MODE, WG_ONE_BN, false, 2, 1>(g, tl, q, k, v, o, lse, s, fz)           \
                       : launch_wg<T, DQK, DV, MODE, 64, true>(g, tl, q, k, v, o, lse, s, fz)
     switch (dqkp * 1000 + dvp) {
     case 64064: NSA_WG_LAUNCH(64, 64);
@@ -302,7 +326,11 @@ static cudaError_t attn_wg_t(const Geom &g, int bn, const Tiles &tl, int dqkp, i
 int attn_wg_loop(const Geom &g, int mode, int dqkp)
 {
     if (g.wg_bn >= 0) return g.wg_bn;
-    return mode == 2 || dqkp <= 128 ? 2 : 128;
+    /* measured (H200, 64k, v7): TWO for the window branch (ONE: 4.65 / 6.2 ms against
+     * 4.6 / 5.6 at D 128 / 192), ONE for the compressed one (11.0 / 13.7 ms against TWO's
+     * 11.25 / 17.7 and BN 128's 13.0 / 14.9) */
+    (void)dqkp;
+    return mode == 2 ? 2 : 1;
 }
 
 cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,

@@ -37,10 +37,12 @@ struct Geom {
     int attn_var;       /* attn_tc tile variant for Dv <= 128 (NSA_CUDA_ATTN_VAR, default 1; attn_tc.cu AttnCfg) */
     int scores_lean;    /* scores_tc LEAN kernels for G = 16 (NSA_CUDA_SCORES_LEAN, default 1) */
     int topn_rounds;    /* 1: top-n by n rounds only, not by filtering (NSA_CUDA_TOPN=rounds; topn.cuh) */
-    int scores_wt;      /* scores_wt (v6, transposed S) where the WG scores kernel would run: 1 Dqk <= 128
-                         * (default), 2 Dqk 192 too (one K buffer), 0 never (NSA_CUDA_SCORES_WT=1|192|0) */
+    int scores_wt;      /* scores_wt (v6, transposed S) where the WG scores kernel would run: 2 every padded Dqk
+                         * (192 with one K buffer; the default since v7), 1 Dqk <= 128, 0 never
+                         * (NSA_CUDA_SCORES_WT unset or 192 | 128 | 0) */
     int wgmma;          /* wgmma kernels that may run (sm_90a code on the device): bit 0 cmp_attn, 1 scores, 2 win_attn */
     int wg_bn;          /* attn_wg loop (NSA_CUDA_WG_BN): 128 or 64 keys per tile, 0 pipelined, 2 two CTAs per SM (TWO),
+                        * 1 two CTAs per SM with one 64-key K/V buffer (ONE),
                         * -1 the measured best per branch (attn_wg_loop) */
     const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
 };
