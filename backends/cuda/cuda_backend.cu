@@ -61,12 +61,14 @@ struct CudaCtx {
     bool v3;             /* NSA_CUDA_V3 (default 1): fused SCORES_TOPN */
     bool fuse_combine;   /* NSA_CUDA_FUSE_COMBINE (default 1): COMBINE in the window epilogue */
     int attn_var;        /* NSA_CUDA_ATTN_VAR: attn_tc tile variant (attn_tc.cu AttnCfg) */
-    int slc_kernel;      /* NSA_CUDA_SLC: 0 auto (slc_mt for Dqk' = 192), 1 tc, 2 mt, 3 fs (slc_mt.cu, slc_fs.cu) */
+    int slc_kernel;      /* NSA_CUDA_SLC: 0 auto, 1 tc, 2 mt, 3 fs (slc_tc.cu, slc_mt.cu, slc_fs.cu); auto: fs where it
+                          * runs on an sm_90 device (measured there, v7), else mt for Dqk' = 192, else tc */
+    bool slc_fs_auto;    /* auto picks slc_fs (sm_90: the only device it was measured on) */
     bool scores_lean;    /* NSA_CUDA_SCORES_LEAN (default 1): scores_tc's LEAN kernels for G = 16 */
     int scores_wt;       /* NSA_CUDA_SCORES_WT: the transposed wgmma scores kernel (v6), Geom::scores_wt */
     bool topn_rounds;    /* NSA_CUDA_TOPN=rounds: the top-n ranking by n rounds (v5), not by filtering (v6) */
     int wgmma;           /* wgmma kernels (sm_90a): bit 0 cmp_attn, 1 scores, 2 win_attn (NSA_CUDA_WGMMA) */
-    int wg_bn;           /* attn_wg loop, Geom::wg_bn (NSA_CUDA_WG_BN=128|64|pipe|x2; unset: -1, per branch) */
+    int wg_bn;           /* attn_wg loop, Geom::wg_bn (NSA_CUDA_WG_BN=128|64|pipe|x2|x1; unset: -1, per branch) */
     int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
@@ -169,7 +171,7 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->attn_var = on("NSA_CUDA_ATTN_VAR") ? 1 : 0;
     c->scores_lean = on("NSA_CUDA_SCORES_LEAN");
     const char *sw = getenv("NSA_CUDA_SCORES_WT");
-    c->scores_wt = !sw ? 1 : strcmp(sw, "0") == 0 ? 0 : strcmp(sw, "192") == 0 ? 2 : 1;
+    c->scores_wt = !sw ? 2 : strcmp(sw, "0") == 0 ? 0 : strcmp(sw, "128") == 0 ? 1 : 2;
     const char *tn = getenv("NSA_CUDA_TOPN");
     c->topn_rounds = tn && strcmp(tn, "rounds") == 0;
     /* NSA_CUDA_WGMMA unset or all: compressed, scores and window; 0: none;
@@ -191,6 +193,7 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
                : strcmp(wb, "64") == 0   ? 64
                : strcmp(wb, "pipe") == 0 ? 0
                : strcmp(wb, "x2") == 0   ? 2
+               : strcmp(wb, "x1") == 0   ? 1
                                          : -1;
     const char *sv = getenv("NSA_CUDA_SLC");
     c->slc_kernel = !sv                      ? 0
@@ -198,6 +201,7 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
                     : strcmp(sv, "mt") == 0 ? 2
                     : strcmp(sv, "fs") == 0 ? 3
                                             : 0;
+    c->slc_fs_auto = p.major == 9;
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
@@ -492,7 +496,7 @@ static MView mview(const nsa_bk_tensor &t)
 static Geom geom(const nsa_bk_plan *pl)
 {
     const nsa_config &c = pl->cfg;
-    Geom g;
+    Geom g = {};
     g.T = pl->total_tokens;
     g.B = pl->batch;
     g.Hq = c.num_q_heads;
@@ -660,7 +664,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->v[NSA_BRANCH_SLC], "v[slc]");
         NEED(a->indices, "indices");
         NEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
-        if (fast && c->slc_kernel == 3 &&
+        if (fast && (c->slc_kernel == 3 || (c->slc_kernel == 0 && c->slc_fs_auto)) &&
             slc_fs_ok(g, p->dqkp, p->dvp, view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC])))
             e = slc_fs(g, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC]),
                        view(a->indices), mview(a->o_b[NSA_BRANCH_SLC]), mview(a->lse[NSA_BRANCH_SLC]), s);

@@ -111,7 +111,7 @@ cudaError_t slc_mt(const Geom &g, int dqkp, int dvp, View q, View k, View v, Vie
 
 /* slc_fs.cu: selected attention with 8 tokens per CTA fetching their common
  * blocks once (G = 16, l_s <= 64, n <= 32, Dqk <= 192, Dv <= 128, aligned K/V:
- * slc_fs_ok); opt-in (NSA_CUDA_SLC=fs), not yet run on a GPU. */
+ * slc_fs_ok); the default on sm_90 (v7), NSA_CUDA_SLC=fs elsewhere. */
 bool slc_fs_ok(const Geom &g, int dqkp, int dvp, View k, View v);
 cudaError_t slc_fs(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
                    cudaStream_t s);

@@ -30,6 +30,8 @@
  * v6 (sm_90a, G = 16, Dqk <= 128): scores_wt.cu (S^T = K Q^T) takes over
  *    where it applies; with the filtering top-n and per-tile descriptors the
  *    WG kernel here is 15.2 ms at D 192.
+ * v7: scores_wt at Dqk 192 too (one K buffer, 12.1 ms); the WG kernel here
+ *    runs where scores_wt refuses (NSA_CUDA_SCORES_WT=128 or 0, no fit).
  */
 #include "tile_qk.cuh"
 #include "scores_map.cuh"

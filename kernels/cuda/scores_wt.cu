@@ -28,8 +28,8 @@
  * at Dqk 128; 10.85 ms with the filtering top-n (topn.cuh) and descriptors
  * built once per tile (desc_at), which v5 has too (15.2 ms at Dqk 192). At
  * Dqk 192 v6 needs 131 KB of shared memory, so one CTA per SM, and took
- * 20.5 ms against v5's 17.9 (two CTAs of 32-key tiles): v6 runs for padded
- * Dqk 64 and 128 only. The 48 shuffles were not what bound v5; ncu (T = 32k)
+ * 20.5 ms against v5's 17.9 (two CTAs of 32-key tiles). With one K buffer
+ * (v7, the default) two CTAs fit: 15.2 -> 12.1 ms at Dqk 192. The 48 shuffles were not what bound v5; ncu (T = 32k)
  * shows the CTA barrier and fixed-latency waits as the top stalls, and
  * integer work (tile loads, descriptors, the old top-n rounds) as most of the
  * instructions.
@@ -52,9 +52,10 @@ constexpr int WT_BN = 64;        /* keys per tile: the M of one wgmma */
 constexpr int WT_SC = WT_BN + 8; /* row stride (floats) of the sums tile: the 4 lanes of a quad write 4 rows */
 
 /* NB: K tile buffers. 2 (Dqk 64 / 128): tile kt+1 is fetched while tile kt is
- * worked on. 1 (Dqk 192, opt-in NSA_CUDA_SCORES_WT=192, not yet run on a GPU):
- * 110 KB at T = 64k, so two CTAs per SM fit, and each overlaps the other's
- * fetch instead of its own (with 2 buffers: 131 KB, one CTA, 20.5 ms). */
+ * worked on. 1 (Dqk 192; NSA_CUDA_SCORES_WT=128 turns it off): 110 KB at
+ * T = 64k, so two CTAs per SM fit, and each overlaps the other's fetch
+ * instead of its own (12.1 ms at 64k; with 2 buffers: 131 KB, one CTA,
+ * 20.5 ms; v5: 15.2). */
 template <int DQK, int NB> constexpr size_t scores_wt_smem_t()
 {
     return 1024 + 2 * (size_t)(TC_BM * DQK + NB * WT_BN * DQK) + sizeof(float) * (size_t)(TC_BM / 16 * WT_SC);
@@ -263,7 +264,7 @@ cudaError_t scores_wt(const Geom &g, const Tiles &tl, int dqkp, View q, View kc,
     switch (dqkp) {
     case 64: NSA_WT(64, 2);
     case 128: NSA_WT(128, 2);
-    case 192: /* v5 is faster than two buffers (one CTA per SM); one buffer is opt-in */
+    case 192: /* one buffer (two buffers: one CTA per SM, slower than v5) */
         if (g.scores_wt == 2) NSA_WT(192, 1);
         return cudaErrorInvalidConfiguration;
     default: return cudaErrorInvalidConfiguration;

@@ -1,8 +1,8 @@
 /*
  * slc_fs.cu -- version 4 of the selected branch (G = 16, l_s <= 64, n <= 32;
- * opt-in: NSA_CUDA_SLC=fs): 8 consecutive tokens per CTA fetch the blocks they
- * all selected once, and each warp streams the rest of its token's blocks on
- * its own, without CTA barriers.
+ * the default on sm_90 devices since v7, NSA_CUDA_SLC=fs elsewhere): 8
+ * consecutive tokens per CTA fetch the blocks they all selected once, and each
+ * warp streams the rest of its token's blocks on its own, without CTA barriers.
  *
  * Why: slc_tc (v2) is bound by the L2 -> SM stream of K/V blocks (v4 ncu: L2
  * 82 %, 134 GB at T = 64k). The 8 tokens of a CTA lie in one selection block
@@ -24,7 +24,9 @@
  *            cp.async double buffer; every warp computes its rows on all of
  *            it, keys past its own token masked.
  *   phase 2  the warp's other blocks in 16-key chunks through its own
- *            cp.async double buffer (synchronised with __syncwarp only).
+ *            cp.async double buffer (synchronised with __syncwarp only); the
+ *            warp's list is compacted first, so the next chunk is one step
+ *            (and its shared-memory reads overlap the current chunk's work).
  * One online softmax per warp over both phases (warp_softmax_step), keys in a
  * fixed order (shared blocks first, then the token's list order): results are
  * reproducible and differ from slc_tc only by the fp32 summation order.
@@ -33,11 +35,17 @@
  * warps' chunk buffers, in one region: 139 KB at D 128, 172 KB at Dqk 192,
  * plus the lists; one CTA (8 warps) per SM.
  *
- * Status: compiled for every target, NOT yet run on a GPU (written after the
- * fourth session's device time was spent). NOTES.md ("v6") gives the one
- * device_check command that checks and measures it; the prediction at
- * T = 64k, bf16: 23.1 -> ~19.5 ms (D 128), 28.5 -> ~24 ms (D 192) if the
- * branch stays bound by the L2 stream.
+ * Measured (H200, T = 64k, bf16, slc_attn in ms, D 128 / Dqk 192; NOTES.md "v7"):
+ *   slc_tc 23.1 / -, slc_mt - / 28.7 (the v6 defaults); slc_fs as first
+ *   written 20.4 / 24.4; with the compacted list 19.2 / 23.5 (the default).
+ *   Three chunk buffers per warp (204 KB at D 128) measured slower: 19.9.
+ *   ncu: L2 78 % busy, 2 warps per scheduler, 0.37 eligible; the SMs read
+ *   170 GB from L2 for about 115 GB of K/V blocks: cp.async into these
+ *   16-byte-padded rows reads about 1.5 sectors per sector of data. Unpadded
+ *   rows with XOR-swizzled 16-byte chunks (the attn_wg swizzle inside one
+ *   256-byte row) read 227 GB and took 24.7 ms; attn_wg and scores_wt, whose
+ *   128-byte-swizzled panels are filled from contiguous rows, read what they
+ *   use. Why the destination layout changes the L2 reads is not settled.
  */
 #include "tile_qk.cuh"
 
@@ -196,45 +204,79 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
     /* phase 2: this warp alone */
     T *const wK = (T *)smem_raw + warp * NS * CK * (SQ + SV); /* [NS][CK][SQ] */
     T *const wV = wK + NS * CK * SQ;                          /* [NS][CK][SV] */
-    /* the warp's chunks in order: entry b of its list (not shared, not empty),
-     * keys x .. x + 15 of it; (b, x) advances uniformly over the warp */
-    auto advance = [&](int &b, int &x) {
-        x += CK;
-        if (b >= 0 && x < sVis[warp][b]) return;
-        x = 0;
-        for (b++; b < n; b++)
-            if (sKa[warp][b] >= 0 && !sIsSh[warp][b]) return;
+    /* the warp's list compacted in place to its other blocks (not shared, not
+     * empty), in list order: entries 0 .. cnt-1 of its rows of sKa / sVis */
+    int cnt;
+    {
+        const int64_t ka = lane < n ? sKa[warp][lane] : -1;
+        const int vis = lane < n ? sVis[warp][lane] : 0;
+        const bool keep = live && ka >= 0 && !(lane < n && sIsSh[warp][lane]);
+        const unsigned bal = __ballot_sync(0xffffffffu, keep);
+        cnt = __popc(bal);
+        __syncwarp();
+        if (keep) {
+            const int pos = __popc(bal & ((1u << lane) - 1u));
+            sKa[warp][pos] = ka;
+            sVis[warp][pos] = vis;
+        }
+        __syncwarp();
+    }
+    /* a chunk: keys x .. x + CK - 1 of entry i (first key ka, vis keys); i == cnt: past the end */
+    struct Chunk {
+        int64_t ka;
+        int i, x, vis;
     };
-    auto load2 = [&](int b, int x, int buf) {
-        const int64_t ka = sKa[warp][b] + x;
-        const int cnt = min(CK, sVis[warp][b] - x);
-        warp_load_rows<T, CK, DQK, SQ>(wK + buf * CK * SQ, kg + ka * kst, (int)kst, cnt, (int)g.Dqk, lane);
-        warp_load_rows<T, CK, DV, SV>(wV + buf * CK * SV, vg + ka * vst, (int)vst, cnt, (int)g.Dv, lane);
+    auto entry = [&](int i) {
+        Chunk c;
+        c.i = i;
+        c.x = 0;
+        c.ka = i < cnt ? sKa[warp][i] : 0;
+        c.vis = i < cnt ? sVis[warp][i] : 0;
+        return c;
     };
-    int cb = -1, cx = -CK; /* the chunk being computed */
-    advance(cb, cx);
-    if (!live) cb = n;
-    if (cb < n) load2(cb, cx, 0);
-    cp_async_commit();
-    for (int ci = 0; cb < n; ci++) {
-        int nb = cb, nx = cx; /* the next chunk, fetched while this one is computed */
-        advance(nb, nx);
-        if (nb < n) load2(nb, nx, (ci + 1) & 1);
+    auto next = [&](Chunk c) {
+        if (c.i >= cnt) return c;
+        c.x += CK;
+        return c.x < c.vis ? c : entry(c.i + 1);
+    };
+    auto load2 = [&](const Chunk &c, int buf) {
+        const int64_t ka = c.ka + c.x;
+        const int nv = min(CK, c.vis - c.x);
+        warp_load_rows<T, CK, DQK, SQ>(wK + buf * CK * SQ, kg + ka * kst, (int)kst, nv, (int)g.Dqk, lane);
+        warp_load_rows<T, CK, DV, SV>(wV + buf * CK * SV, vg + ka * vst, (int)vst, nv, (int)g.Dv, lane);
+    };
+    /* q[u]: chunk ci + u (u < NS), in buffer (ci + u) % NS; NS - 1 are in flight
+     * while chunk ci is computed */
+    Chunk qc[NS];
+    qc[0] = entry(0);
+#pragma unroll
+    for (int u = 1; u < NS; u++) qc[u] = next(qc[u - 1]);
+#pragma unroll
+    for (int u = 0; u < NS - 1; u++) {
+        if (qc[u].i < cnt) load2(qc[u], u);
         cp_async_commit();
-        cp_async_wait<1>();
+    }
+    int buf = 0, lbuf = NS - 1; /* buffers of chunks ci and ci + NS - 1 */
+    while (qc[0].i < cnt) {
+        if (qc[NS - 1].i < cnt) load2(qc[NS - 1], lbuf); /* its buffer held chunk ci - 1, done with */
+        cp_async_commit();
+        const Chunk after = next(qc[NS - 1]); /* its shared-memory reads overlap this chunk's work */
+        cp_async_wait<NS - 1>();
         __syncwarp(); /* every lane's copies of this chunk are visible to the warp */
-        const int buf = ci & 1;
         float s[CK / 8][4];
 #pragma unroll
         for (int j = 0; j < CK / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         warp_qk<T, DQK, CK / 8, SQ, true>(s, qf, sQ, wK + buf * CK * SQ, 0, lane);
         float mx[2];
-        warp_mask_keys(s, min(CK, sVis[warp][cb] - cx), lane, mx);
+        warp_mask_keys(s, min(CK, qc[0].vis - qc[0].x), lane, mx);
         warp_softmax_step(s, mx, m, ls, oacc, sl);
         warp_pv<T, DV, CK / 16, SV>(oacc, s, wV + buf * CK * SV, 0, lane);
         __syncwarp(); /* this chunk's buffer is refilled next */
-        cb = nb;
-        cx = nx;
+#pragma unroll
+        for (int u = 0; u < NS - 1; u++) qc[u] = qc[u + 1];
+        qc[NS - 1] = after;
+        buf = buf + 1 == NS ? 0 : buf + 1;
+        lbuf = lbuf + 1 == NS ? 0 : lbuf + 1;
     }
     cp_async_wait<0>();
 
