@@ -6,7 +6,7 @@
 # Run from the repository root on the GPU machine:
 #   bash backends/cuda/device_check.sh [step,step,...]
 # steps (default all): profile parity variants check long det sanitize opencl bench sdpa; sanwg (in
-# sanitize; alone: only the wgmma kernels' sanitizer runs), prof2, ncu and l2 (not in the default): prof2 profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list), l2 reads L2 / DRAM counters of one launch per kernel.
+# sanitize; alone: only the wgmma kernels' sanitizer runs), prof2, ncu, l2 and ldgsts (not in the default): prof2 profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list), l2 reads L2 / DRAM counters of one launch per kernel, ldgsts measures cp.async's L2 reads per shared-memory layout (probes/ldgsts_l2.cu).
 # A variant is one or more VAR=value settings joined by commas (VARIANTS, PROF_VARIANTS).
 # Needs: .debs (libcheck/libsubunit/libclblast .deb files, unpacked with dpkg -x;
 # the machine has no internet) and, for sdpa, .bench/sdpa_baseline.py (a copy of
@@ -163,5 +163,12 @@ if has l2; then # L2 sectors the SMs read, DRAM bytes and instructions of one la
       note "[$(el)] l2 $k Dqk=$dqk rc=$?: $(grep -E '^ +(gpu__|lts__|dram__|smsp__|l1tex__)' /tmp/l2.log | awk '{print $1"="$(NF)}' | tr '\n' ' ')"
     done
   done
+fi
+if has ldgsts; then # L2 sectors per data sector of cp.async by shared-memory layout (probes/ldgsts_l2.cu)
+  nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/ldgsts backends/cuda/probes/ldgsts_l2.cu > /tmp/ldgsts_b.log 2>&1 &&
+    timeout 120 ncu --clock-control none --metrics lts__t_sectors_srcunit_tex_op_read.sum,gpu__time_duration.sum \
+      /tmp/ldgsts > "$OUT/ldgsts.log" 2>&1
+  note "[$(el)] ldgsts rc=$?"
+  grep -E "data sectors|copy_chunks|lts__t_sectors|gpu__time" "$OUT/ldgsts.log" | sed 's/(int \*)//' | tee -a "$SUM"
 fi
 note "[$(el)] done"
