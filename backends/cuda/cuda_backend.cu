@@ -61,7 +61,9 @@ struct CudaCtx {
     bool v3;             /* NSA_CUDA_V3 (default 1): fused SCORES_TOPN */
     bool fuse_combine;   /* NSA_CUDA_FUSE_COMBINE (default 1): COMBINE in the window epilogue */
     int attn_var;        /* NSA_CUDA_ATTN_VAR: attn_tc tile variant (attn_tc.cu AttnCfg) */
-    int slc_kernel;      /* NSA_CUDA_SLC: 0 auto, 1 tc, 2 mt, 3 fs (slc_tc.cu, slc_mt.cu, slc_fs.cu); auto: fs where it
+    int slc_kernel;      /* NSA_CUDA_SLC: 0 auto, 1 tc, 2 mt, 3 fs, 4 fsp, 5 fsp3 (slc_fs with panel rows, three
+                          * chunk buffers per warp for fsp3: Geom::slc_panel)
+                          * (slc_tc.cu, slc_mt.cu, slc_fs.cu); auto: fs where it
                           * runs on an sm_90 device (measured there, v7), else mt for Dqk' = 192, else tc */
     bool slc_fs_auto;    /* auto picks slc_fs (sm_90: the only device it was measured on) */
     bool scores_lean;    /* NSA_CUDA_SCORES_LEAN (default 1): scores_tc's LEAN kernels for G = 16 */
@@ -200,7 +202,9 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
                     : strcmp(sv, "tc") == 0 ? 1
                     : strcmp(sv, "mt") == 0 ? 2
                     : strcmp(sv, "fs") == 0 ? 3
-                                            : 0;
+                    : strcmp(sv, "fsp") == 0 ? 4
+                    : strcmp(sv, "fsp3") == 0 ? 5
+                                              : 0;
     c->slc_fs_auto = p.major == 9;
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
@@ -565,6 +569,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     g.scores_lean = c->scores_lean ? 1 : 0;
     g.scores_wt = c->scores_wt;
     g.topn_rounds = c->topn_rounds ? 1 : 0;
+    g.slc_panel = c->slc_kernel == 4 ? 1 : c->slc_kernel == 5 ? 2 : 0;
     g.wgmma = c->wgmma;
     g.wg_bn = c->wg_bn;
     const cudaStream_t s = c->stream;
@@ -664,7 +669,7 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         NEED(a->v[NSA_BRANCH_SLC], "v[slc]");
         NEED(a->indices, "indices");
         NEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
-        if (fast && (c->slc_kernel == 3 || (c->slc_kernel == 0 && c->slc_fs_auto)) &&
+        if (fast && (c->slc_kernel >= 3 || (c->slc_kernel == 0 && c->slc_fs_auto)) &&
             slc_fs_ok(g, p->dqkp, p->dvp, view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC])))
             e = slc_fs(g, p->dqkp, p->dvp, view(a->q), view(a->k[NSA_BRANCH_SLC]), view(a->v[NSA_BRANCH_SLC]),
                        view(a->indices), mview(a->o_b[NSA_BRANCH_SLC]), mview(a->lse[NSA_BRANCH_SLC]), s);

@@ -37,6 +37,8 @@ struct Geom {
     int attn_var;       /* attn_tc tile variant for Dv <= 128 (NSA_CUDA_ATTN_VAR, default 1; attn_tc.cu AttnCfg) */
     int scores_lean;    /* scores_tc LEAN kernels for G = 16 (NSA_CUDA_SCORES_LEAN, default 1) */
     int topn_rounds;    /* 1: top-n by n rounds only, not by filtering (NSA_CUDA_TOPN=rounds; topn.cuh) */
+    int slc_panel;      /* slc_fs keeps K/V in 128-byte-swizzled panels: 1 (NSA_CUDA_SLC=fsp), 2 with three chunk
+                         * buffers per warp where they fit (fsp3); not yet run on a GPU */
     int scores_wt;      /* scores_wt (v6, transposed S) where the WG scores kernel would run: 2 every padded Dqk
                          * (192 with one K buffer; the default since v7), 1 Dqk <= 128, 0 never
                          * (NSA_CUDA_SCORES_WT unset or 192 | 128 | 0) */

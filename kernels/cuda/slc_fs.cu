@@ -45,27 +45,44 @@
  *   rows with XOR-swizzled 16-byte chunks (the attn_wg swizzle inside one
  *   256-byte row) read 227 GB and took 24.7 ms; attn_wg and scores_wt, whose
  *   128-byte-swizzled panels are filled from contiguous rows, read what they
- *   use. Why the destination layout changes the L2 reads is not settled.
+ *   use. A likely rule, which fits all four: cp.async reads a 32-byte sector
+ *   twice when its shared-memory destination straddles a 32-byte boundary.
+ *   Padded rows do that on every other row. The swizzled rows sat in a dynamic
+ *   region that (after 3728 bytes of static shared memory) starts 16 bytes
+ *   into a sector, so every row did. PANEL (NSA_CUDA_SLC=fsp, and fsp3 with
+ *   three chunk buffers per warp; not yet run on a GPU) keeps K/V in attn_wg's
+ *   panels on a 128-byte boundary; backends/cuda/probes/ldgsts_l2.cu tests
+ *   the rule itself.
  */
+#include <type_traits>
+
 #include "tile_qk.cuh"
 
 namespace nsa_cuda {
 
-constexpr int SFS_TOK = 8, SFS_THREADS = 32 * SFS_TOK, SFS_KB = 64, SFS_CK = 16, SFS_NS = 2, SFS_MAXN = 32;
+constexpr int SFS_TOK = 8, SFS_THREADS = 32 * SFS_TOK, SFS_KB = 64, SFS_CK = 16, SFS_MAXN = 32;
 
-template <int DQK, int DV> constexpr size_t slc_fs_smem_t()
+/* K / V tiles in shared memory: padded rows, or with PANEL (NSA_CUDA_SLC=fsp, not
+ * yet run on a GPU) attn_wg's 128-byte-swizzled panels (tile_qk.cuh, PanelTile) */
+template <bool PANEL, int D, int ROWS>
+using FsTile = typename std::conditional<PANEL, PanelTile<D, ROWS>, PadTile<D + 8, ROWS>>::type;
+
+/* NS: phase 2's chunk buffers per warp (NS - 1 chunks in flight while one is computed): 2, or 3 with
+ * PANEL (NSA_CUDA_SLC=fsp3, where it fits; three padded buffers measured slower, v7) */
+template <int DQK, int DV, bool PANEL, int NS = 2> constexpr size_t slc_fs_smem_t()
 {
-    constexpr size_t SQ = DQK + 8, SV = DV + 8;
-    constexpr size_t q = 2 * SFS_TOK * 16 * SQ;                        /* Q tile */
-    constexpr size_t p1 = 2 * 2 * SFS_KB * (SQ + SV);                  /* phase 1: 2 tiles of K and V */
-    constexpr size_t p2 = 2 * SFS_TOK * SFS_NS * SFS_CK * (SQ + SV);   /* phase 2: every warp's chunks */
-    return q > p1 ? (q > p2 ? q : p2) : (p1 > p2 ? p1 : p2);
+    constexpr size_t SQ = DQK + 8;
+    constexpr size_t q = 2 * SFS_TOK * 16 * SQ; /* Q tile */
+    constexpr size_t p1 = 2 * 2 * (FsTile<PANEL, DQK, SFS_KB>::elems + FsTile<PANEL, DV, SFS_KB>::elems); /* phase 1 */
+    constexpr size_t p2 = 2 * SFS_TOK * NS *
+                          (FsTile<PANEL, DQK, SFS_CK>::elems + FsTile<PANEL, DV, SFS_CK>::elems); /* phase 2 */
+    return (PANEL ? 128 : 0) + (q > p1 ? (q > p2 ? q : p2) : (p1 > p2 ? p1 : p2));
 }
 
 /* One warp copies rows [0, ROWS) x dims [0, DP) of a 16-bit K/V chunk into
- * shared memory (row stride SS): row r < nvalid from base + r * rs, the rest
- * and dims >= D zero (load_rows_vec for one warp instead of the CTA). */
-template <typename T, int ROWS, int DP, int SS>
+ * shared memory (layout L): row r < nvalid from base + r * rs, the rest and
+ * dims >= D zero (load_rows_vec for one warp instead of the CTA). */
+template <typename T, int ROWS, int DP, typename L>
 NSA_DEV void warp_load_rows(T *dst, const T *base, int rs, int nvalid, int D, int lane)
 {
     constexpr int CPR = DP / 8, N = ROWS * CPR;
@@ -75,23 +92,34 @@ NSA_DEV void warp_load_rows(T *dst, const T *base, int rs, int nvalid, int D, in
         if (N % 32 != 0 && x >= N) break;
         const int r = x / CPR, c = x - (x / CPR) * CPR;
         const bool ok = r < nvalid && c * 8 < D;
-        cp_async16(dst + r * SS + c * 8, base + (ok ? r * rs + c * 8 : 0), ok);
+        cp_async16(dst + L::off(r, c * 8), base + (ok ? r * rs + c * 8 : 0), ok);
     }
 }
 
-template <typename T, int DQK, int DV>
+template <typename T, int DQK, int DV, bool PANEL, int NS>
 __global__ void __launch_bounds__(SFS_THREADS, 1)
     slc_fs_kernel(const Geom g, const T *__restrict__ q, int64_t qst, int64_t qsh, const T *__restrict__ k,
                   int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst, int64_t vsh, bool qvec,
                   const int *idx, int64_t ist, int64_t ish, float *o, int64_t ost, int64_t osh, float *lse,
                   int64_t lst, int64_t lsh)
 {
-    constexpr int NT = SFS_THREADS, TOK = SFS_TOK, KB = SFS_KB, CK = SFS_CK, NS = SFS_NS, SQ = DQK + 8,
-                  SV = DV + 8;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    T *const sQ = (T *)smem_raw;       /* [TOK * 16][SQ], until the fragments are in registers */
-    T *const sK1 = (T *)smem_raw;      /* phase 1: [2][KB][SQ] */
-    T *const sV1 = sK1 + 2 * KB * SQ;  /*          [2][KB][SV] */
+    constexpr int NT = SFS_THREADS, TOK = SFS_TOK, KB = SFS_KB, CK = SFS_CK, SQ = DQK + 8;
+    static_assert(NS == 2 || (NS == 3 && PANEL), "two chunk buffers, or three in panels");
+    using LK1 = FsTile<PANEL, DQK, KB>; /* phase 1 tiles */
+    using LV1 = FsTile<PANEL, DV, KB>;
+    using LK2 = FsTile<PANEL, DQK, CK>; /* phase 2 chunks */
+    using LV2 = FsTile<PANEL, DV, CK>;
+    extern __shared__ __align__(16) unsigned char smem_dyn[];
+    /* PANEL: the region starts on a 128-byte boundary (the launcher added 128
+     * bytes), so that every 32-byte sector a cp.async writes is an aligned one.
+     * The dynamic region follows 3728 bytes of static shared memory here, so it
+     * most likely starts 16 bytes into a sector; that would explain why the
+     * swizzled rows tried in v7 read 2x from L2 (NOTES.md; probes/ldgsts_l2.cu
+     * measures the rule). */
+    unsigned char *const smem_raw = PANEL ? smem_dyn + ((128u - (smem_u32(smem_dyn) & 127u)) & 127u) : smem_dyn;
+    T *const sQ = (T *)smem_raw;           /* [TOK * 16][SQ], until the fragments are in registers */
+    T *const sK1 = (T *)smem_raw;          /* phase 1: 2 K tiles (LK1) */
+    T *const sV1 = sK1 + 2 * LK1::elems;   /*          2 V tiles (LV1) */
     __shared__ int64_t sKa[TOK][SFS_MAXN]; /* absolute first key of token tok's block b, -1: none */
     __shared__ int sVis[TOK][SFS_MAXN];    /* its keys at or before the token */
     __shared__ int64_t sSh[SFS_MAXN];      /* the shared blocks (first key) */
@@ -172,8 +200,11 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
     auto load1 = [&](int u, int buf) {
         const int64_t ka = sSh[u];
         const int cnt = sShCnt[u];
-        load_rows_vec<T, KB, DQK, SQ, NT>(sK1 + buf * KB * SQ, kg + ka * kst, (int)kst, cnt, (int)g.Dqk);
-        load_rows_vec<T, KB, DV, SV, NT>(sV1 + buf * KB * SV, vg + ka * vst, (int)vst, cnt, (int)g.Dv);
+        T *const dk = sK1 + buf * LK1::elems, *const dv = sV1 + buf * LV1::elems;
+        load_rows_vec_to<T, KB, DQK, NT>([&](int r, int c) { return dk + LK1::off(r, c * 8); }, kg + ka * kst, (int)kst,
+                                         cnt, (int)g.Dqk);
+        load_rows_vec_to<T, KB, DV, NT>([&](int r, int c) { return dv + LV1::off(r, c * 8); }, vg + ka * vst, (int)vst,
+                                        cnt, (int)g.Dv);
     };
     if (nsh > 0) load1(0, 0);
     cp_async_commit();
@@ -190,11 +221,11 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
             float s[KB / 8][4];
 #pragma unroll
             for (int j = 0; j < KB / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            warp_qk<T, DQK, KB / 8, SQ, true>(s, qf, sQ, sK1 + buf * KB * SQ, 0, lane);
+            warp_qk_l<T, DQK, KB / 8, SQ, true, LK1>(s, qf, sQ, sK1 + buf * LK1::elems, 0, lane);
             float mx[2];
             warp_mask_keys(s, vis, lane, mx);
             warp_softmax_step(s, mx, m, ls, oacc, sl);
-            warp_pv<T, DV, KB / 16, SV>(oacc, s, sV1 + buf * KB * SV, 0, lane);
+            warp_pv_l<T, DV, KB / 16, LV1>(oacc, s, sV1 + buf * LV1::elems, 0, lane);
         }
         __syncthreads();
     }
@@ -202,8 +233,8 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
     __syncthreads(); /* phase 1's tiles are done with: the region is the warps' chunk buffers now */
 
     /* phase 2: this warp alone */
-    T *const wK = (T *)smem_raw + warp * NS * CK * (SQ + SV); /* [NS][CK][SQ] */
-    T *const wV = wK + NS * CK * SQ;                          /* [NS][CK][SV] */
+    T *const wK = (T *)smem_raw + warp * NS * (LK2::elems + LV2::elems); /* NS K chunks (LK2) */
+    T *const wV = wK + NS * LK2::elems;                                 /* NS V chunks (LV2) */
     /* the warp's list compacted in place to its other blocks (not shared, not
      * empty), in list order: entries 0 .. cnt-1 of its rows of sKa / sVis */
     int cnt;
@@ -242,8 +273,8 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
     auto load2 = [&](const Chunk &c, int buf) {
         const int64_t ka = c.ka + c.x;
         const int nv = min(CK, c.vis - c.x);
-        warp_load_rows<T, CK, DQK, SQ>(wK + buf * CK * SQ, kg + ka * kst, (int)kst, nv, (int)g.Dqk, lane);
-        warp_load_rows<T, CK, DV, SV>(wV + buf * CK * SV, vg + ka * vst, (int)vst, nv, (int)g.Dv, lane);
+        warp_load_rows<T, CK, DQK, LK2>(wK + buf * LK2::elems, kg + ka * kst, (int)kst, nv, (int)g.Dqk, lane);
+        warp_load_rows<T, CK, DV, LV2>(wV + buf * LV2::elems, vg + ka * vst, (int)vst, nv, (int)g.Dv, lane);
     };
     /* q[u]: chunk ci + u (u < NS), in buffer (ci + u) % NS; NS - 1 are in flight
      * while chunk ci is computed */
@@ -266,11 +297,11 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
         float s[CK / 8][4];
 #pragma unroll
         for (int j = 0; j < CK / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        warp_qk<T, DQK, CK / 8, SQ, true>(s, qf, sQ, wK + buf * CK * SQ, 0, lane);
+        warp_qk_l<T, DQK, CK / 8, SQ, true, LK2>(s, qf, sQ, wK + buf * LK2::elems, 0, lane);
         float mx[2];
         warp_mask_keys(s, min(CK, qc[0].vis - qc[0].x), lane, mx);
         warp_softmax_step(s, mx, m, ls, oacc, sl);
-        warp_pv<T, DV, CK / 16, SV>(oacc, s, wV + buf * CK * SV, 0, lane);
+        warp_pv_l<T, DV, CK / 16, LV2>(oacc, s, wV + buf * LV2::elems, 0, lane);
         __syncwarp(); /* this chunk's buffer is refilled next */
 #pragma unroll
         for (int u = 0; u < NS - 1; u++) qc[u] = qc[u + 1];
@@ -286,20 +317,34 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
         [&](int i) { return lse ? lse + t * lst + (h0 + (lane >> 2) + 8 * i) * lsh : (float *)nullptr; });
 }
 
-static size_t slc_fs_smem(int dqkp, int dvp)
+/* panel: g.slc_panel (PanelTile rows), where the dims allow it (multiples of 64) */
+static bool fs_panel(const Geom &g, int dqkp, int dvp) { return g.slc_panel && dqkp % 64 == 0 && dvp % 64 == 0; }
+
+static size_t slc_fs_smem(int dqkp, int dvp, bool panel, int ns)
 {
+#define NSA_FS_SMEM(DQK, DV)                                                                                     \
+    return !panel ? slc_fs_smem_t<DQK, DV, false>()                                                              \
+                  : ns == 3 ? slc_fs_smem_t<DQK, DV, true, 3>() : slc_fs_smem_t<DQK, DV, true>()
     switch (dqkp * 1000 + dvp) {
-    case 32032: return slc_fs_smem_t<32, 32>();
-    case 64064: return slc_fs_smem_t<64, 64>();
-    case 128128: return slc_fs_smem_t<128, 128>();
-    case 192128: return slc_fs_smem_t<192, 128>();
+    case 32032: return slc_fs_smem_t<32, 32, false>();
+    case 64064: NSA_FS_SMEM(64, 64);
+    case 128128: NSA_FS_SMEM(128, 128);
+    case 192128: NSA_FS_SMEM(192, 128);
     default: return 0;
     }
+#undef NSA_FS_SMEM
+}
+
+/* chunk buffers per warp: 3 where g.slc_panel == 2 asks and they fit */
+static int fs_ns(const Geom &g, int dqkp, int dvp)
+{
+    const size_t s3 = slc_fs_smem(dqkp, dvp, true, 3);
+    return fs_panel(g, dqkp, dvp) && g.slc_panel == 2 && s3 > 0 && (int64_t)s3 <= g.smem_optin ? 3 : 2;
 }
 
 bool slc_fs_ok(const Geom &g, int dqkp, int dvp, View k, View v)
 {
-    const size_t smem = slc_fs_smem(dqkp, dvp);
+    const size_t smem = slc_fs_smem(dqkp, dvp, fs_panel(g, dqkp, dvp), fs_ns(g, dqkp, dvp));
     return g.G == 16 && g.ls <= SFS_KB && g.n >= 1 && g.n <= SFS_MAXN && smem > 0 &&
            (int64_t)smem <= g.smem_optin && vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv) &&
            rs32_ok(k.st, SFS_KB) && rs32_ok(v.st, SFS_KB);
@@ -308,8 +353,16 @@ bool slc_fs_ok(const Geom &g, int dqkp, int dvp, View k, View v)
 template <typename T, int DQK, int DV>
 static cudaError_t launch_fs(const Geom &g, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
 {
-    return launch_slc_tokens<T>(slc_fs_kernel<T, DQK, DV>, SFS_TOK, SFS_THREADS, slc_fs_smem_t<DQK, DV>(), g, q, k,
-                                v, idx, o, lse, s);
+    if constexpr (DQK % 64 == 0 && DV % 64 == 0) {
+        if (fs_panel(g, DQK, DV) && fs_ns(g, DQK, DV) == 3)
+            return launch_slc_tokens<T>(slc_fs_kernel<T, DQK, DV, true, 3>, SFS_TOK, SFS_THREADS,
+                                        slc_fs_smem_t<DQK, DV, true, 3>(), g, q, k, v, idx, o, lse, s);
+        if (fs_panel(g, DQK, DV))
+            return launch_slc_tokens<T>(slc_fs_kernel<T, DQK, DV, true, 2>, SFS_TOK, SFS_THREADS,
+                                        slc_fs_smem_t<DQK, DV, true>(), g, q, k, v, idx, o, lse, s);
+    }
+    return launch_slc_tokens<T>(slc_fs_kernel<T, DQK, DV, false, 2>, SFS_TOK, SFS_THREADS,
+                                slc_fs_smem_t<DQK, DV, false>(), g, q, k, v, idx, o, lse, s);
 }
 
 cudaError_t slc_fs(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,

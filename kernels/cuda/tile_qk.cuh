@@ -111,10 +111,32 @@ template <int SQ, bool QREG, int NK> NSA_DEV void q_frags(uint32_t (&qf)[NK][4],
     }
 }
 
+/* Shared-memory layouts of a 16-bit K or V tile of ROWS rows x D dims: off(r, e)
+ * is the element offset of row r's dims e .. e + 7 (e a multiple of 8: one
+ * 16-byte chunk), elems the tile's size in elements.
+ * PadTile: rows of SS elements (the dims plus a 16-byte pad, so that the 8 rows
+ * of an ldmatrix fall in 8 bank groups); what every mma.sync kernel uses.
+ * PanelTile: the 128-byte-swizzled panels of wgmma.cuh (sw128_off): dims in
+ * panels of 64, chunk c of row r at (c % 8) ^ (r % 8) in its 128-byte row,
+ * which spreads an ldmatrix's 8 rows over the bank groups too. attn_wg and
+ * scores_wt fill such panels and read from L2 what they use, while cp.async
+ * into PadTile rows reads about 1.5 sectors per sector of data (NOTES.md, v7;
+ * slc_fs takes PanelTile with NSA_CUDA_SLC=fsp, not yet run on a GPU). */
+template <int SS, int ROWS> struct PadTile {
+    static constexpr int elems = ROWS * SS;
+    static NSA_DEV int off(int r, int e) { return r * SS + e; }
+};
+template <int D, int ROWS> struct PanelTile {
+    static_assert(D % 64 == 0, "PanelTile: dims in panels of 64");
+    static constexpr int elems = ROWS * D;
+    static NSA_DEV int off(int r, int e) { return (e >> 6) * ROWS * 64 + r * 64 + ((((e >> 3) & 7) ^ (r & 7)) << 3); }
+};
+
 /* s[NB8][4] += Q(16 x DQK) K^T for keys [key0, key0 + NB8*8) of the K tile
- * (row-major [key][dim], stride SQ). qf holds the Q fragments when QREG. */
-template <typename T, int DQK, int NB8, int SQ, bool QREG>
-NSA_DEV void warp_qk(float (*s)[4], const uint32_t (*qf)[4], const T *sQw, const T *sK, int key0, int lane)
+ * (row-major [key][dim] in layout L; key0 % 8 == 0). qf holds the Q fragments
+ * when QREG (the Q tile is row-major with stride SQ). */
+template <typename T, int DQK, int NB8, int SQ, bool QREG, typename L>
+NSA_DEV void warp_qk_l(float (*s)[4], const uint32_t (*qf)[4], const T *sQw, const T *sK, int key0, int lane)
 {
 #pragma unroll
     for (int kk = 0; kk < DQK / 16; kk++) {
@@ -130,22 +152,27 @@ NSA_DEV void warp_qk(float (*s)[4], const uint32_t (*qf)[4], const T *sQw, const
 #pragma unroll
         for (int nb = 0; nb < NB8 / 2; nb++) {
             uint32_t b[4];
-            ldsm_x4(b, sK + (key0 + nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * SQ + kk * 16 +
-                           (((lane >> 3) & 1) << 3));
+            ldsm_x4(b, sK + L::off(key0 + nb * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + (((lane >> 3) & 1) << 3)));
             Mma<T>::run(s[2 * nb], a, b[0], b[1]);
             Mma<T>::run(s[2 * nb + 1], a, b[2], b[3]);
         }
     }
 }
+/* the K tile row-major with stride SQ (PadTile) */
+template <typename T, int DQK, int NB8, int SQ, bool QREG>
+NSA_DEV void warp_qk(float (*s)[4], const uint32_t (*qf)[4], const T *sQw, const T *sK, int key0, int lane)
+{
+    warp_qk_l<T, DQK, NB8, SQ, QREG, PadTile<SQ, 0>>(s, qf, sQw, sK, key0, lane);
+}
 
 /* o[DV/8][4] += P(16 x 16*KS) V for keys [key0, key0 + 16*KS) of the V tile
- * (row-major [key][dim], stride SV); p holds the probabilities as C fragments
+ * (row-major [key][dim] in layout L); p holds the probabilities as C fragments
  * of 2*KS n-tiles, rounded to the 16-bit type for the MMA (as FlashAttention
  * does; the row sums that normalise o use the fp32 values). v2.2 split P into
  * hi + lo (two MMAs) to pass a tolerance measured against the RMS of o; the
  * rounding error scales with |V|, and the testkit now says so (compare.c). */
-template <typename T, int DV, int KS, int SV>
-NSA_DEV void warp_pv(float (*o)[4], float (*p)[4], const T *sV, int key0, int lane)
+template <typename T, int DV, int KS, typename L>
+NSA_DEV void warp_pv_l(float (*o)[4], float (*p)[4], const T *sV, int key0, int lane)
 {
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
@@ -157,12 +184,17 @@ NSA_DEV void warp_pv(float (*o)[4], float (*p)[4], const T *sV, int key0, int la
 #pragma unroll
         for (int nb = 0; nb < DV / 16; nb++) {
             uint32_t b[4];
-            ldsm_x4_t(b, sV + (key0 + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * SV + nb * 16 +
-                             ((lane >> 4) << 3));
+            ldsm_x4_t(b, sV + L::off(key0 + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), nb * 16 + ((lane >> 4) << 3)));
             Mma<T>::run(o[2 * nb], a, b[0], b[1]);
             Mma<T>::run(o[2 * nb + 1], a, b[2], b[3]);
         }
     }
+}
+/* the V tile row-major with stride SV (PadTile) */
+template <typename T, int DV, int KS, int SV>
+NSA_DEV void warp_pv(float (*o)[4], float (*p)[4], const T *sV, int key0, int lane)
+{
+    warp_pv_l<T, DV, KS, PadTile<SV, 0>>(o, p, sV, key0, lane);
 }
 
 /* Is a 16-bit tensor [*, *, D] at p with strides st, sh loadable with 16-byte copies? */
