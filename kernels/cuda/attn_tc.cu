@@ -185,7 +185,7 @@ cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp,
     /* Hopper: both branches on wgmma (attn_wg.cu). The window branch went
      * there once attn_wg ran two CTAs per SM: H200, T = 64k, D = 128: 7.2 ms
      * here (VAR 1), 8.9 on one attn_wg CTA per SM, 5.5 on two. */
-    const size_t wsm = attn_wg_smem(dqkp, dvp, attn_wg_loop(g, mode, dqkp));
+    const size_t wsm = attn_wg_smem(dqkp, dvp, attn_wg_loop(g, mode));
     if ((g.wgmma & (mode == 0 ? 1 : 4)) && wsm > 0 && (int64_t)wsm <= g.smem_optin)
         return attn_wg(g, mode, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
     NSA_ATTN_DISPATCH(attn_tc_t, g, mode, g, tl, dqkp, dvp, q, k, v, o, lse, s, fz);

@@ -323,20 +323,19 @@ static cudaError_t attn_wg_t(const Geom &g, int bn, const Tiles &tl, int dqkp, i
 #undef NSA_WG_LAUNCH
 }
 
-int attn_wg_loop(const Geom &g, int mode, int dqkp)
+int attn_wg_loop(const Geom &g, int mode)
 {
     if (g.wg_bn >= 0) return g.wg_bn;
     /* measured (H200, 64k, v7): TWO for the window branch (ONE: 4.65 / 6.2 ms against
      * 4.6 / 5.6 at D 128 / 192), ONE for the compressed one (11.0 / 13.7 ms against TWO's
      * 11.25 / 17.7 and BN 128's 13.0 / 14.9) */
-    (void)dqkp;
     return mode == 2 ? 2 : 1;
 }
 
 cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
                     MView lse, cudaStream_t s, const FuseCombine &fz)
 {
-    const int bn = attn_wg_loop(g, mode, dqkp);
+    const int bn = attn_wg_loop(g, mode);
     NSA_ATTN_DISPATCH(attn_wg_t, g, mode, g, bn, tl, dqkp, dvp, q, k, v, o, lse, s, fz);
 }
 

@@ -101,7 +101,7 @@ cudaError_t attn_tc(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp,
  * kernel; synchronous, for context creation only)? */
 bool attn_wg_available();
 size_t attn_wg_smem(int dqkp, int dvp, int bn);
-int attn_wg_loop(const Geom &g, int mode, int dqkp); /* the wg_bn code attn_wg runs for a branch */
+int attn_wg_loop(const Geom &g, int mode); /* the wg_bn code attn_wg runs for a branch */
 cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,
                     MView lse, cudaStream_t s, const FuseCombine &fz);
 

@@ -320,19 +320,37 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
 /* panel: g.slc_panel (PanelTile rows), where the dims allow it (multiples of 64) */
 static bool fs_panel(const Geom &g, int dqkp, int dvp) { return g.slc_panel && dqkp % 64 == 0 && dvp % 64 == 0; }
 
+/* The kernel variant for dims DQK x DV: f(PANEL, NS) with both as
+ * std::integral_constant; panels (and three buffers) only where the dims are
+ * multiples of 64. One choice for the shared-memory size and the launch. */
+template <int DQK, int DV, typename F> static auto fs_variant(bool panel, int ns, F f)
+{
+    using P0 = std::false_type;
+    using P1 = std::true_type;
+    using N2 = std::integral_constant<int, 2>;
+    using N3 = std::integral_constant<int, 3>;
+    if constexpr (DQK % 64 == 0 && DV % 64 == 0) {
+        if (panel) return ns == 3 ? f(P1{}, N3{}) : f(P1{}, N2{});
+    }
+    return f(P0{}, N2{});
+}
+
+template <int DQK, int DV> static size_t fs_smem(bool panel, int ns)
+{
+    return fs_variant<DQK, DV>(panel, ns, [](auto P, auto N) {
+        return slc_fs_smem_t<DQK, DV, decltype(P)::value, decltype(N)::value>();
+    });
+}
+
 static size_t slc_fs_smem(int dqkp, int dvp, bool panel, int ns)
 {
-#define NSA_FS_SMEM(DQK, DV)                                                                                     \
-    return !panel ? slc_fs_smem_t<DQK, DV, false>()                                                              \
-                  : ns == 3 ? slc_fs_smem_t<DQK, DV, true, 3>() : slc_fs_smem_t<DQK, DV, true>()
     switch (dqkp * 1000 + dvp) {
-    case 32032: return slc_fs_smem_t<32, 32, false>();
-    case 64064: NSA_FS_SMEM(64, 64);
-    case 128128: NSA_FS_SMEM(128, 128);
-    case 192128: NSA_FS_SMEM(192, 128);
+    case 32032: return fs_smem<32, 32>(panel, ns);
+    case 64064: return fs_smem<64, 64>(panel, ns);
+    case 128128: return fs_smem<128, 128>(panel, ns);
+    case 192128: return fs_smem<192, 128>(panel, ns);
     default: return 0;
     }
-#undef NSA_FS_SMEM
 }
 
 /* chunk buffers per warp: 3 where g.slc_panel == 2 asks and they fit */
@@ -353,16 +371,12 @@ bool slc_fs_ok(const Geom &g, int dqkp, int dvp, View k, View v)
 template <typename T, int DQK, int DV>
 static cudaError_t launch_fs(const Geom &g, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
 {
-    if constexpr (DQK % 64 == 0 && DV % 64 == 0) {
-        if (fs_panel(g, DQK, DV) && fs_ns(g, DQK, DV) == 3)
-            return launch_slc_tokens<T>(slc_fs_kernel<T, DQK, DV, true, 3>, SFS_TOK, SFS_THREADS,
-                                        slc_fs_smem_t<DQK, DV, true, 3>(), g, q, k, v, idx, o, lse, s);
-        if (fs_panel(g, DQK, DV))
-            return launch_slc_tokens<T>(slc_fs_kernel<T, DQK, DV, true, 2>, SFS_TOK, SFS_THREADS,
-                                        slc_fs_smem_t<DQK, DV, true>(), g, q, k, v, idx, o, lse, s);
-    }
-    return launch_slc_tokens<T>(slc_fs_kernel<T, DQK, DV, false, 2>, SFS_TOK, SFS_THREADS,
-                                slc_fs_smem_t<DQK, DV, false>(), g, q, k, v, idx, o, lse, s);
+    return fs_variant<DQK, DV>(fs_panel(g, DQK, DV), fs_ns(g, DQK, DV), [&](auto P, auto N) {
+        constexpr bool PANEL = decltype(P)::value;
+        constexpr int NS = decltype(N)::value;
+        return launch_slc_tokens<T>(slc_fs_kernel<T, DQK, DV, PANEL, NS>, SFS_TOK, SFS_THREADS,
+                                    slc_fs_smem_t<DQK, DV, PANEL, NS>(), g, q, k, v, idx, o, lse, s);
+    });
 }
 
 cudaError_t slc_fs(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
