@@ -64,13 +64,16 @@ struct CudaCtx {
     int slc_kernel;      /* NSA_CUDA_SLC: 0 auto, 1 tc, 2 mt, 3 fs, 4 fsp, 5 fsp3 (slc_fs with panel rows, three
                           * chunk buffers per warp for fsp3: Geom::slc_panel)
                           * (slc_tc.cu, slc_mt.cu, slc_fs.cu); auto: fs where it
-                          * runs on an sm_90 device (measured there, v7), else mt for Dqk' = 192, else tc */
+                          * runs on an sm_90 device (measured there, v7; as fsp3 since v8), else mt for
+                          * Dqk' = 192, else tc */
     bool slc_fs_auto;    /* auto picks slc_fs (sm_90: the only device it was measured on) */
     bool scores_lean;    /* NSA_CUDA_SCORES_LEAN (default 1): scores_tc's LEAN kernels for G = 16 */
+    bool tma;            /* NSA_CUDA_TMA: K / V tiles of the wgmma kernels through the TMA (v8), Geom::tma */
     int scores_wt;       /* NSA_CUDA_SCORES_WT: the transposed wgmma scores kernel (v6), Geom::scores_wt */
     bool topn_rounds;    /* NSA_CUDA_TOPN=rounds: the top-n ranking by n rounds (v5), not by filtering (v6) */
     int wgmma;           /* wgmma kernels (sm_90a): bit 0 cmp_attn, 1 scores, 2 win_attn (NSA_CUDA_WGMMA) */
     int wg_bn;           /* attn_wg loop, Geom::wg_bn (NSA_CUDA_WG_BN=128|64|pipe|x2|x1; unset: -1, per branch) */
+    int wg_cmp;          /* the compressed branch's attn_wg loop alone (NSA_CUDA_WG_CMP, same values), Geom::wg_cmp */
     int64_t smem_optin;  /* dynamic shared memory a kernel may opt in to (bytes) */
     unsigned ref_stages; /* bit per stage: run the reference kernel there */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
@@ -172,6 +175,7 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->fuse_combine = on("NSA_CUDA_FUSE_COMBINE");
     c->attn_var = on("NSA_CUDA_ATTN_VAR") ? 1 : 0;
     c->scores_lean = on("NSA_CUDA_SCORES_LEAN");
+    c->tma = on("NSA_CUDA_TMA");
     const char *sw = getenv("NSA_CUDA_SCORES_WT");
     c->scores_wt = !sw ? 2 : strcmp(sw, "0") == 0 ? 0 : strcmp(sw, "128") == 0 ? 1 : 2;
     const char *tn = getenv("NSA_CUDA_TOPN");
@@ -189,14 +193,17 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
                       : strcmp(wv, "nowin") == 0  ? 3
                                                   : 7)
                    : 0;
-    const char *wb = getenv("NSA_CUDA_WG_BN");
-    c->wg_bn = !wb                      ? -1
-               : strcmp(wb, "128") == 0  ? 128
-               : strcmp(wb, "64") == 0   ? 64
-               : strcmp(wb, "pipe") == 0 ? 0
-               : strcmp(wb, "x2") == 0   ? 2
-               : strcmp(wb, "x1") == 0   ? 1
-                                         : -1;
+    auto wg_loop = [](const char *w) {
+        return !w                      ? -1
+               : strcmp(w, "128") == 0  ? 128
+               : strcmp(w, "64") == 0   ? 64
+               : strcmp(w, "pipe") == 0 ? 0
+               : strcmp(w, "x2") == 0   ? 2
+               : strcmp(w, "x1") == 0   ? 1
+                                        : -1;
+    };
+    c->wg_bn = wg_loop(getenv("NSA_CUDA_WG_BN"));
+    c->wg_cmp = wg_loop(getenv("NSA_CUDA_WG_CMP"));
     const char *sv = getenv("NSA_CUDA_SLC");
     c->slc_kernel = !sv                      ? 0
                     : strcmp(sv, "tc") == 0 ? 1
@@ -569,9 +576,13 @@ static nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     g.scores_lean = c->scores_lean ? 1 : 0;
     g.scores_wt = c->scores_wt;
     g.topn_rounds = c->topn_rounds ? 1 : 0;
-    g.slc_panel = c->slc_kernel == 4 ? 1 : c->slc_kernel == 5 ? 2 : 0;
+    /* auto on sm_90: slc_fs with panel rows and three chunk buffers where they fit (fsp3, v8: 19.3 -> 14.9 ms at
+     * 64k, D 128); NSA_CUDA_SLC=fs keeps v7's padded rows */
+    g.slc_panel = c->slc_kernel == 4 ? 1 : c->slc_kernel == 5 || (c->slc_kernel == 0 && c->slc_fs_auto) ? 2 : 0;
     g.wgmma = c->wgmma;
     g.wg_bn = c->wg_bn;
+    g.wg_cmp = c->wg_cmp;
+    g.tma = c->tma ? 1 : 0;
     const cudaStream_t s = c->stream;
     const View none = {NULL, 0, 0};
     cudaError_t e = cudaSuccess;

@@ -24,8 +24,9 @@
  * built with nvcc_archs containing 90a; attn_wg_available() asks a probe
  * kernel) for padded dims 64/64, 128/128 and 192/128, for the compressed and
  * the window branch (NSA_CUDA_WGMMA=0 turns it off, nowin keeps the window on
- * attn_tc). attn_wg_loop picks the loop per branch (ONE for the compressed
- * branch, TWO for the window) unless NSA_CUDA_WG_BN says.
+ * attn_tc). attn_wg_loop picks the loop per branch (BN = 128 for the
+ * compressed branch with the TMA, ONE without; TWO for the window) unless
+ * NSA_CUDA_WG_BN or NSA_CUDA_WG_CMP says.
  *
  * Shared memory (D = 128): BN = 128: Q 32 KB + K 2 x 32 KB + V 2 x 32 KB
  * + 1 KB of alignment = 161 KB, one CTA (8 warps) per SM; TWO, BN = 64: 97 KB;
@@ -36,13 +37,16 @@
  *     13.1 / 15.1 (the v5 default); pipelined 13.9 / 16.5; TWO (v6) 11.8 at
  *     D 128 (64 keys; 32 keys: 14.0), 17.7 at D 192 (32 keys), so D 192 keeps
  *     BN = 128; with descriptors built once per tile (desc_at) 11.3 / 14.8;
- *     ONE (v7, the default) 11.0 / 13.7.
+ *     ONE (v7) 11.0 / 13.7; v8, K/V through the TMA (tma.cuh): BN = 128 with
+ *     two buffers, one CTA per SM, 9.7 / 10.9 (the default), TWO 10.0 / 14.3,
+ *     ONE 10.2 / 12.4 (NSA_CUDA_WG_CMP picks the loop of this branch alone).
  *   window (+ COMBINE): attn_tc 7.2 / 8.6; attn_wg one CTA 8.9 / -; TWO 5.5 /
- *     6.7; with the epilogue's loads batched 4.6 / 5.6 (the default); ONE
- *     4.65 / 6.2.
+ *     6.7; with the epilogue's loads batched 4.6 / 5.6; ONE 4.65 / 6.2; v8
+ *     with the TMA: TWO 3.9 / 4.8 (the default), ONE 4.4 / 5.2.
  * Details: backends/cuda/NOTES.md ("v5", "v6", "v7").
  */
 #include "tile_qk.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace nsa_cuda {
@@ -60,12 +64,19 @@ template <int DQK, int DV, int BN, bool PIPE, int NB = 2> constexpr size_t attn_
  * three buffers, so BN = 64. Without PIPE every wgmma is waited for at once
  * and the CTA's barrier per tile keeps both warpgroups in step: while they
  * both run their softmax the tensor cores idle. */
-template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1, int NB = 2>
+/* TMA (v8, tma.cuh; the plain loop only): thread 0 fetches the K / V tiles
+ * through the tensor maps tm into mbarrier-tracked buffers, and no CTA
+ * barrier is left in the loop. With two buffers tile kt+1 is fetched while
+ * tile kt is worked on; with one (ONE) a CTA waits for its own fetch, as
+ * with cp.async. (ONE with K and V on barriers of their own, K of tile kt+1
+ * fetched during tile kt's softmax, ran out of registers: ptxas serialised
+ * its wgmmas, C7512.) */
+template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1, int NB = 2, bool TMA = false>
 __global__ void __launch_bounds__(TC_THREADS, MINB)
     attn_wg_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                    const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst,
                    int64_t vsh, int64_t kd, int64_t vd, bool qvec, bool kvvec, float *o, int64_t ost, int64_t osh,
-                   float *lse, int64_t lst, int64_t lsh, const FuseCombine fz)
+                   float *lse, int64_t lst, int64_t lsh, const FuseCombine fz, const __grid_constant__ TmaKV tm)
 {
 #ifdef NSA_WGMMA
     constexpr int BM = TC_BM, NT = TC_THREADS;
@@ -107,8 +118,34 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
                                         [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * vst : -1; });
         }
     };
-    if (nkt > 0) load_kv(0, 0);
-    cp_async_commit();
+    /* TMA: bar[b] tile in buffer b landed, bar[2 + b] every warp done with it (tile kt in buffer kt % NB) */
+    __shared__ __align__(8) uint64_t bar[4];
+    auto tma_k = [&](int64_t kt, int buf, uint64_t *b) {
+        tma_tile<BN, DQK>(sK + buf * KB, &tm.k, b, (int)c.gi, kbase + klo + kt * BN);
+    };
+    auto tma_v = [&](int64_t kt, int buf, uint64_t *b) {
+        tma_tile<BN, DV>(sV + buf * VB, &tm.v, b, (int)c.gi, kbase + klo + kt * BN);
+    };
+    if constexpr (TMA) {
+        if (tid == 0) {
+            for (int i = 0; i < 2; i++) {
+                mbar_init(&bar[i], 1);
+                mbar_init(&bar[2 + i], NT / 32);
+            }
+            mbar_init_fence();
+            for (int b = 0; b < NB && b < nkt; b++) {
+                mbar_expect_tx(&bar[b], tma_tile_bytes<BN, DQK>() + tma_tile_bytes<BN, DV>());
+                tma_k(b, b, &bar[b]);
+                tma_v(b, b, &bar[b]);
+            }
+        }
+        cp_async_wait<0>(); /* Q */
+        fence_async_smem();
+        __syncthreads(); /* Q and the barriers' initialisation are visible */
+    } else {
+        if (nkt > 0) load_kv(0, 0);
+        cp_async_commit();
+    }
 
     const WarpRanges<MODE> wr(g, c, warp, lane);
     /* the warpgroup's key range: row ranges grow with the token, and rows
@@ -146,8 +183,7 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
     };
     /* online softmax of tile kt in s (masked, row maxima mx), then
      * O += P V queued */
-    auto softmax_pv = [&](float(&s)[BN / 8][4], float(&mx)[2], int buf) {
-        warp_softmax_step(s, mx, m, ls, oacc, sl);
+    auto issue_pv = [&](float(&s)[BN / 8][4], int buf) {
         const uint64_t vd = sw128_desc(smem_u32(sV + buf * VB), BN * 128);
         wg_fence();
 #pragma unroll
@@ -161,8 +197,45 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
         }
         wg_commit();
     };
+    auto softmax_pv = [&](float(&s)[BN / 8][4], float(&mx)[2], int buf) {
+        warp_softmax_step(s, mx, m, ls, oacc, sl);
+        issue_pv(s, buf);
+    };
 
-    if constexpr (!PIPE) {
+    /* one arrival per warp on an empty barrier, once its reads of the buffer are complete */
+    auto release = [&](uint64_t *b) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b);
+    };
+    if constexpr (TMA && !PIPE) {
+        for (int64_t kt = 0; kt < nkt; kt++) {
+            const int buf = (int)(kt % NB);
+            /* the buffer of tile kt - 1 takes tile kt - 1 + NB once every warp is done with it (the producer's
+             * branch stays out of the span between a softmax and its P V product: ptxas serialises every wgmma of
+             * the kernel where divergent code sits there, C7520) */
+            const int64_t nt = kt - 1 + NB;
+            if (tid == 0 && kt > 0 && nt < nkt) {
+                const int b = (int)((kt - 1) % NB);
+                mbar_wait(&bar[2 + b], (uint32_t)(((kt - 1) / NB) & 1));
+                mbar_expect_tx(&bar[b], tma_tile_bytes<BN, DQK>() + tma_tile_bytes<BN, DV>());
+                tma_k(nt, b, &bar[b]);
+                tma_v(nt, b, &bar[b]);
+            }
+            mbar_wait(&bar[buf], (uint32_t)((kt / NB) & 1));
+            if (active(kt)) {
+                float s[BN / 8][4];
+                issue_qk(s, buf);
+                wg_wait<0>();
+                wg_hold(s);
+                float mx[2];
+                wr.tile_max(s, klo + kt * BN, lane, mx);
+                softmax_pv(s, mx, buf);
+                wg_wait<0>();
+                wg_hold(oacc);
+            }
+            release(&bar[2 + buf]);
+        }
+    } else if constexpr (!PIPE) {
         for (int64_t kt = 0; kt < nkt; kt++) {
             if (NB == 2) {
                 if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
@@ -295,13 +368,32 @@ size_t attn_wg_smem(int dqkp, int dvp, int wg_bn)
     }
 }
 
+/* The K / V tensor maps of a launch (tma.cuh): the packed compressed rows
+ * [total_cmp][Hkv][DP] (MODE 0) or the caller's K / V [T][Hkv][D] with their
+ * strides (the window), where D is the padded dim and the TMA can address
+ * them; tm.ok = 0 otherwise (the cp.async loop runs). */
+template <int DQK, int DV, int MODE>
+static TmaKV wg_maps(const Geom &g, int BN, View k, View v)
+{
+    TmaKV tm = {};
+    const int64_t rows = MODE == 0 ? g.total_cmp : g.T;
+    tm.ok = g.tma && (MODE == 0 || (g.Dqk == DQK && g.Dv == DV)) &&
+            tma_map_rows(&tm.k, k.p, rows, g.Hkv, DQK, k.st, k.sh, BN) &&
+            tma_map_rows(&tm.v, v.p, rows, g.Hkv, DV, v.st, v.sh, BN);
+    return tm;
+}
+
 template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1, int NB = 2>
 static cudaError_t launch_wg(const Geom &g, const Tiles &tl, View q, View k, View v, MView o, MView lse,
                              cudaStream_t s, const FuseCombine &fz)
 {
-    return launch_attn_tiles<T, DQK, DV, MODE>(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB, NB>, BN,
-                                               attn_wg_smem_t<DQK, DV, BN, PIPE, NB>(), g, tl, q, k, v, o, lse, s,
-                                               fz);
+    constexpr size_t smem = attn_wg_smem_t<DQK, DV, BN, PIPE, NB>();
+    const TmaKV tm = PIPE ? TmaKV{} : wg_maps<DQK, DV, MODE>(g, BN, k, v);
+    if (tm.ok)
+        return launch_attn_tiles<T, DQK, DV, MODE>(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB, NB, !PIPE>, BN,
+                                                   smem, g, tl, q, k, v, o, lse, s, fz, tm);
+    return launch_attn_tiles<T, DQK, DV, MODE>(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB, NB, false>, BN, smem,
+                                               g, tl, q, k, v, o, lse, s, fz, tm);
 }
 
 template <typename T, int MODE>
@@ -326,10 +418,14 @@ static cudaError_t attn_wg_t(const Geom &g, int bn, const Tiles &tl, int dqkp, i
 int attn_wg_loop(const Geom &g, int mode)
 {
     if (g.wg_bn >= 0) return g.wg_bn;
-    /* measured (H200, 64k, v7): TWO for the window branch (ONE: 4.65 / 6.2 ms against
-     * 4.6 / 5.6 at D 128 / 192), ONE for the compressed one (11.0 / 13.7 ms against TWO's
-     * 11.25 / 17.7 and BN 128's 13.0 / 14.9) */
-    return mode == 2 ? 2 : 1;
+    if (mode == 0 && g.wg_cmp >= 0) return g.wg_cmp;
+    /* measured (H200, 64k): TWO for the window branch (v7; ONE: 4.65 / 6.2 ms against
+     * 4.6 / 5.6 at D 128 / 192; v8 with the TMA: TWO 3.9 / 4.8, ONE 4.4 / 5.2). The
+     * compressed branch: with the TMA (v8) one CTA of 128-key tiles, two buffers (9.7 / 10.9 ms
+     * against TWO's 10.0 / 14.3 and ONE's 10.2 / 12.4); with cp.async ONE (v7: 11.0 / 13.7 against
+     * TWO's 11.25 / 17.7 and 128's 13.0 / 14.9) */
+    if (mode == 2) return 2;
+    return g.tma ? 128 : 1;
 }
 
 cudaError_t attn_wg(const Geom &g, int mode, const Tiles &tl, int dqkp, int dvp, View q, View k, View v, MView o,

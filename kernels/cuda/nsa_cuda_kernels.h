@@ -38,7 +38,7 @@ struct Geom {
     int scores_lean;    /* scores_tc LEAN kernels for G = 16 (NSA_CUDA_SCORES_LEAN, default 1) */
     int topn_rounds;    /* 1: top-n by n rounds only, not by filtering (NSA_CUDA_TOPN=rounds; topn.cuh) */
     int slc_panel;      /* slc_fs keeps K/V in 128-byte-swizzled panels: 1 (NSA_CUDA_SLC=fsp), 2 with three chunk
-                         * buffers per warp where they fit (fsp3); not yet run on a GPU */
+                         * buffers per warp where they fit (fsp3; the sm_90 default since v8), 0 padded rows */
     int scores_wt;      /* scores_wt (v6, transposed S) where the WG scores kernel would run: 2 every padded Dqk
                          * (192 with one K buffer; the default since v7), 1 Dqk <= 128, 0 never
                          * (NSA_CUDA_SCORES_WT unset or 192 | 128 | 0) */
@@ -46,6 +46,9 @@ struct Geom {
     int wg_bn;          /* attn_wg loop (NSA_CUDA_WG_BN): 128 or 64 keys per tile, 0 pipelined, 2 two CTAs per SM (TWO),
                         * 1 two CTAs per SM with one 64-key K/V buffer (ONE),
                         * -1 the measured best per branch (attn_wg_loop) */
+    int wg_cmp;         /* the compressed branch's loop alone (NSA_CUDA_WG_CMP, the same codes); wg_bn wins over it */
+    int tma;            /* 1: the wgmma kernels fetch K / V tiles through the TMA (v8, tma.cuh) where a tensor map
+                         * can be made; 0: cp.async (NSA_CUDA_TMA=0) */
     const int64_t *cu_seqlens, *cu_cmp, *tok_seq; /* device tables */
 };
 

@@ -29,7 +29,12 @@
  * built once per tile (desc_at), which v5 has too (15.2 ms at Dqk 192). At
  * Dqk 192 v6 needs 131 KB of shared memory, so one CTA per SM, and took
  * 20.5 ms against v5's 17.9 (two CTAs of 32-key tiles). With one K buffer
- * (v7, the default) two CTAs fit: 15.2 -> 12.1 ms at Dqk 192. The 48 shuffles were not what bound v5; ncu (T = 32k)
+ * (v7, the default) two CTAs fit: 15.2 -> 12.1 ms at Dqk 192. v8: K tiles
+ * through the TMA (tma.cuh) with mbarriers instead of cp.async and a CTA
+ * barrier per tile, 10.8 -> 9.6 / 12.0 -> 11.4 ms (D 128 / Dqk 192); the
+ * map table built from each entry's run of rows (scores_map.cuh) instead of
+ * a 64-row loop on warp 0 before the first barrier: 8.9 / 10.4 ms (the
+ * default; NSA_CUDA_TMA=0 restores the cp.async loads). The 48 shuffles were not what bound v5; ncu (T = 32k)
  * shows the CTA barrier and fixed-latency waits as the top stalls, and
  * integer work (tile loads, descriptors, the old top-n rounds) as most of the
  * instructions.
@@ -43,6 +48,7 @@
  */
 #include "scores_map.cuh"
 #include "tile_qk.cuh"
+#include "tma.cuh"
 #include "topn.cuh"
 #include "wgmma.cuh"
 
@@ -58,7 +64,7 @@ constexpr int WT_SC = WT_BN + 8; /* row stride (floats) of the sums tile: the 4 
  * 20.5 ms; v5: 15.2). */
 template <int DQK, int NB> constexpr size_t scores_wt_smem_t()
 {
-    return 1024 + 2 * (size_t)(TC_BM * DQK + NB * WT_BN * DQK) + sizeof(float) * (size_t)(TC_BM / 16 * WT_SC);
+    return 1024 + 2 * (size_t)(TC_BM * DQK + NB * WT_BN * DQK) + sizeof(float) * (size_t)(2 * (TC_BM / 16) * WT_SC);
 }
 
 /* barrier of warpgroup wg's 128 threads (named barriers 1 and 2; 0 is __syncthreads) */
@@ -70,13 +76,17 @@ NSA_DEV void wg_bar(int wg)
         asm volatile("bar.sync 2, 128;\n" ::: "memory");
 }
 
-/* two CTAs per SM (101 KB of shared memory at T = 64k for Dqk 128; NB above) */
-template <typename T, int DQK, bool FUSED, int NB>
+/* two CTAs per SM (101 KB of shared memory at T = 64k for Dqk 128; NB above).
+ * TMA (v8, tma.cuh): thread 0 fetches the K tiles through the tensor map tm.k
+ * into mbarrier-tracked buffers; no CTA barrier per tile. The sums tile is
+ * then double-buffered (by tile parity), so that one warpgroup barrier per
+ * tile still orders its writes after the last reads of the same buffer. */
+template <typename T, int DQK, bool FUSED, int NB, bool TMA>
 __global__ void __launch_bounds__(TC_THREADS, 2)
     scores_wt_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                      const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec, const float *lse, int64_t lst,
-                     int64_t lsh,
-                     float *sc, int64_t sst, int64_t ssh, int accw, int *idx, int64_t ist, int64_t ish)
+                     int64_t lsh, float *sc, int64_t sst, int64_t ssh, int accw, int *idx, int64_t ist, int64_t ish,
+                     const __grid_constant__ TmaKV tm)
 {
 #ifdef NSA_WGMMA
     constexpr int BM = TC_BM, NT = TC_THREADS, BN = WT_BN, NTOK = TC_BM / 16;
@@ -85,15 +95,17 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
     /* swizzle atoms need 1024-byte alignment; the launcher added 1 KB */
     unsigned char *const sQ = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     unsigned char *const sK = sQ + QB;                 /* [NB][BN][DQK] */
-    float *const sC = (float *)(sK + NB * KB);         /* [NTOK][WT_SC] group sums of the tile */
-    float *const sAcc = sC + NTOK * WT_SC;             /* [NTOK][accw] score rows */
+    float *const sC0 = (float *)(sK + NB * KB);        /* [2][NTOK][WT_SC] group sums of the tile */
+    float *const sAcc = sC0 + 2 * NTOK * WT_SC;        /* [NTOK][accw] score rows */
     __shared__ MapTab sTab;
+    __shared__ __align__(8) uint64_t full[NB], empty[NB]; /* TMA: tile landed / every warp done with it */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2, wq = warp & 3;
     const TileCtx c = tile_ctx(g, tl); /* hca == 16: rows = token * 16 + head */
     const int64_t tlast = c.tl0 + c.ntok - 1;
     const int64_t khi = nsa_cmp_visible(tlast, g.l, g.d) - 1;
-    const T *kg = k + g.cu_cmp[c.seq] * kst + c.gi * ksh;
+    const int64_t g_row0 = g.cu_cmp[c.seq];
+    const T *kg = k + g_row0 * kst + c.gi * ksh;
 
     load_tile_to<T, BM, DQK, NT>([&](int r, int cc) { return (T *)(sQ + sw128_off(r, cc, BM)); }, q, g.Dqk, qvec,
                                  [&](int r) -> int64_t {
@@ -103,12 +115,29 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
     const int64_t nkt = khi >= 0 ? (khi + BN) / BN : 0;
     auto load_k = [&](int64_t kt, int buf) {
         const int64_t ks = kt * BN;
-        const int nv = (int)nsa_min64(BN, khi - ks + 1);
-        load_rows_vec_to<T, BN, DQK, NT>([&](int r, int cc) { return (T *)(sK + buf * KB + sw128_off(r, cc, BN)); },
-                                         kg + ks * kst, (int)kst, nv, DQK);
+        if constexpr (TMA) { /* thread 0 only */
+            mbar_expect_tx(&full[buf], tma_tile_bytes<BN, DQK>());
+            tma_tile<BN, DQK>(sK + buf * KB, &tm.k, &full[buf], (int)c.gi, g_row0 + ks);
+        } else {
+            const int nv = (int)nsa_min64(BN, khi - ks + 1);
+            load_rows_vec_to<T, BN, DQK, NT>(
+                [&](int r, int cc) { return (T *)(sK + buf * KB + sw128_off(r, cc, BN)); }, kg + ks * kst, (int)kst,
+                nv, DQK);
+        }
     };
-    if (nkt > 0) load_k(0, 0);
-    cp_async_commit();
+    if constexpr (TMA) {
+        if (tid == 0) {
+            for (int b = 0; b < NB; b++) {
+                mbar_init(&full[b], 1);
+                mbar_init(&empty[b], NT / 32);
+            }
+            mbar_init_fence();
+            for (int b = 0; b < NB && b < nkt; b++) load_k(b, b);
+        }
+    } else {
+        if (nkt > 0) load_k(0, 0);
+        cp_async_commit();
+    }
 
     /* the score rows start at 0 */
     for (int e = tid; e < c.ntok * accw; e += NT) sAcc[e] = 0.f;
@@ -142,26 +171,48 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
     const float sl = g.scale * NSA_LOG2E;
     const uint64_t qd = sw128_desc(smem_u32(sQ) + wg * 64 * 128, 16); /* the warpgroup's 64 rows of every panel */
 
-    for (int64_t kt = 0; kt < nkt; kt++) {
-        if (NB == 1 && kt > 0) { /* every warp is done with tile kt - 1: refill the one buffer */
-            __syncthreads();
-            load_k(kt, 0);
-            cp_async_commit();
-        }
-        /* tile kt has landed; every warp is done with tile kt - 1 (its buffer
-         * and the sums tile) */
+    if constexpr (TMA) { /* Q (cp.async) and the barriers' initialisation are visible */
         cp_async_wait<0>();
         fence_async_smem();
         __syncthreads();
-        if (NB == 2) {
-            if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
-            cp_async_commit();
+    }
+    for (int64_t kt = 0; kt < nkt; kt++) {
+        const int buf = NB == 2 ? (int)(kt & 1) : 0;
+        float *const sC = sC0 + (TMA ? (int)(kt & 1) : 0) * NTOK * WT_SC;
+        if constexpr (TMA) {
+            /* thread 0 refills the buffer of tile kt - 1 once every warp is done with it: tile kt (one buffer)
+             * or tile kt + 1 (two) */
+            const int64_t nt = NB == 1 ? kt : kt + 1;
+            if (tid == 0 && kt > 0 && nt < nkt) {
+                const int b = (int)((kt - 1) % NB);
+                mbar_wait(&empty[b], (uint32_t)(((kt - 1) / NB) & 1));
+                load_k(nt, b);
+            }
+            mbar_wait(&full[buf], (uint32_t)((kt / NB) & 1));
+        } else {
+            if (NB == 1 && kt > 0) { /* every warp is done with tile kt - 1: refill the one buffer */
+                __syncthreads();
+                load_k(kt, 0);
+                cp_async_commit();
+            }
+            /* tile kt has landed; every warp is done with tile kt - 1 (its buffer
+             * and the sums tile) */
+            cp_async_wait<0>();
+            fence_async_smem();
+            __syncthreads();
+            if (NB == 2) {
+                if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
+                cp_async_commit();
+            }
         }
         const int64_t ks = kt * BN;
-        if (ks > wmaxhi) continue; /* no token of the warpgroup sees this tile (uniform over it) */
+        if (ks > wmaxhi) { /* no token of the warpgroup sees this tile (uniform over it) */
+            if (TMA && lane == 0) mbar_arrive(&empty[buf]);
+            continue;
+        }
 
         float s[8][4];
-        const uint64_t kd = sw128_desc(smem_u32(sK + (NB == 2 ? (int)(kt & 1) : 0) * KB), 16);
+        const uint64_t kd = sw128_desc(smem_u32(sK + buf * KB), 16);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; kk++) {
@@ -171,6 +222,10 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
         wg_commit();
         wg_wait<0>();
         wg_hold(s);
+        if (TMA) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[buf]); /* this warp's reads of the tile are complete */
+        }
 
         /* p = 2^(s*scale*log2e - lse*log2e); keys a token does not see give 0 */
         const int key0 = 16 * wq + (lane >> 2); /* this thread's keys: ks + key0 (+ 8) */
@@ -221,7 +276,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
         if (mtok < c.ntok && ks < mnc)
             map_tile_row(g, sTab, tab_ne, tab_per, BN, kt, khi, mnc, sC + mtok * WT_SC, mrow, lane);
     }
-    __syncthreads(); /* the rows are complete */
+    __syncthreads(); /* the rows are complete (and, with TMA, every issued tile has landed: each was waited for) */
     if (FUSED) { /* the K tiles' memory holds the ranking's scratch */
         uint64_t *cand = (uint64_t *)sK + warp * TOPN_CAND;
         for (int tok = warp; tok < c.ntok; tok += NT / 32)
@@ -237,19 +292,23 @@ template <typename T, int DQK, int NB>
 static cudaError_t launch_wt(const Geom &g, const Tiles &tl, View q, View kc, View lse, MView sc, MView idx,
                              cudaStream_t s)
 {
+    /* the packed compressed keys [total_cmp][Hkv][DQK] through the TMA where the map can be made */
+    TmaKV tm = {};
+    tm.ok = g.tma && tma_map_rows(&tm.k, kc.p, g.total_cmp, g.Hkv, DQK, kc.st, kc.sh, WT_BN);
     const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
     const size_t smem = scores_wt_smem_t<DQK, NB>() + acc;
     if (g.G != 16 || tl.nchunk != 1 || tl.qt != TC_BM / 16 || (int64_t)smem > g.smem_optin ||
         !rs32_ok(kc.st, WT_BN))
         return cudaErrorInvalidConfiguration;
     const bool fused = idx.p != nullptr;
-    auto kern = fused ? scores_wt_kernel<T, DQK, true, NB> : scores_wt_kernel<T, DQK, false, NB>;
+    auto kern = fused ? (tm.ok ? scores_wt_kernel<T, DQK, true, NB, true> : scores_wt_kernel<T, DQK, true, NB, false>)
+                      : (tm.ok ? scores_wt_kernel<T, DQK, false, NB, true> : scores_wt_kernel<T, DQK, false, NB, false>);
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
     kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, kc.st, kc.sh,
                                         vec_ok(q.p, q.st, q.sh, g.Dqk), (const float *)lse.p, lse.st, lse.sh,
-                                        (float *)sc.p, sc.st, sc.sh, (int)g.max_ns, (int *)idx.p, idx.st, idx.sh);
+                                        (float *)sc.p, sc.st, sc.sh, (int)g.max_ns, (int *)idx.p, idx.st, idx.sh, tm);
     return cudaGetLastError();
 }
 

@@ -50,9 +50,13 @@
  *   Padded rows do that on every other row. The swizzled rows sat in a dynamic
  *   region that (after 3728 bytes of static shared memory) starts 16 bytes
  *   into a sector, so every row did. PANEL (NSA_CUDA_SLC=fsp, and fsp3 with
- *   three chunk buffers per warp; not yet run on a GPU) keeps K/V in attn_wg's
- *   panels on a 128-byte boundary; backends/cuda/probes/ldgsts_l2.cu tests
- *   the rule itself.
+ *   three chunk buffers per warp) keeps K/V in attn_wg's panels on a 128-byte
+ *   boundary.
+ * v8 (NOTES.md "v8"): the rule holds. backends/cuda/probes/ldgsts_l2.cu reads
+ *   1.00 L2 sectors per data sector for plain, panel and swizzled rows on an
+ *   aligned base, 1.50 for 16-byte-padded rows and 2.00 for any layout 16
+ *   bytes off. PANEL reads 109 GB (D 128) and 140 GB (Dqk 192), 1.0x:
+ *   fsp 15.2 / 20.7 ms, fsp3 14.9 / 20.5 (the sm_90 default since v8).
  */
 #include <type_traits>
 

@@ -392,11 +392,13 @@ template <int MODE> struct WarpRanges {
 };
 
 /* Host side: launches a compressed / window tile kernel (attn_tc_kernel and
- * attn_wg_kernel take the same arguments) on one CTA of TC_THREADS per tile,
- * K/V tiles of BN keys, smem bytes of dynamic shared memory. */
-template <typename T, int DQK, int DV, int MODE, typename Kernel>
+ * attn_wg_kernel take the same arguments, attn_wg_kernel one more: extra) on
+ * one CTA of TC_THREADS per tile, K/V tiles of BN keys, smem bytes of dynamic
+ * shared memory. */
+template <typename T, int DQK, int DV, int MODE, typename Kernel, typename... Extra>
 static cudaError_t launch_attn_tiles(Kernel kern, int BN, size_t smem, const Geom &g, const Tiles &tl, View q, View k,
-                                     View v, MView o, MView lse, cudaStream_t s, const FuseCombine &fz)
+                                     View v, MView o, MView lse, cudaStream_t s, const FuseCombine &fz,
+                                     const Extra &...extra)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -409,7 +411,7 @@ static cudaError_t launch_attn_tiles(Kernel kern, int BN, size_t smem, const Geo
     const dim3 grid((unsigned)tl.count, (unsigned)(g.Hkv * tl.nchunk));
     kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh,
                                         (const T *)v.p, v.st, v.sh, kd, vd, qvec, kvvec, (float *)o.p, o.st, o.sh,
-                                        (float *)lse.p, lse.st, lse.sh, fz);
+                                        (float *)lse.p, lse.st, lse.sh, fz, extra...);
     return cudaGetLastError();
 }
 
