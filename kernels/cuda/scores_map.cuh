@@ -39,15 +39,25 @@ NSA_DEV int map_tab_entries(const Geom &g, int BN)
     return ok ? (int)ne : 0;
 }
 
-/* Threads 0 .. ne-1 fill the table (a barrier must follow before it is read). */
+/* Threads 0 .. ne-1 fill the table (a barrier must follow before it is read).
+ * The tile rows that overlap entry j = tid are one run, from the first to the
+ * last compressed block overlapping j (nsa_blocks.h), so only that run is
+ * tried: at most MAP_I rows instead of all BN. (v8: the loop over all 64 rows
+ * is a chain of ~2000 dependent instructions on warp 0 that every CTA's
+ * first barrier waits for; ncu put a fifth of scores_wt's stall samples at
+ * that barrier, T = 32k.) Same rows, order and weights as the loop over every
+ * row (checked for every l, d, l_s with l, l_s multiples of d up to 128 / 256
+ * and BN = 32, 64, 128 where the table applies). */
 NSA_DEV void map_tab_build(MapTab &t, const Geom &g, int BN, int ne, int tid)
 {
     if (tid >= ne) return;
+    const int64_t r0 = nsa_max64(nsa_cmp_first_overlapping(tid, g.l, g.d, g.ls), 0);
+    const int64_t r1 = nsa_min64(nsa_cmp_last_overlapping(tid, g.ls, g.d), BN - 1);
     int f = -1, n = 0;
-    for (int r = 0; r < BN; r++) {
+    for (int64_t r = r0; r <= r1 && n < MAP_I; r++) {
         const int64_t ov = nsa_overlap(r, tid, g.l, g.d, g.ls);
         if (ov > 0) {
-            if (f < 0) f = r;
+            if (f < 0) f = (int)r;
             t.w[tid * MAP_I + n++] = (float)ov / (float)g.d;
         }
     }
