@@ -5,6 +5,8 @@
 # NVIDIA OpenCL parity, and the T sweep beside PyTorch's cuDNN attention.
 # Run from the repository root on the GPU machine:
 #   bash backends/cuda/device_check.sh [step,step,...]
+# Several lists run in one call: call the script once per list; the build is kept (OUT
+# subfolders keep the summaries apart). LONG_SAN=0 skips the long step's memcheck runs.
 # steps (default all): profile parity variants check long det sanitize opencl bench sdpa; sanwg (in
 # sanitize; alone: only the wgmma kernels' sanitizer runs), prof2, ncu, l2 and ldgsts (not in the default): prof2 profiles T = 64k under the wgmma switches (PROF_VARIANTS overrides the list), l2 reads L2 / DRAM counters of one launch per kernel, ldgsts measures cp.async's L2 reads per shared-memory layout (probes/ldgsts_l2.cu).
 # A variant is one or more VAR=value settings joined by commas (VARIANTS, PROF_VARIANTS).
@@ -42,9 +44,8 @@ if has profile; then
   done; done
 fi
 if has prof2; then # T = 64k under the wgmma switches (the default is profiled above)
-  for v in ${PROF_VARIANTS:-NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=cmp NSA_CUDA_WGMMA=scores NSA_CUDA_WGMMA=all \
-           NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_WG_BN=x2 NSA_CUDA_WGMMA=all,NSA_CUDA_WG_BN=x2 \
-           NSA_CUDA_SLC=fs NSA_CUDA_SLC=mt}; do
+  for v in ${PROF_VARIANTS:-NSA_CUDA_TMA=0 NSA_CUDA_WG_CMP=x1 NSA_CUDA_WG_CMP=x2 NSA_CUDA_WGMMA=0 \
+           NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=x1 NSA_CUDA_SLC=fs NSA_CUDA_SLC=fsp NSA_CUDA_SLC=mt}; do
     for dqk in 128 192; do
     env ${v//,/ } NSA_CUDA_PROFILE=1 timeout 60 $NSA run --backend cuda --T 65536 --dqk $dqk --dv 128 --iters 3 --warmup 1 \
       --check-tokens 0 > /tmp/prof.tmp 2>&1
@@ -65,7 +66,8 @@ if has variants; then
   for v in ${VARIANTS:-NSA_CUDA_SCORES_LEAN=0 NSA_CUDA_V3=0 NSA_CUDA_ATTN_VAR=0 NSA_CUDA_FUSE_COMBINE=0 \
            NSA_CUDA_SLC=mt NSA_CUDA_SLC=tc NSA_CUDA_WGMMA=0 NSA_CUDA_WGMMA=all \
            NSA_CUDA_WG_BN=64 NSA_CUDA_WG_BN=pipe NSA_CUDA_WG_BN=x2 NSA_CUDA_WGMMA=all,NSA_CUDA_WG_BN=x2 \
-           NSA_CUDA_SLC=fs NSA_CUDA_SCORES_WT=0 NSA_CUDA_TOPN=rounds NSA_CUDA_KERNELS=ref}; do
+           NSA_CUDA_SLC=fs NSA_CUDA_SLC=fsp NSA_CUDA_SCORES_WT=0 NSA_CUDA_SCORES_WT=128 NSA_CUDA_TOPN=rounds \
+           NSA_CUDA_TMA=0 NSA_CUDA_WG_CMP=x1 NSA_CUDA_WG_BN=x1 NSA_CUDA_KERNELS=ref}; do
     env ${v//,/ } timeout 100 $B/tests/test_oracle cuda f32,f16,bf16,fixed small > /tmp/pv.log 2>&1
     note "[$(el)] parity-cuda small corpus, $v: rc=$? $(grep -cE '^FAIL' /tmp/pv.log) failures, $(grep -hE '^parity-cuda' /tmp/pv.log | tr '\n' ' ' | cut -c1-240)"
     grep -E "^FAIL" -A1 /tmp/pv.log | head -4 | tee -a "$SUM"
@@ -84,6 +86,7 @@ if has long; then # T = 140000, G = 16: score rows past the fused stage's shared
     env $v timeout 120 $NSA run --backend cuda --T 140000 --hq 16 --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 \
       > /tmp/long.tmp 2>&1
     note "[$(el)] nsa run T=140000 G=16 D=64 $v: rc=$? $(grep -E 'max err / tol|PASS|FAIL' /tmp/long.tmp | tr '\n' ' ' | cut -c1-160)"
+    [ "${LONG_SAN:-1}" = 0 ] && continue # LONG_SAN=0: no memcheck run
     env $v timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $NSA run --backend cuda --T 140000 \
       --hq 16 --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 --check-tokens 0 > /tmp/long2.log 2>&1
     note "[$(el)] memcheck T=140000 $v rc=$? $(grep -E 'ERROR SUMMARY' /tmp/long2.log | tail -1)"
