@@ -387,13 +387,11 @@ template <typename T, int DQK, int DV, int MODE, int BN, bool PIPE, int MINB = 1
 static cudaError_t launch_wg(const Geom &g, const Tiles &tl, View q, View k, View v, MView o, MView lse,
                              cudaStream_t s, const FuseCombine &fz)
 {
-    constexpr size_t smem = attn_wg_smem_t<DQK, DV, BN, PIPE, NB>();
     const TmaKV tm = PIPE ? TmaKV{} : wg_maps<DQK, DV, MODE>(g, BN, k, v);
-    if (tm.ok)
-        return launch_attn_tiles<T, DQK, DV, MODE>(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB, NB, !PIPE>, BN,
-                                                   smem, g, tl, q, k, v, o, lse, s, fz, tm);
-    return launch_attn_tiles<T, DQK, DV, MODE>(attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB, NB, false>, BN, smem,
-                                               g, tl, q, k, v, o, lse, s, fz, tm);
+    auto kern = tm.ok ? attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB, NB, !PIPE>
+                      : attn_wg_kernel<T, DQK, DV, MODE, BN, PIPE, MINB, NB, false>;
+    return launch_attn_tiles<T, DQK, DV, MODE>(kern, BN, attn_wg_smem_t<DQK, DV, BN, PIPE, NB>(), g, tl, q, k, v, o,
+                                               lse, s, fz, tm);
 }
 
 template <typename T, int MODE>

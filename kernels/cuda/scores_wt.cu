@@ -292,14 +292,14 @@ template <typename T, int DQK, int NB>
 static cudaError_t launch_wt(const Geom &g, const Tiles &tl, View q, View kc, View lse, MView sc, MView idx,
                              cudaStream_t s)
 {
-    /* the packed compressed keys [total_cmp][Hkv][DQK] through the TMA where the map can be made */
-    TmaKV tm = {};
-    tm.ok = g.tma && tma_map_rows(&tm.k, kc.p, g.total_cmp, g.Hkv, DQK, kc.st, kc.sh, WT_BN);
     const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
     const size_t smem = scores_wt_smem_t<DQK, NB>() + acc;
     if (g.G != 16 || tl.nchunk != 1 || tl.qt != TC_BM / 16 || (int64_t)smem > g.smem_optin ||
         !rs32_ok(kc.st, WT_BN))
         return cudaErrorInvalidConfiguration;
+    /* the packed compressed keys [total_cmp][Hkv][DQK] through the TMA where the map can be made */
+    TmaKV tm = {};
+    tm.ok = g.tma && tma_map_rows(&tm.k, kc.p, g.total_cmp, g.Hkv, DQK, kc.st, kc.sh, WT_BN);
     const bool fused = idx.p != nullptr;
     auto kern = fused ? (tm.ok ? scores_wt_kernel<T, DQK, true, NB, true> : scores_wt_kernel<T, DQK, true, NB, false>)
                       : (tm.ok ? scores_wt_kernel<T, DQK, false, NB, true> : scores_wt_kernel<T, DQK, false, NB, false>);

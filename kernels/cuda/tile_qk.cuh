@@ -120,8 +120,8 @@ template <int SQ, bool QREG, int NK> NSA_DEV void q_frags(uint32_t (&qf)[NK][4],
  * panels of 64, chunk c of row r at (c % 8) ^ (r % 8) in its 128-byte row,
  * which spreads an ldmatrix's 8 rows over the bank groups too. attn_wg and
  * scores_wt fill such panels and read from L2 what they use, while cp.async
- * into PadTile rows reads about 1.5 sectors per sector of data (NOTES.md, v7;
- * slc_fs takes PanelTile with NSA_CUDA_SLC=fsp, not yet run on a GPU). */
+ * into PadTile rows reads 1.5 sectors per sector of data (NOTES.md, v7, v8;
+ * slc_fs takes PanelTile by default on sm_90, NSA_CUDA_SLC=fsp3 / fsp). */
 template <int SS, int ROWS> struct PadTile {
     static constexpr int elems = ROWS * SS;
     static NSA_DEV int off(int r, int e) { return r * SS + e; }
