@@ -26,7 +26,7 @@ extern "C" {
 
 /* Bumped whenever any struct or function below changes. The loader refuses a
  * module whose nsa_backend_api_version differs (NSA_ERR_VERSION_MISMATCH). */
-#define NSA_BACKEND_API_VERSION 2
+#define NSA_BACKEND_API_VERSION 3
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -196,6 +196,11 @@ typedef struct nsa_backend {
      * nsa_device_kind value (NSA_DEVICE_KIND_CPU for an OpenCL CPU device such as
      * PoCL). NULL: GPU for a module. */
     nsa_status (*device_kind)(int index, int *kind);
+
+    /* optional (added in API version 3): the kernel a prepared plan runs for
+     * `stage`, as the backend chose it ("attn_sm90[bn128,1cta,tma]"), into
+     * name (NUL-terminated, truncated to size). NULL: the stage's own name. */
+    nsa_status (*stage_kernel)(void *bctx, const nsa_bk_plan *plan, nsa_stage stage, char *name, size_t size);
 } nsa_backend;
 
 /* A module's entry: returns its vtable, or NULL (after host->set_error) if it

@@ -264,3 +264,24 @@ nsa_status nsa_plan_get_info(const nsa_plan *plan, nsa_plan_info *info)
     }
     return NSA_SUCCESS;
 }
+
+nsa_status nsa_plan_stage_kernel(const nsa_plan *plan, int index, char *name, size_t size)
+{
+    nsa_clear_error();
+    if (!plan) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_stage_kernel: plan is NULL");
+    if (!name) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_stage_kernel: name is NULL");
+    if (size == 0) return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_plan_stage_kernel: size is 0");
+    name[0] = '\0';
+    if (index < 0 || index >= plan->num_stages)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_plan_stage_kernel: index = %d, but the plan has %d stages",
+                             index, plan->num_stages);
+    const nsa_stage st = plan->stages[index];
+    if (!plan->ctx->be->stage_kernel || !plan->prepared) {
+        snprintf(name, size, "%s", nsa_stage_name(st));
+        return NSA_SUCCESS;
+    }
+    nsa_status s = plan->ctx->be->stage_kernel(plan->ctx->bctx, &plan->bk, st, name, size);
+    name[size - 1] = '\0';
+    if (s == NSA_SUCCESS) nsa_clear_error();
+    return s;
+}

@@ -245,6 +245,15 @@ typedef struct nsa_plan_info {
 
 NSA_API nsa_status nsa_plan_get_info(const nsa_plan *plan, nsa_plan_info *info);
 
+/* The kernel the plan runs for its stage `index` (0 <= index < num_stages, in
+ * the order of nsa_plan_info.stages), as the backend chose it when the plan
+ * was made from the device and the shape: for example
+ * "attn_sm90[bn128,1cta,tma]" (cuda: kernel[tile]; docs/cuda.md lists them).
+ * Backends without a choice report the stage's name. name receives at most
+ * size bytes, NUL-terminated; NSA_ERR_INVALID_VALUE for an index out of range
+ * or size 0. */
+NSA_API nsa_status nsa_plan_stage_kernel(const nsa_plan *plan, int index, char *name, size_t size);
+
 /* ------------------------------------------------------------------ forward */
 
 /* A view of a buffer: element offset and element strides; the last (head-dim)

@@ -1,7 +1,9 @@
 /*
  * nsa info: what libnsa sees on this machine -- the library version, every
- * known backend (available or the reason it is not, device names) and the
- * environment variables that steer backend and module selection.
+ * known backend (available or the reason it is not, device names), the
+ * environment variables that steer backend, module and kernel selection, and
+ * with --kernels the kernel each stage runs for a sample plan on every
+ * available backend.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,27 +15,97 @@
 
 #define CMD "nsa info"
 
-static const char *const env_vars[] = {"NSA_BACKEND", "NSA_DEVICE", "NSA_BACKEND_PATH",
-                                       "NSA_CACHE_DIR"};
+static const char *const env_vars[] = {"NSA_BACKEND",      "NSA_DEVICE",      "NSA_BACKEND_PATH",
+                                       "NSA_CACHE_DIR",    "NSA_CUDA_TARGET", "NSA_CUDA_FORCE",
+                                       "NSA_CUDA_PROFILE"};
 #define NUM_ENV ((int)(sizeof env_vars / sizeof env_vars[0]))
 #define MAX_DEVICES 64
 
 static void usage(FILE *f, const args_opt *opts, int n)
 {
     fprintf(f,
-            "usage: nsa info [--json]\n\n"
+            "usage: nsa info [--json] [--kernels [--T N] [--dqk N] [--dv N] [--hq N] [--hkv N]]\n\n"
             "Prints the library version, each backend libnsa knows of (available, or why\n"
             "not; where it was loaded from; its devices) and the environment variables\n"
-            "NSA_BACKEND, NSA_DEVICE, NSA_BACKEND_PATH, NSA_CACHE_DIR as currently set.\n\n"
+            "NSA_BACKEND, NSA_DEVICE, NSA_BACKEND_PATH, NSA_CACHE_DIR, NSA_CUDA_TARGET,\n"
+            "NSA_CUDA_FORCE, NSA_CUDA_PROFILE as currently set.\n\n"
+            "--kernels: on device 0 of every available backend, plans one sequence of T\n"
+            "tokens (default 65536) of the paper's configuration in bf16 (Hq 64, Hkv 4,\n"
+            "Dqk 192, Dv 128 unless given) and prints the kernel each stage would run, as\n"
+            "the backend chose it for that device and shape (no data is allocated).\n\n"
             "flags:\n");
     args_print_options(f, opts, n);
 }
 
+/* --kernels: a plan of the sample shape on device 0 of each available backend */
+static int print_kernels(const nsa_backend_info *infos, int count, int json, int64_t T, int64_t dqk, int64_t dv,
+                         int64_t hq, int64_t hkv)
+{
+    nsa_config cfg;
+    nsa_config_init(&cfg);
+    cfg.head_dim_qk = dqk;
+    cfg.head_dim_v = dv;
+    cfg.num_q_heads = hq;
+    cfg.num_kv_heads = hkv;
+    const int64_t cu[2] = {0, T};
+    int rc = TOOL_EXIT_OK, first = 1;
+    if (json)
+        printf(", \"kernels\": {\"T\": %lld, \"dqk\": %lld, \"dv\": %lld, \"hq\": %lld, \"hkv\": %lld, "
+               "\"dtype\": \"bf16\", \"backends\": {",
+               (long long)T, (long long)dqk, (long long)dv, (long long)hq, (long long)hkv);
+    else
+        printf("\nkernels (one sequence of %lld tokens, Hq %lld, Hkv %lld, Dqk %lld, Dv %lld, bf16, device 0):\n",
+               (long long)T, (long long)hq, (long long)hkv, (long long)dqk, (long long)dv);
+    for (int i = 0; i < count; i++) {
+        if (!infos[i].available)
+            continue;
+        nsa_context *ctx = NULL;
+        nsa_plan *plan = NULL;
+        nsa_status s = nsa_context_create(infos[i].name, 0, &ctx);
+        if (s == NSA_SUCCESS)
+            s = nsa_plan_create(ctx, &cfg, cu, 1, &plan);
+        if (json) {
+            printf("%s", first ? "" : ", ");
+            json_str(stdout, infos[i].name);
+            printf(": ");
+        } else {
+            printf("  %s (%s):\n", infos[i].name, ctx ? nsa_context_device(ctx) : "no context");
+        }
+        first = 0;
+        if (s != NSA_SUCCESS) {
+            char err[TOOL_ERR_MAX];
+            tool_format_error(err, sizeof err, plan ? "nsa_plan_create" : "nsa_context_create", s);
+            if (json) {
+                printf("{\"error\": ");
+                json_str(stdout, err);
+                printf("}");
+            } else {
+                printf("           %s\n", err);
+            }
+            rc = TOOL_EXIT_FAIL;
+        } else {
+            tool_print_kernels(stdout, plan, json);
+        }
+        nsa_plan_destroy(plan);
+        nsa_context_destroy(ctx);
+    }
+    if (json)
+        printf("}}");
+    return rc;
+}
+
 int cmd_info(int argc, char **argv)
 {
-    int json = 0;
+    int json = 0, kernels = 0;
+    int64_t T = 65536, dqk = 192, dv = 128, hq = 64, hkv = 4;
     args_opt opts[] = {
         {"--json", ARGS_FLAG, &json, NULL, NULL, "print one JSON object", 0},
+        {"--kernels", ARGS_FLAG, &kernels, NULL, NULL, "the kernel of every stage for a sample plan", 0},
+        {"--T", ARGS_INT64, &T, "N", NULL, "tokens of the sample plan (--kernels)", 0},
+        {"--dqk", ARGS_INT64, &dqk, "N", NULL, "its head dim of q and k", 0},
+        {"--dv", ARGS_INT64, &dv, "N", NULL, "its head dim of v", 0},
+        {"--hq", ARGS_INT64, &hq, "N", NULL, "its query heads", 0},
+        {"--hkv", ARGS_INT64, &hkv, "N", NULL, "its key/value heads", 0},
     };
     int nopts = (int)(sizeof opts / sizeof opts[0]);
     int rc = args_parse(CMD, opts, nopts, argc, argv, 1);
@@ -123,8 +195,13 @@ int cmd_info(int argc, char **argv)
             printf("  %-17s %s\n", env_vars[i], v ? v : "(unset)");
         }
     }
+    int rc_k = TOOL_EXIT_OK;
     if (json)
-        printf("}}\n");
+        printf("}");
+    if (kernels)
+        rc_k = print_kernels(infos, count, json, T, dqk, dv, hq, hkv);
+    if (json)
+        printf("}\n");
     free(infos);
-    return TOOL_EXIT_OK;
+    return rc_k;
 }

@@ -35,7 +35,8 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "available) for a sample problem: by default the paper's configuration (Hq=64\n"
             "Hkv=4 Dqk=192 Dv=128 l=32 d=16 l_s=64 n=16 n_init=1 n_local=2 w=512, bf16,\n"
             "MEAN) with T=%d on CPU devices (cpu, OpenCL on a CPU) and T=%d on GPUs. Prints the plan\n"
-            "(stages, workspace), the time, TFLOP/s and the error against the reference.\n\n"
+            "(stages, workspace, the kernel each stage runs), the time, TFLOP/s and the error\n"
+            "against the reference.\n\n"
             "time: the median of --iters forwards after --warmup untimed ones; each forward\n"
             "  is bracketed by nsa_context_synchronize and timed with a monotonic wall clock\n"
             "  (caller workspace, so nsa_forward allocates nothing).\n"
@@ -263,7 +264,9 @@ int cmd_run(int argc, char **argv)
                "\"max_slc_blocks\": %lld}, ",
                p.info.num_stages, (unsigned long long)p.info.workspace_bytes,
                (long long)p.info.total_cmp_blocks, (long long)p.info.max_slc_blocks);
-        printf("\"time_s\": ");
+        printf("\"kernels\": ");
+        tool_print_kernels(stdout, p.plan, 1);
+        printf(", \"time_s\": ");
         json_num(stdout, median);
         printf(", \"time_min_s\": ");
         json_num(stdout, fastest);
@@ -316,6 +319,8 @@ int cmd_run(int argc, char **argv)
                p.info.num_stages, p.info.stages,
                tool_bytes((double)p.info.workspace_bytes, b1, sizeof b1),
                (long long)p.info.total_cmp_blocks, (long long)p.info.max_slc_blocks);
+        printf("kernels:\n");
+        tool_print_kernels(stdout, p.plan, 0);
         printf("time:    %.4g ms median of %lld (min %.4g ms) after %lld warm-up; wall clock, "
                "synchronized\n",
                median * 1e3, (long long)iters, fastest * 1e3, (long long)warmup);

@@ -120,3 +120,32 @@ int tool_on_cpu(const nsa_context *ctx)
     nsa_device_kind kind = NSA_DEVICE_KIND_GPU;
     return nsa_context_device_kind(ctx, &kind) == NSA_SUCCESS && kind == NSA_DEVICE_KIND_CPU;
 }
+
+void tool_print_kernels(FILE *f, const nsa_plan *plan, int json)
+{
+    nsa_plan_info info;
+    if (nsa_plan_get_info(plan, &info) != NSA_SUCCESS) {
+        if (json) fprintf(f, "{}");
+        return;
+    }
+    const char *p = info.stages;
+    if (json) fprintf(f, "{");
+    for (int i = 0; i < info.num_stages; i++) {
+        while (*p == ' ') p++;
+        size_t len = strcspn(p, " ");
+        char stage[64], kernel[NSA_NAME_MAX];
+        snprintf(stage, sizeof stage, "%.*s", (int)(len < sizeof stage ? len : sizeof stage - 1), p);
+        p += len;
+        nsa_status s = nsa_plan_stage_kernel(plan, i, kernel, sizeof kernel);
+        if (s != NSA_SUCCESS) snprintf(kernel, sizeof kernel, "(%s)", nsa_status_string(s));
+        if (json) {
+            fprintf(f, "%s", i ? ", " : "");
+            json_str(f, stage);
+            fprintf(f, ": ");
+            json_str(f, kernel);
+        } else {
+            fprintf(f, "           %-13s %s\n", stage, kernel);
+        }
+    }
+    if (json) fprintf(f, "}");
+}

@@ -53,6 +53,12 @@ void tool_progress_end(void);
 void json_str(FILE *f, const char *s);
 void json_num(FILE *f, double v);
 
+/* The kernel of every stage of a plan (nsa_plan_stage_kernel): text, one
+ * "  stage  kernel" line each after the prefix line; or json != 0: one object
+ * {"stage": "kernel", ...} (no newline). Stages whose kernel cannot be read
+ * show the status name. */
+void tool_print_kernels(FILE *f, const nsa_plan *plan, int json);
+
 /* Median of n values (sorts v in place); NaN for n = 0. */
 double tool_median(double *v, int n);
 
