@@ -6,7 +6,7 @@
  * The parity suite reaches this code end to end, but on random scores only,
  * where the filter of warp_nth_key almost never overflows. Here each row is
  * ranked both ways the kernel can (the filter on the lanes' maxima, and the n
- * rounds it falls back to, forced with Geom::topn_rounds), over rows built to
+ * rounds it falls back to, forced with warp_select_row<true>), over rows built to
  * reach every branch:
  *   random scores for E (eligible blocks) from 1 to 2000 (E > 1024: the path
  *   without keys in registers), n = 1, 16, 32, 33 (n > 32: no filter);
@@ -30,12 +30,13 @@ using namespace nsa_cuda;
 constexpr int WARPS = 4;
 
 /* Row r (scores at sc + off[r], position tl[r]) into out + r * g.n; one warp per row. */
+template <bool ROUNDS>
 __global__ void select_kernel(Geom g, const float *sc, const int64_t *off, const int64_t *tl, int rows, int *out)
 {
     __shared__ uint64_t cand[WARPS][TOPN_CAND];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int r = blockIdx.x * WARPS + warp; r < rows; r += gridDim.x * WARPS)
-        warp_select_row(g, sc + off[r], tl[r], out + (int64_t)r * g.n, lane, cand[warp]);
+        warp_select_row<ROUNDS>(g, sc + off[r], tl[r], out + (int64_t)r * g.n, lane, cand[warp]);
 }
 
 /* The semantics' selection: forced blocks above every other (lower j first),
@@ -89,7 +90,6 @@ static int run(const char *name, const std::vector<Row> &rows, int64_t n, int64_
     g.n = n;
     g.n_init = n_init;
     g.n_local = n_local;
-    g.topn_rounds = rounds;
     std::vector<float> flat;
     std::vector<int64_t> off, tl;
     for (const Row &r : rows) {
@@ -109,8 +109,11 @@ static int run(const char *name, const std::vector<Row> &rows, int64_t n, int64_
     CK(cudaMemcpy(doff, off.data(), off.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dtl, tl.data(), tl.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
     CK(cudaMemset(dout, 0x7f, nout * sizeof(int))); /* poison: no valid index */
-    select_kernel<<<(unsigned)((rows.size() + WARPS - 1) / WARPS), 32 * WARPS>>>(g, dsc, doff, dtl, (int)rows.size(),
-                                                                                  dout);
+    const unsigned blocks = (unsigned)((rows.size() + WARPS - 1) / WARPS);
+    if (rounds)
+        select_kernel<true><<<blocks, 32 * WARPS>>>(g, dsc, doff, dtl, (int)rows.size(), dout);
+    else
+        select_kernel<false><<<blocks, 32 * WARPS>>>(g, dsc, doff, dtl, (int)rows.size(), dout);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<int> got(nout);

@@ -6,9 +6,9 @@
  * the pieces they are built from, so that a change to a descriptor, the
  * swizzle or a fragment layout fails here with the product that broke:
  *   ss<N>  D (64 x N) = A (64 x 128) B^T, both K-major in 128-byte-swizzled
- *          shared memory (attn_wg's and scores' S = Q K^T), N = 32, 64, 128;
+ *          shared memory (attn_sm90's and scores_sm90's S = Q K^T), N = 32, 64, 128;
  *   rs<N>  D (64 x N) = P (64 x 64, registers) V (64 x N, MN-major, the
- *          transposed descriptor), N = 64, 128 (attn_wg's O += P V).
+ *          transposed descriptor), N = 64, 128 (attn_sm90's O += P V).
  * Inputs are fresh pseudo-random bf16 values, outputs are poisoned with NaN
  * first, and every output element is compared (fp32 accumulation of exact
  * bf16 products: the tolerance is a few fp32 ulps of the sum of |terms|).

@@ -1,7 +1,7 @@
 /*
- * attn_ref.cu -- version 1 of the three attention branches: the readable
- * reference, and the path for f32 inputs and for head dims the tensor-core
- * kernels do not take (> 256).
+ * attn_ref.cu -- the three attention branches, readable: the reference, and
+ * the kernel for f32 inputs and for head dims the tensor-core kernels do not
+ * take (> 256).
  *
  * One warp per (token, query head). The keys the row sees come as contiguous
  * segments (compressed: [0, nc(t)); window: [max(0, t-w+1), t]; selected: one
@@ -11,8 +11,8 @@
  * step, and then every lane accumulates its own output dims over the 32 keys.
  * Plain fp32 FFMA, fixed orders everywhere, so results are reproducible.
  *
- * Speed: not tuned; on an H200 it is far slower than attn_tc (see
- * backends/cuda/NOTES.md).
+ * Speed: not tuned; the readable reference beside the tensor-core kernels
+ * (docs/cuda.md), and the kernel of f32 plans.
  */
 #include "nsa_cuda.cuh"
 #include "nsa_cuda_kernels.h"

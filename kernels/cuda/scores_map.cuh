@@ -1,6 +1,6 @@
 /*
  * scores_map.cuh -- the overlap map of BLOCK_SCORES (semantics section 3) for
- * the tiled scores kernels (scores.cu, scores_wt.cu): a K tile of BN
+ * the tiled scores kernels (scores_sm80.cu, scores_sm90.cu): a K tile of BN
  * compressed blocks starting at key ks = kt * BN, whose group sums p[i]
  * (i < BN, 0 for blocks a token does not see) are added onto the selection
  * blocks they overlap,
@@ -44,7 +44,7 @@ NSA_DEV int map_tab_entries(const Geom &g, int BN)
  * last compressed block overlapping j (nsa_blocks.h), so only that run is
  * tried: at most MAP_I rows instead of all BN. (v8: the loop over all 64 rows
  * is a chain of ~2000 dependent instructions on warp 0 that every CTA's
- * first barrier waits for; ncu put a fifth of scores_wt's stall samples at
+ * first barrier waits for; ncu put a fifth of scores_sm90's stall samples at
  * that barrier, T = 32k.) Same rows, order and weights as the loop over every
  * row (checked for every l, d, l_s with l, l_s multiples of d up to 128 / 256
  * and BN = 32, 64, 128 where the table applies). */

@@ -1,11 +1,12 @@
 /*
- * tile_qk.cuh -- the pieces the tiled tensor-core kernels (attn_tc.cu,
- * attn_wg.cu, scores.cu, slc_tc.cu) share: how a CTA's 128 rows map to
- * (token, head), the per-row visible key range, one warp's S = Q K^T on a
- * shared-memory K tile with mma.sync m16n8k16, the softmax step, and the
- * masks and epilogue of the compressed / window kernels.
+ * tile_qk.cuh -- the pieces the tensor-core kernels (attn_sm80.cu,
+ * attn_sm90.cu, scores_sm80.cu, scores_sm90.cu, slc_sm80.cu, slc_sm80_g16.cu)
+ * share: how a CTA's 128 rows map to (token, head), the per-row visible key
+ * range, one warp's S = Q K^T on a shared-memory K tile with mma.sync
+ * m16n8k16, the softmax step, the masks and epilogue of the compressed /
+ * window kernels, and the host-side launch helpers.
  *
- * Row mapping (attn_tc, scores): a CTA owns `ntok` consecutive tokens of one
+ * Row mapping (attn, scores): a CTA owns `ntok` consecutive tokens of one
  * sequence and `hca` query heads of one KV group, head fastest:
  *   row r -> token t0 + r / hca, head h0 + r % hca      (r < ntok * hca)
  * With G = 16 that is 8 tokens x 16 heads: one fetch of each K/V tile serves
@@ -20,14 +21,6 @@
 #include "nsa_cuda_kernels.h"
 
 namespace nsa_cuda {
-
-constexpr int TC_BM = 128;     /* rows per CTA */
-constexpr int TC_THREADS = 256; /* 8 warps x 16 rows */
-
-/* K tile length for a padded Dqk: 64 keys, 32 for the widest heads. */
-template <int DQK> struct TcBn {
-    static constexpr int value = DQK > 192 ? 32 : 64;
-};
 
 struct TileCtx {
     int64_t t0, seq, s0, tl0; /* first global token, its sequence, sequence start, first local position */
@@ -115,13 +108,15 @@ template <int SQ, bool QREG, int NK> NSA_DEV void q_frags(uint32_t (&qf)[NK][4],
  * is the element offset of row r's dims e .. e + 7 (e a multiple of 8: one
  * 16-byte chunk), elems the tile's size in elements.
  * PadTile: rows of SS elements (the dims plus a 16-byte pad, so that the 8 rows
- * of an ldmatrix fall in 8 bank groups); what every mma.sync kernel uses.
+ * of an ldmatrix fall in 8 bank groups).
  * PanelTile: the 128-byte-swizzled panels of wgmma.cuh (sw128_off): dims in
  * panels of 64, chunk c of row r at (c % 8) ^ (r % 8) in its 128-byte row,
- * which spreads an ldmatrix's 8 rows over the bank groups too. attn_wg and
- * scores_wt fill such panels and read from L2 what they use, while cp.async
- * into PadTile rows reads 1.5 sectors per sector of data (NOTES.md, v7, v8;
- * slc_fs takes PanelTile by default on sm_90, NSA_CUDA_SLC=fsp3 / fsp). */
+ * which spreads an ldmatrix's 8 rows over the bank groups too. cp.async
+ * reads a 32-byte L2 sector twice when its shared-memory destination
+ * straddles a 32-byte boundary, so copies into PadTile rows read 1.5 sectors
+ * per sector of data and copies into panels 1.0 (docs/cuda.md;
+ * dev/cuda/ldgsts_l2.cu measured it). attn_sm90, scores_sm90 and slc_sm80_g16
+ * (where the dims are multiples of 64) use panels. */
 template <int SS, int ROWS> struct PadTile {
     static constexpr int elems = ROWS * SS;
     static NSA_DEV int off(int r, int e) { return r * SS + e; }
@@ -223,7 +218,7 @@ template <int NJ> NSA_DEV void warp_rows_max(const float (&s)[NJ][4], float (&mx
 }
 
 /* Keys of a tile (NJ * 8 of them, from key 0) at or past vis get -inf, and mx
- * gets the rows' maxima over this thread's columns (slc_mt, slc_fs). */
+ * gets the rows' maxima over this thread's columns (slc_sm80_g16). */
 template <int NJ> NSA_DEV void warp_mask_keys(float (&s)[NJ][4], int vis, int lane, float (&mx)[2])
 {
     mx[0] = mx[1] = -INFINITY;
@@ -274,8 +269,8 @@ NSA_DEV void warp_store_rows(const float (&oacc)[NO][4], const float (&m)[2], fl
  * in one FMA per element. m is in the scaled log2 domain. On return s holds
  * p = 2^(s*sl - m), the running sum ls is updated and
  * the output accumulator oacc (NO 8-column groups) is rescaled when m moved,
- * ready for O += P V. Shared by the tile kernels (attn_tc) and selected
- * attention (slc_tc) so both keep one summation order.
+ * ready for O += P V. Shared by the tile kernels (attn_sm80) and selected
+ * attention (slc_sm80, slc_sm80_g16) so all keep one summation order.
  *
  * m is a reference maximum, not always the true running maximum (v4, "lazy
  * rescaling"): it moves only when a row's maximum exceeds it by more than
@@ -391,17 +386,39 @@ template <int MODE> struct WarpRanges {
     }
 };
 
-/* Host side: launches a compressed / window tile kernel (attn_tc_kernel and
- * attn_wg_kernel take the same arguments, attn_wg_kernel one more: extra) on
- * one CTA of TC_THREADS per tile, K/V tiles of BN keys, smem bytes of dynamic
- * shared memory. */
+/* Host side: dynamic shared memory a launch asks for. smem is what the
+ * kernel uses; under NSA_CUDA_TARGET (dev.emulate) it is raised so that no
+ * more CTAs of the kernel fit on one SM of this device than fit on one SM of
+ * the emulated class (counting the kernel's static shared memory and the
+ * runtime's reserve per CTA). Sets the kernel's opt-in to the result. */
+template <typename Kernel> static cudaError_t launch_smem(Kernel kern, const Dev &dev, size_t &smem)
+{
+    if (dev.emulate) {
+        cudaFuncAttributes fa;
+        cudaError_t e = cudaFuncGetAttributes(&fa, kern);
+        if (e != cudaSuccess) return e;
+        const int64_t stat = (int64_t)fa.sharedSizeBytes;
+        const int64_t per = (int64_t)smem + stat + dev.reserved;
+        const int64_t n = dev.class_smem_sm / per; /* CTAs per SM on the class (>= 1: the chooser checked) */
+        if (n >= 1) {
+            const int64_t want = dev.device_smem_sm / (n + 1) + 1 - stat - dev.reserved;
+            if (want > (int64_t)smem) smem = (size_t)want;
+        }
+    }
+    return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+}
+
+/* Host side: launches a compressed / window tile kernel (attn_sm80_kernel and
+ * attn_sm90_kernel take the same arguments, attn_sm90_kernel one more: extra)
+ * on one CTA of TC_THREADS per tile, K/V tiles of BN keys, smem bytes of
+ * dynamic shared memory. */
 template <typename T, int DQK, int DV, int MODE, typename Kernel, typename... Extra>
-static cudaError_t launch_attn_tiles(Kernel kern, int BN, size_t smem, const Geom &g, const Tiles &tl, View q, View k,
-                                     View v, MView o, MView lse, cudaStream_t s, const FuseCombine &fz,
-                                     const Extra &...extra)
+static cudaError_t launch_attn_tiles(Kernel kern, int BN, size_t smem, const Dev &dev, const Geom &g, const Tiles &tl,
+                                     View q, View k, View v, MView o, MView lse, cudaStream_t s,
+                                     const FuseCombine &fz, const Extra &...extra)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = launch_smem(kern, dev, smem);
     if (e != cudaSuccess) return e;
     const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
     /* the packed compressed rows are padded and aligned: always vector loads */
@@ -415,15 +432,30 @@ static cudaError_t launch_attn_tiles(Kernel kern, int BN, size_t smem, const Geo
     return cudaGetLastError();
 }
 
-/* Host side: launches a selected-attention kernel that takes `tok` consecutive
- * tokens of one KV group per CTA (slc_mt_kernel and slc_fs_kernel take the same
- * arguments). */
+/* Host side: the fused COMBINE of a window launch (fzp may be NULL: none),
+ * with FuseCombine::pair set from the tensors' alignment. */
+inline FuseCombine fuse_combine_args(const Geom &g, int mode, const FuseCombine *fzp)
+{
+    FuseCombine fz = {};
+    if (!fzp || mode != 2) return fz;
+    fz = *fzp;
+    /* element pairs (col, col + 1) at even col: 8 bytes of fp32, 4 of the output type */
+    auto even = [](const void *p, int64_t st, int64_t sh, size_t align) {
+        return !p || ((uintptr_t)p % align == 0 && st % 2 == 0 && sh % 2 == 0);
+    };
+    fz.pair = g.Dv % 2 == 0 && even(fz.ob[0].p, fz.ob[0].st, fz.ob[0].sh, 8) &&
+              even(fz.ob[1].p, fz.ob[1].st, fz.ob[1].sh, 8) && even(fz.out.p, fz.out.st, fz.out.sh, 4);
+    return fz;
+}
+
+/* Host side: launches selected-attention kernel slc_sm80_g16_kernel, `tok`
+ * consecutive tokens of one KV group per CTA. */
 template <typename T, typename Kernel>
-static cudaError_t launch_slc_tokens(Kernel kern, int tok, int threads, size_t smem, const Geom &g, View q, View k,
-                                     View v, View idx, MView o, MView lse, cudaStream_t s)
+static cudaError_t launch_slc_tokens(Kernel kern, int tok, int threads, size_t smem, const Dev &dev, const Geom &g,
+                                     View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = launch_smem(kern, dev, smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)((g.T + tok - 1) / tok), (unsigned)g.Hkv);
     kern<<<grid, threads, smem, s>>>(g, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st,
@@ -433,7 +465,7 @@ static cudaError_t launch_slc_tokens(Kernel kern, int tok, int threads, size_t s
 }
 
 /* `return FN<T, DQK, DV>(args...)` for the call's 16-bit dtype and the padded
- * dims 32/32, 64/64, 128/128 or 192/128 (the launchers of slc_mt, slc_fs). */
+ * dims 32/32, 64/64, 128/128 or 192/128 (the launcher of slc_sm80_g16). */
 #define NSA_SLC_DIMS(FN, T, dqkp, dvp, ...)                                                                      \
     switch ((dqkp) * 1000 + (dvp)) {                                                                             \
     case 32032: return FN<T, 32, 32>(__VA_ARGS__);                                                               \
@@ -450,8 +482,8 @@ static cudaError_t launch_slc_tokens(Kernel kern, int tok, int threads, size_t s
     } while (0)
 
 /* `return FN<T, MODE>(args...)` for the call's 16-bit dtype (g.dtype 1 f16,
- * 2 bf16) and branch mode (0 compressed, 2 window): the launchers of attn_tc
- * and attn_wg. */
+ * 2 bf16) and branch mode (0 compressed, 2 window): the launchers of attn_sm80
+ * and attn_sm90. */
 #define NSA_ATTN_DISPATCH(FN, g, mode, ...)                                                                      \
     do {                                                                                                         \
         if ((g).dtype == 1)                                                                                      \
@@ -461,7 +493,7 @@ static cudaError_t launch_slc_tokens(Kernel kern, int tok, int threads, size_t s
         return cudaErrorInvalidValue;                                                                            \
     } while (0)
 
-/* The end of the compressed / window tile kernels (attn_tc, attn_wg): stores
+/* The end of the compressed / window tile kernels (attn_sm80, attn_sm90): stores
  * the warp's 16 rows (o, lse), or for the window branch with fz.out set
  * computes COMBINE in place: the combine kernel's sum, term by term. */
 template <typename T, int MODE, int NO>

@@ -10,9 +10,9 @@
  *   and when it is done reading the tile it arrives on the tile's "empty"
  *   barrier, which the issuing thread waits on before it refills the buffer.
  *
- * Why (NOTES.md, v8): with cp.async every thread computed the swizzled
+ * Why (docs/cuda.md): with cp.async every thread computed the swizzled
  * addresses of its share of every tile (about 120 instructions per thread per
- * 64-key K tile in scores_wt), and the CTA barrier per tile kept the two
+ * 64-key K tile in scores_sm90), and the CTA barrier per tile kept the two
  * warpgroups in lock-step.
  *
  * Host side: a CUtensorMap per tensor (tma_map_rows), encoded through the

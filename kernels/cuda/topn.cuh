@@ -1,6 +1,6 @@
 /*
  * topn.cuh -- the ranking of SELECT_TOPN (semantics section 3), shared by the
- * plain top-n kernel (topn.cu) and the fused SCORES_TOPN kernel (scores.cu),
+ * plain top-n kernel (topn.cu) and the fused SCORES_TOPN kernels (scores_sm80.cu, scores_sm90.cu),
  * so that both pick bitwise the same blocks from the same f32 scores.
  *
  * Every eligible block j gets a unique 64-bit rank key:
@@ -90,7 +90,9 @@ NSA_DEV bool warp_nth_key(const uint64_t (&kc)[32], int n, uint64_t *cand, int l
  * entries of scratch (warp_nth_key). The whole warp must call it (shuffles,
  * ballots). Same keys and the same threshold rule as topn_kernel: the n-th
  * largest key, then every block whose key is at least that, in ascending j,
- * -1 padded. */
+ * -1 padded. ROUNDS: the threshold by the n rounds alone, never by the
+ * filter (tests/test_topn.cu checks both ways against a CPU ranking). */
+template <bool ROUNDS = false>
 NSA_DEV void warp_select_row(const Geom &g, const float *row, int64_t tl, int *dst, int lane, uint64_t *cand)
 {
     const int64_t cur = nsa_slc_last(tl, g.ls), E = cur + 1;
@@ -112,7 +114,7 @@ NSA_DEV void warp_select_row(const Geom &g, const float *row, int64_t tl, int *d
             const int64_t j = (int64_t)u * 32 + lane;
             kc[u] = j < E ? key(j) : 0;
         }
-        if (g.n > 32 || g.topn_rounds || !warp_nth_key(kc, (int)g.n, cand, lane, prev)) {
+        if (g.n > 32 || ROUNDS || !warp_nth_key(kc, (int)g.n, cand, lane, prev)) {
             const int nu = (int)((E + 31) / 32);
             for (int64_t r = 0; r < g.n; r++) {
                 uint64_t best = 0;

@@ -6,7 +6,7 @@
  *
  * Only code compiled for sm_90a may run these instructions; NSA_WGMMA is
  * defined in that compilation and kernels guard their wgmma bodies with it
- * (attn_wg.cu: the host asks a probe kernel which code the device runs).
+ * (attn_sm90.cu: the host asks a probe kernel which code the device runs).
  *
  * Layouts (the PTX ISA, "asynchronous warpgroup level matrix"):
  *   accumulator m64nN, per warp w of the warpgroup: rows 16w .. 16w+15,
@@ -59,7 +59,7 @@ NSA_DEV uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); 
 
 /* The fences and waits compile to nothing for targets without wgmma, so that
  * code shared with the mma.sync kernels builds for every listed target (the
- * wgmma kernels never run there: the host asks attn_wg_available()). */
+ * wgmma kernels never run there: the host asks sm90a_available()). */
 NSA_DEV void wg_fence()
 {
 #ifdef NSA_WGMMA

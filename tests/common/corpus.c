@@ -60,7 +60,7 @@ static const spec full_specs[] = {
     {"G16", "H=16/1 D=4/3 T=70"},
     {"G16-hkv2", "H=32/2 D=3/3 T=60"},
     {"G3-hkv3", "H=9/3 D=5/3 T=45 n=2 o=1 i=0"},
-    /* G = 16 with Dqk in (128, 192]: CUDA's slc_mt path, also with l_s < 64 (v6) */
+    /* G = 16 with Dqk in (128, 192]: CUDA's slc_sm80_g16 at padded Dqk 192, also with l_s < 64 */
     {"G16-D160-ls32", "H=16/1 D=160/96 l=16 d=8 s=32 n=4 i=1 o=2 w=64 T=200"},
     {"G16-D192-ls64", "H=16/1 D=192/128 l=32 d=16 s=64 n=4 i=1 o=2 w=128 T=333"},
     /* head dims */

@@ -6,13 +6,20 @@
  * Why: at T = 64k, slc_fs (16-byte-padded rows) read 170 GB from L2 for about
  * 115 GB of K/V, and with 16-byte chunks XOR-swizzled inside 256-byte rows
  * 227 GB; attn_wg and scores_wt (128-byte-swizzled panels, contiguous source
- * rows) read what they use (NOTES.md, v7). Each kernel here copies the same
+ * rows) read what they use (docs/cuda-results.md, v7). Each kernel here copies the same
  * random 16-row chunks of 256-byte rows, one warp per chunk as slc_fs's phase 2
  * does, into one of the layouts below (its buffer 1024-byte aligned, or 16
  * bytes past that: "base +16"), and does nothing else. Run it under
  *   ncu --metrics lts__t_sectors_srcunit_tex_op_read.sum,gpu__time_duration.sum ./ldgsts_l2
  * and divide each kernel's sectors by the "data sectors" it prints
  * (backends/cuda/device_check.sh, step ldgsts). Build: nvcc -O3 -arch=sm_80 or newer.
+ *
+ * Measured (H200, 2026-12-01, v8 call 1; slc_fs is today's slc_sm80_g16, attn_wg
+ * attn_sm90, scores_wt scores_sm90): L2 sectors per data sector 1.00 for plain rows,
+ * panels, the 256-byte swizzle and 32-byte-padded rows on an aligned base; 1.50 for
+ * 16-byte-padded rows (1.47x the time); 2.00 for any layout 16 bytes off (1.95x);
+ * the same for 256-byte and 1 KB source strides. So a 32-byte sector is read twice
+ * when its shared-memory destination straddles a 32-byte boundary.
  */
 #include <cstdint>
 #include <cstdio>

@@ -1,7 +1,10 @@
 /*
- * slc_tc.cu -- version 2 of the selected branch: group-centric selected
- * attention on the tensor cores (sm_80+, f16 / bf16), after the paper's
- * kernel design (section 3.3 of Yuan et al.).
+ * slc_sm80.cu -- the selected branch on mma.sync for any G: group-centric
+ * selected attention on the tensor cores (sm_80+, f16 / bf16), after the
+ * paper's kernel design (section 3.3 of Yuan et al.). slc_sm80_g16.cu takes
+ * G = 16 where it can (8 tokens per CTA sharing their common blocks); this
+ * kernel runs for every other G and for K/V rows that are not 16-byte
+ * aligned (it loads those element by element).
  *
  * One CTA per (token, KV group, chunk of 16 query heads). All query heads of
  * the chunk share every fetch of a selected K/V block: they are the 16 MMA
@@ -21,18 +24,19 @@
  * merged in shared memory in a fixed order (reproducible).
  *
  * Bytes: n * l_s * (Dqk + Dv) * 2 per (token, group): 512 KB at the paper's
- * shape with D = 128, so the branch is bound by L2/HBM traffic; the grid is
- * ordered group-major so one group's K/V (T * 512 B) stays in L2.
+ * shape with D = 128, so the branch is bound by the L2 -> SM stream of K/V
+ * blocks; the grid is ordered token-fastest so that the resident CTAs work on
+ * one KV group, whose K/V (T * 512 B) stays in L2.
  */
 #include "tile_qk.cuh"
 
 namespace nsa_cuda {
 
-constexpr int SLC_THREADS = 128, SLC_KB = 64;
+constexpr int SLC_THREADS = 128; /* SLC_KB (tiles.h): keys per sub-tile */
 
 template <typename T, int DQK, int DV>
 __global__ void __launch_bounds__(SLC_THREADS)
-    slc_tc_kernel(const Geom g, int nchunk, const T *__restrict__ q, int64_t qst, int64_t qsh,
+    slc_sm80_kernel(const Geom g, int nchunk, const T *__restrict__ q, int64_t qst, int64_t qsh,
                   const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst,
                   int64_t vsh, bool qvec, bool kvvec, const int *idx, int64_t ist, int64_t ish, float *o,
                   int64_t ost, int64_t osh, float *lse, int64_t lst, int64_t lsh)
@@ -182,55 +186,45 @@ __global__ void __launch_bounds__(SLC_THREADS)
     }
 }
 
-size_t slc_tc_smem(int dqkp, int dvp, int64_t n, int64_t ls)
-{
-    const int64_t nsubmax = n * ((ls + SLC_KB - 1) / SLC_KB);
-    size_t smem = 2 * (size_t)(16 * (dqkp + 8) + 2 * SLC_KB * (dqkp + 8) + 2 * SLC_KB * (dvp + 8)) +
-                  (size_t)nsubmax * (sizeof(int64_t) + sizeof(int));
-    const size_t merge = 2 * (size_t)(16 * (dqkp + 8)) + sizeof(float) * (size_t)(192 + 64 * dvp);
-    return merge > smem ? merge : smem;
-}
-
 template <typename T, int DQK, int DV>
-static cudaError_t launch_slc(const Geom &g, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
+static cudaError_t launch_slc(const Dev &dev, const Geom &g, View q, View k, View v, View idx, MView o, MView lse,
+                              cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
-    const size_t smem = slc_tc_smem(DQK, DV, g.n, g.ls);
-    if (smem > 200 * 1024) return cudaErrorInvalidConfiguration;
-    cudaError_t e = cudaFuncSetAttribute(slc_tc_kernel<T, DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+    size_t smem = slc_sm80_smem(DQK, DV, g.n, g.ls);
+    cudaError_t e = launch_smem(slc_sm80_kernel<T, DQK, DV>, dev, smem);
     if (e != cudaSuccess) return e;
     const int nchunk = (int)((g.G + 15) / 16);
     const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
     const bool kvvec = vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv) && rs32_ok(k.st, SLC_KB) &&
                        rs32_ok(v.st, SLC_KB);
     const dim3 grid((unsigned)g.T, (unsigned)(g.Hkv * nchunk));
-    slc_tc_kernel<T, DQK, DV><<<grid, SLC_THREADS, smem, s>>>(
+    slc_sm80_kernel<T, DQK, DV><<<grid, SLC_THREADS, smem, s>>>(
         g, nchunk, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh, qvec, kvvec,
         (const int *)idx.p, idx.st, idx.sh, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh);
     return cudaGetLastError();
 }
 
 template <typename T>
-static cudaError_t slc_tc_t(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
-                            cudaStream_t s)
+static cudaError_t slc_sm80_t(const Dev &dev, const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx,
+                              MView o, MView lse, cudaStream_t s)
 {
     switch (dqkp * 1000 + dvp) {
-    case 32032: return launch_slc<T, 32, 32>(g, q, k, v, idx, o, lse, s);
-    case 64064: return launch_slc<T, 64, 64>(g, q, k, v, idx, o, lse, s);
-    case 128128: return launch_slc<T, 128, 128>(g, q, k, v, idx, o, lse, s);
-    case 192128: return launch_slc<T, 192, 128>(g, q, k, v, idx, o, lse, s);
-    case 256256: return launch_slc<T, 256, 256>(g, q, k, v, idx, o, lse, s);
+    case 32032: return launch_slc<T, 32, 32>(dev, g, q, k, v, idx, o, lse, s);
+    case 64064: return launch_slc<T, 64, 64>(dev, g, q, k, v, idx, o, lse, s);
+    case 128128: return launch_slc<T, 128, 128>(dev, g, q, k, v, idx, o, lse, s);
+    case 192128: return launch_slc<T, 192, 128>(dev, g, q, k, v, idx, o, lse, s);
+    case 256256: return launch_slc<T, 256, 256>(dev, g, q, k, v, idx, o, lse, s);
     default: return cudaErrorInvalidValue;
     }
 }
 
-cudaError_t slc_tc(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
-                   cudaStream_t s)
+cudaError_t slc_sm80(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
+                     MView lse, cudaStream_t s)
 {
     if (g.T == 0) return cudaSuccess;
-    if (g.dtype == 1) return slc_tc_t<__half>(g, dqkp, dvp, q, k, v, idx, o, lse, s);
-    if (g.dtype == 2) return slc_tc_t<__nv_bfloat16>(g, dqkp, dvp, q, k, v, idx, o, lse, s);
+    if (g.dtype == 1) return slc_sm80_t<__half>(dev, g, dqkp, dvp, q, k, v, idx, o, lse, s);
+    if (g.dtype == 2) return slc_sm80_t<__nv_bfloat16>(dev, g, dqkp, dvp, q, k, v, idx, o, lse, s);
     return cudaErrorInvalidValue;
 }
 

@@ -1,18 +1,15 @@
 /*
- * scores_wt.cu -- version 6 of BLOCK_SCORES (+ SELECT_TOPN) for G = 16 on
- * Hopper (sm_90a): the product transposed, S^T = K Q^T, so that the group
- * sum over a token's 16 heads runs mostly inside each thread.
+ * scores_sm90.cu -- BLOCK_SCORES (+ SELECT_TOPN) for G = 16 on Hopper (the
+ * sm90 class, sm_90a code): the product transposed, S^T = K Q^T, so that the
+ * group sum over a token's 16 heads runs mostly inside each thread.
  *
- * What scores.cu's WG kernel (v5) computes, rows = (token, head): every thread
- * holds 2 heads of a column, so the sum over 16 heads took 3 shuffles per
- * column pair, 48 per 64-key tile per warp, and the kernel was bound by
- * instruction issue (ncu, 64k: ALU the top pipe, 6.6 G instructions).
- *
- * Here the wgmma's M is 64 compressed keys and its N is 64 columns =
- * 4 tokens x 16 heads (head fastest), one such product per warpgroup:
+ * With rows = (token, head), as in scores_sm80's G = 16 kernel, every thread
+ * holds 2 heads of a column, so the sum over 16 heads takes 3 shuffles per
+ * column pair, 48 per 64-key tile per warp. Here the wgmma's M is 64
+ * compressed keys and its N is 64 columns = 4 tokens x 16 heads (head
+ * fastest), one such product per warpgroup:
  *   A = the K tile (64 keys x Dqk), B = the warpgroup's 64 Q rows, both
- *   K-major from 128-byte-swizzled shared memory (the layouts of v5, with
- *   the operands swapped).
+ *   K-major from 128-byte-swizzled shared memory.
  * The accumulator gives thread (lane, warp w of the warpgroup) keys
  * 16w + lane/4 and +8, and, of every token, the heads 2c, 2c+1, 8+2c, 9+2c
  * (c = lane % 4). So a token's group sum is 3 adds in the thread, then a
@@ -20,31 +17,21 @@
  * lane c with the full sums of token c: 6 shuffles per thread per tile
  * instead of 48. The sums go to a [token][key] tile in shared memory, and
  * each warp maps one token's sums onto its score row (scores_map.cuh); the
- * rows stay in shared memory (the launcher refuses where they do not fit)
- * and are ranked at the end (topn.cuh), or written out when the plain
+ * rows stay in shared memory (the chooser takes this kernel only where they
+ * fit) and are ranked at the end (topn.cuh), or written out when the plain
  * BLOCK_SCORES stage runs.
  *
- * Measured (H200, T = 64k, bf16, fused scores + top-n): v5 13.44 ms, v6 12.94 ms
- * at Dqk 128; 10.85 ms with the filtering top-n (topn.cuh) and descriptors
- * built once per tile (desc_at), which v5 has too (15.2 ms at Dqk 192). At
- * Dqk 192 v6 needs 131 KB of shared memory, so one CTA per SM, and took
- * 20.5 ms against v5's 17.9 (two CTAs of 32-key tiles). With one K buffer
- * (v7, the default) two CTAs fit: 15.2 -> 12.1 ms at Dqk 192. v8: K tiles
- * through the TMA (tma.cuh) with mbarriers instead of cp.async and a CTA
- * barrier per tile, 10.8 -> 9.6 / 12.0 -> 11.4 ms (D 128 / Dqk 192); the
- * map table built from each entry's run of rows (scores_map.cuh) instead of
- * a 64-row loop on warp 0 before the first barrier: 8.9 / 10.4 ms (the
- * default; NSA_CUDA_TMA=0 restores the cp.async loads). The 48 shuffles were not what bound v5; ncu (T = 32k)
- * shows the CTA barrier and fixed-latency waits as the top stalls, and
- * integer work (tile loads, descriptors, the old top-n rounds) as most of the
- * instructions.
- *
- * CTA: the tile of scores.cu (8 tokens x 16 heads, tile_qk.cuh), 2 warpgroups
- * (tokens 0-3 and 4-7) sharing each K tile of 64 keys (cp.async double
- * buffer). Per tile: one CTA barrier (the buffer), one warpgroup barrier
- * (the sums tile). Numerics: p = 2^(s * scale * log2e - lse * log2e) as in
- * v5, summed in another order (the scores differ from v5's by fp32
- * rounding; near-ties are judged as such by the parity tests).
+ * CTA: the tile of scores_sm80 (8 tokens x 16 heads, tile_qk.cuh), 2
+ * warpgroups (tokens 0-3 and 4-7) sharing each K tile of 64 keys. Thread 0
+ * fetches the K tiles through the TMA (tma.cuh) into mbarrier-tracked
+ * buffers, so no CTA barrier is left in the loop; the sums tile is double-
+ * buffered by tile parity, so one warpgroup barrier per tile orders its
+ * writes after the last reads of the same buffer. Without a tensor map
+ * (a driver without cuTensorMapEncodeTiled) the tiles come by cp.async with a
+ * CTA barrier per tile. Two K buffers at Dqk 64 / 128; one at Dqk 192, so
+ * that two CTAs fit per SM (tiles.h). Numerics: p = 2^(s * scale * log2e -
+ * lse * log2e) as in scores_sm80, summed in another order (the scores differ
+ * by fp32 rounding; near-ties are judged as such by the parity tests).
  */
 #include "scores_map.cuh"
 #include "tile_qk.cuh"
@@ -54,18 +41,8 @@
 
 namespace nsa_cuda {
 
-constexpr int WT_BN = 64;        /* keys per tile: the M of one wgmma */
-constexpr int WT_SC = WT_BN + 8; /* row stride (floats) of the sums tile: the 4 lanes of a quad write 4 rows */
-
-/* NB: K tile buffers. 2 (Dqk 64 / 128): tile kt+1 is fetched while tile kt is
- * worked on. 1 (Dqk 192; NSA_CUDA_SCORES_WT=128 turns it off): 110 KB at
- * T = 64k, so two CTAs per SM fit, and each overlaps the other's fetch
- * instead of its own (12.1 ms at 64k; with 2 buffers: 131 KB, one CTA,
- * 20.5 ms; v5: 15.2). */
-template <int DQK, int NB> constexpr size_t scores_wt_smem_t()
-{
-    return 1024 + 2 * (size_t)(TC_BM * DQK + NB * WT_BN * DQK) + sizeof(float) * (size_t)(2 * (TC_BM / 16) * WT_SC);
-}
+constexpr int S90_BN = 64;        /* keys per tile: the M of one wgmma */
+constexpr int S90_SC = S90_BN + 8; /* row stride (floats) of the sums tile: the 4 lanes of a quad write 4 rows */
 
 /* barrier of warpgroup wg's 128 threads (named barriers 1 and 2; 0 is __syncthreads) */
 NSA_DEV void wg_bar(int wg)
@@ -76,27 +53,23 @@ NSA_DEV void wg_bar(int wg)
         asm volatile("bar.sync 2, 128;\n" ::: "memory");
 }
 
-/* two CTAs per SM (101 KB of shared memory at T = 64k for Dqk 128; NB above).
- * TMA (v8, tma.cuh): thread 0 fetches the K tiles through the tensor map tm.k
- * into mbarrier-tracked buffers; no CTA barrier per tile. The sums tile is
- * then double-buffered (by tile parity), so that one warpgroup barrier per
- * tile still orders its writes after the last reads of the same buffer. */
+/* two CTAs per SM (101 KB of shared memory at T = 64k for Dqk 128) */
 template <typename T, int DQK, bool FUSED, int NB, bool TMA>
 __global__ void __launch_bounds__(TC_THREADS, 2)
-    scores_wt_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
+    scores_sm90_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                      const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec, const float *lse, int64_t lst,
                      int64_t lsh, float *sc, int64_t sst, int64_t ssh, int accw, int *idx, int64_t ist, int64_t ish,
                      const __grid_constant__ TmaKV tm)
 {
 #ifdef NSA_WGMMA
-    constexpr int BM = TC_BM, NT = TC_THREADS, BN = WT_BN, NTOK = TC_BM / 16;
+    constexpr int BM = TC_BM, NT = TC_THREADS, BN = S90_BN, NTOK = TC_BM / 16;
     constexpr uint32_t QB = BM * DQK * 2, KB = BN * DQK * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     /* swizzle atoms need 1024-byte alignment; the launcher added 1 KB */
     unsigned char *const sQ = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     unsigned char *const sK = sQ + QB;                 /* [NB][BN][DQK] */
-    float *const sC0 = (float *)(sK + NB * KB);        /* [2][NTOK][WT_SC] group sums of the tile */
-    float *const sAcc = sC0 + 2 * NTOK * WT_SC;        /* [NTOK][accw] score rows */
+    float *const sC0 = (float *)(sK + NB * KB);        /* [2][NTOK][S90_SC] group sums of the tile */
+    float *const sAcc = sC0 + 2 * NTOK * S90_SC;        /* [NTOK][accw] score rows */
     __shared__ MapTab sTab;
     __shared__ __align__(8) uint64_t full[NB], empty[NB]; /* TMA: tile landed / every warp done with it */
 
@@ -178,7 +151,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
     }
     for (int64_t kt = 0; kt < nkt; kt++) {
         const int buf = NB == 2 ? (int)(kt & 1) : 0;
-        float *const sC = sC0 + (TMA ? (int)(kt & 1) : 0) * NTOK * WT_SC;
+        float *const sC = sC0 + (TMA ? (int)(kt & 1) : 0) * NTOK * S90_SC;
         if constexpr (TMA) {
             /* thread 0 refills the buffer of tile kt - 1 once every warp is done with it: tile kt (one buffer)
              * or tile kt + 1 (two) */
@@ -265,7 +238,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
                 const float send = b1 ? v[r][2 * pr] : v[r][2 * pr + 1];
                 w1[r][pr] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
             }
-        float *const crow = sC + (wg * 4 + cq) * WT_SC;
+        float *const crow = sC + (wg * 4 + cq) * S90_SC;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float keep = b2 ? w1[r][1] : w1[r][0];
@@ -274,7 +247,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
         }
         wg_bar(wg); /* the warpgroup's sums are in sC */
         if (mtok < c.ntok && ks < mnc)
-            map_tile_row(g, sTab, tab_ne, tab_per, BN, kt, khi, mnc, sC + mtok * WT_SC, mrow, lane);
+            map_tile_row(g, sTab, tab_ne, tab_per, BN, kt, khi, mnc, sC + mtok * S90_SC, mrow, lane);
     }
     __syncthreads(); /* the rows are complete (and, with TMA, every issued tile has landed: each was waited for) */
     if (FUSED) { /* the K tiles' memory holds the ranking's scratch */
@@ -289,21 +262,18 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
 }
 
 template <typename T, int DQK, int NB>
-static cudaError_t launch_wt(const Geom &g, const Tiles &tl, View q, View kc, View lse, MView sc, MView idx,
-                             cudaStream_t s)
+static cudaError_t launch_sm90(const Dev &dev, const Geom &g, const Tiles &tl, View q, View kc, View lse, MView sc,
+                               MView idx, cudaStream_t s)
 {
-    const size_t acc = sizeof(float) * (size_t)tl.qt * (size_t)g.max_ns;
-    const size_t smem = scores_wt_smem_t<DQK, NB>() + acc;
-    if (g.G != 16 || tl.nchunk != 1 || tl.qt != TC_BM / 16 || (int64_t)smem > g.smem_optin ||
-        !rs32_ok(kc.st, WT_BN))
-        return cudaErrorInvalidConfiguration;
+    size_t smem = scores_sm90_g16_smem(DQK, NB) + scores_rows_smem(tl.qt, g.max_ns);
+    if (g.G != 16 || tl.nchunk != 1 || tl.qt != TC_BM / 16 || !rs32_ok(kc.st, S90_BN)) return cudaErrorInvalidValue;
     /* the packed compressed keys [total_cmp][Hkv][DQK] through the TMA where the map can be made */
     TmaKV tm = {};
-    tm.ok = g.tma && tma_map_rows(&tm.k, kc.p, g.total_cmp, g.Hkv, DQK, kc.st, kc.sh, WT_BN);
+    tm.ok = tma_map_rows(&tm.k, kc.p, g.total_cmp, g.Hkv, DQK, kc.st, kc.sh, S90_BN);
     const bool fused = idx.p != nullptr;
-    auto kern = fused ? (tm.ok ? scores_wt_kernel<T, DQK, true, NB, true> : scores_wt_kernel<T, DQK, true, NB, false>)
-                      : (tm.ok ? scores_wt_kernel<T, DQK, false, NB, true> : scores_wt_kernel<T, DQK, false, NB, false>);
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    auto kern = fused ? (tm.ok ? scores_sm90_kernel<T, DQK, true, NB, true> : scores_sm90_kernel<T, DQK, true, NB, false>)
+                      : (tm.ok ? scores_sm90_kernel<T, DQK, false, NB, true> : scores_sm90_kernel<T, DQK, false, NB, false>);
+    cudaError_t e = launch_smem(kern, dev, smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
     kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, kc.st, kc.sh,
@@ -312,23 +282,23 @@ static cudaError_t launch_wt(const Geom &g, const Tiles &tl, View q, View kc, Vi
     return cudaGetLastError();
 }
 
-cudaError_t scores_wt(const Geom &g, const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc, MView idx,
-                      cudaStream_t s)
+cudaError_t scores_sm90_g16(const Geom &g, const Dev &dev, const ScoresTile &tile, const Tiles &tl, int dqkp, View q,
+                            View kc, View lse, MView sc, MView idx, cudaStream_t s)
 {
-    if (tl.count == 0) return cudaSuccess;
+    if (tl.count == 0 || (idx.p && g.n == 0)) return cudaSuccess;
     if (g.dtype != 1 && g.dtype != 2) return cudaErrorInvalidValue;
-#define NSA_WT(DQK, NB)                                                                                          \
-    return g.dtype == 1 ? launch_wt<__half, DQK, NB>(g, tl, q, kc, lse, sc, idx, s)                               \
-                        : launch_wt<__nv_bfloat16, DQK, NB>(g, tl, q, kc, lse, sc, idx, s)
+    const ScoresTile want = pick_scores_sm90_g16(dqkp, 0, INT64_MAX);
+    if (tile.bn != want.bn || tile.nb != want.nb) return cudaErrorInvalidValue;
+#define NSA_SM90(DQK, NB)                                                                                        \
+    return g.dtype == 1 ? launch_sm90<__half, DQK, NB>(dev, g, tl, q, kc, lse, sc, idx, s)                         \
+                        : launch_sm90<__nv_bfloat16, DQK, NB>(dev, g, tl, q, kc, lse, sc, idx, s)
     switch (dqkp) {
-    case 64: NSA_WT(64, 2);
-    case 128: NSA_WT(128, 2);
-    case 192: /* one buffer (two buffers: one CTA per SM, slower than v5) */
-        if (g.scores_wt == 2) NSA_WT(192, 1);
-        return cudaErrorInvalidConfiguration;
-    default: return cudaErrorInvalidConfiguration;
+    case 64: NSA_SM90(64, 2);
+    case 128: NSA_SM90(128, 2);
+    case 192: NSA_SM90(192, 1);
+    default: return cudaErrorInvalidValue;
     }
-#undef NSA_WT
+#undef NSA_SM90
 }
 
 } // namespace nsa_cuda

@@ -1,18 +1,18 @@
 /*
- * slc_fs.cu -- version 4 of the selected branch (G = 16, l_s <= 64, n <= 32;
- * the default on sm_90 devices since v7, NSA_CUDA_SLC=fs elsewhere): 8
- * consecutive tokens per CTA fetch the blocks they all selected once, and each
- * warp streams the rest of its token's blocks on its own, without CTA barriers.
+ * slc_sm80_g16.cu -- the selected branch for G = 16 (l_s <= 64, n <= 32) on
+ * mma.sync and cp.async (every sm_80+ device; the selected kernel of every
+ * class): 8 consecutive tokens per CTA fetch the blocks they all selected
+ * once, and each warp streams the rest of its token's blocks on its own,
+ * without CTA barriers.
  *
- * Why: slc_tc (v2) is bound by the L2 -> SM stream of K/V blocks (v4 ncu: L2
- * 82 %, 134 GB at T = 64k). The 8 tokens of a CTA lie in one selection block
- * (8 divides l_s = 64), so they all select its forced blocks (the first and
- * the two local ones): 3 of every token's 16, fetched 8 times by slc_tc. Here
- * they are fetched once: 3 + 8 x 13 = 107 fetches instead of 128 (-16 %) on
- * random inputs, more where tokens agree. slc_mt (v3) shares the whole union
- * of 4 tokens, but one warp computes each union block while the others wait
- * at the CTA barrier; the blocks here are either used by every warp (phase 1)
- * or by one warp alone (phase 2), so no warp waits on another's block.
+ * Why: one CTA per token (slc_sm80) is bound by the L2 -> SM stream of K/V
+ * blocks (134 GB at T = 64k at the paper's shape). The 8 tokens of a CTA lie
+ * in one selection block (8 divides l_s = 64), so they all select its forced
+ * blocks (the first and the two local ones): 3 of every token's 16, fetched
+ * once here instead of 8 times: 3 + 8 x 13 = 107 fetches instead of 128 on
+ * random inputs, more where tokens agree. The blocks are either used by every
+ * warp (phase 1) or by one warp alone (phase 2), so no warp waits on
+ * another's block.
  *
  * CTA: 8 warps, warp w = token t0 + w, its 16 query heads as the 16 rows of
  * mma.sync m16n8k16 (fragments of Q kept in registers).
@@ -24,39 +24,21 @@
  *            cp.async double buffer; every warp computes its rows on all of
  *            it, keys past its own token masked.
  *   phase 2  the warp's other blocks in 16-key chunks through its own
- *            cp.async double buffer (synchronised with __syncwarp only); the
- *            warp's list is compacted first, so the next chunk is one step
- *            (and its shared-memory reads overlap the current chunk's work).
+ *            cp.async buffers (1 to 3; synchronised with __syncwarp only);
+ *            the warp's list is compacted first, so the next chunk is one
+ *            step (and its shared-memory reads overlap the current chunk's
+ *            work).
  * One online softmax per warp over both phases (warp_softmax_step), keys in a
  * fixed order (shared blocks first, then the token's list order): results are
- * reproducible and differ from slc_tc only by the fp32 summation order.
+ * reproducible and differ from slc_sm80 only by the fp32 summation order.
  *
- * Shared memory: the Q tile at the start, then phase 1's tiles, then the 8
- * warps' chunk buffers, in one region: 139 KB at D 128, 172 KB at Dqk 192,
- * plus the lists; one CTA (8 warps) per SM.
- *
- * Measured (H200, T = 64k, bf16, slc_attn in ms, D 128 / Dqk 192; NOTES.md "v7"):
- *   slc_tc 23.1 / -, slc_mt - / 28.7 (the v6 defaults); slc_fs as first
- *   written 20.4 / 24.4; with the compacted list 19.2 / 23.5 (the default).
- *   Three chunk buffers per warp (204 KB at D 128) measured slower: 19.9.
- *   ncu: L2 78 % busy, 2 warps per scheduler, 0.37 eligible; the SMs read
- *   170 GB from L2 for about 115 GB of K/V blocks: cp.async into these
- *   16-byte-padded rows reads about 1.5 sectors per sector of data. Unpadded
- *   rows with XOR-swizzled 16-byte chunks (the attn_wg swizzle inside one
- *   256-byte row) read 227 GB and took 24.7 ms; attn_wg and scores_wt, whose
- *   128-byte-swizzled panels are filled from contiguous rows, read what they
- *   use. A likely rule, which fits all four: cp.async reads a 32-byte sector
- *   twice when its shared-memory destination straddles a 32-byte boundary.
- *   Padded rows do that on every other row. The swizzled rows sat in a dynamic
- *   region that (after 3728 bytes of static shared memory) starts 16 bytes
- *   into a sector, so every row did. PANEL (NSA_CUDA_SLC=fsp, and fsp3 with
- *   three chunk buffers per warp) keeps K/V in attn_wg's panels on a 128-byte
- *   boundary.
- * v8 (NOTES.md "v8"): the rule holds. backends/cuda/probes/ldgsts_l2.cu reads
- *   1.00 L2 sectors per data sector for plain, panel and swizzled rows on an
- *   aligned base, 1.50 for 16-byte-padded rows and 2.00 for any layout 16
- *   bytes off. PANEL reads 109 GB (D 128) and 140 GB (Dqk 192), 1.0x:
- *   fsp 15.2 / 20.7 ms, fsp3 14.9 / 20.5 (the sm_90 default since v8).
+ * K/V tiles live in 128-byte-swizzled panels where the dims are multiples of
+ * 64 (PanelTile; padded rows read 1.5x their bytes from L2, see tile_qk.cuh),
+ * else in 16-byte-padded rows. Shared memory: the Q tile at the start, then
+ * phase 1's tiles, then the warps' chunk buffers, in one region (tiles.h,
+ * slc_sm80_g16_smem: at D 128 192 KB with three chunk buffers, 128 with two,
+ * 64 with one; at Dqk 192 240 / 160 / 82); one CTA (8 warps, 212-255
+ * registers) per SM.
  */
 #include <type_traits>
 
@@ -64,24 +46,11 @@
 
 namespace nsa_cuda {
 
-constexpr int SFS_TOK = 8, SFS_THREADS = 32 * SFS_TOK, SFS_KB = 64, SFS_CK = 16, SFS_MAXN = 32;
+constexpr int SFS_THREADS = 32 * SFS_TOK; /* SFS_TOK, SFS_KB, SFS_CK, SFS_MAXN: tiles.h */
 
-/* K / V tiles in shared memory: padded rows, or with PANEL (NSA_CUDA_SLC=fsp, not
- * yet run on a GPU) attn_wg's 128-byte-swizzled panels (tile_qk.cuh, PanelTile) */
+/* K / V tiles in shared memory: 128-byte-swizzled panels (PANEL) or 16-byte-padded rows */
 template <bool PANEL, int D, int ROWS>
 using FsTile = typename std::conditional<PANEL, PanelTile<D, ROWS>, PadTile<D + 8, ROWS>>::type;
-
-/* NS: phase 2's chunk buffers per warp (NS - 1 chunks in flight while one is computed): 2, or 3 with
- * PANEL (NSA_CUDA_SLC=fsp3, where it fits; three padded buffers measured slower, v7) */
-template <int DQK, int DV, bool PANEL, int NS = 2> constexpr size_t slc_fs_smem_t()
-{
-    constexpr size_t SQ = DQK + 8;
-    constexpr size_t q = 2 * SFS_TOK * 16 * SQ; /* Q tile */
-    constexpr size_t p1 = 2 * 2 * (FsTile<PANEL, DQK, SFS_KB>::elems + FsTile<PANEL, DV, SFS_KB>::elems); /* phase 1 */
-    constexpr size_t p2 = 2 * SFS_TOK * NS *
-                          (FsTile<PANEL, DQK, SFS_CK>::elems + FsTile<PANEL, DV, SFS_CK>::elems); /* phase 2 */
-    return (PANEL ? 128 : 0) + (q > p1 ? (q > p2 ? q : p2) : (p1 > p2 ? p1 : p2));
-}
 
 /* One warp copies rows [0, ROWS) x dims [0, DP) of a 16-bit K/V chunk into
  * shared memory (layout L): row r < nvalid from base + r * rs, the rest and
@@ -102,24 +71,26 @@ NSA_DEV void warp_load_rows(T *dst, const T *base, int rs, int nvalid, int D, in
 
 template <typename T, int DQK, int DV, bool PANEL, int NS>
 __global__ void __launch_bounds__(SFS_THREADS, 1)
-    slc_fs_kernel(const Geom g, const T *__restrict__ q, int64_t qst, int64_t qsh, const T *__restrict__ k,
+    slc_sm80_g16_kernel(const Geom g, const T *__restrict__ q, int64_t qst, int64_t qsh, const T *__restrict__ k,
                   int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst, int64_t vsh, bool qvec,
                   const int *idx, int64_t ist, int64_t ish, float *o, int64_t ost, int64_t osh, float *lse,
                   int64_t lst, int64_t lsh)
 {
     constexpr int NT = SFS_THREADS, TOK = SFS_TOK, KB = SFS_KB, CK = SFS_CK, SQ = DQK + 8;
-    static_assert(NS == 2 || (NS == 3 && PANEL), "two chunk buffers, or three in panels");
+    static_assert(NS == 1 || NS == 2 || (NS == 3 && PANEL), "one or two chunk buffers, or three in panels");
     using LK1 = FsTile<PANEL, DQK, KB>; /* phase 1 tiles */
     using LV1 = FsTile<PANEL, DV, KB>;
     using LK2 = FsTile<PANEL, DQK, CK>; /* phase 2 chunks */
     using LV2 = FsTile<PANEL, DV, CK>;
+    static_assert(LK1::elems == sfs_tile_elems(PANEL, DQK, KB) && LV1::elems == sfs_tile_elems(PANEL, DV, KB) &&
+                      LK2::elems == sfs_tile_elems(PANEL, DQK, CK) && LV2::elems == sfs_tile_elems(PANEL, DV, CK),
+                  "the layout slc_sm80_g16_smem (tiles.h) sizes");
     extern __shared__ __align__(16) unsigned char smem_dyn[];
     /* PANEL: the region starts on a 128-byte boundary (the launcher added 128
      * bytes), so that every 32-byte sector a cp.async writes is an aligned one.
      * The dynamic region follows 3728 bytes of static shared memory here, so it
-     * most likely starts 16 bytes into a sector; that would explain why the
-     * swizzled rows tried in v7 read 2x from L2 (NOTES.md; probes/ldgsts_l2.cu
-     * measures the rule). */
+     * starts 16 bytes into a sector, where any layout reads 2 L2 sectors per
+     * data sector (dev/cuda/ldgsts_l2.cu). */
     unsigned char *const smem_raw = PANEL ? smem_dyn + ((128u - (smem_u32(smem_dyn) & 127u)) & 127u) : smem_dyn;
     T *const sQ = (T *)smem_raw;           /* [TOK * 16][SQ], until the fragments are in registers */
     T *const sK1 = (T *)smem_raw;          /* phase 1: 2 K tiles (LK1) */
@@ -321,74 +292,47 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
         [&](int i) { return lse ? lse + t * lst + (h0 + (lane >> 2) + 8 * i) * lsh : (float *)nullptr; });
 }
 
-/* panel: g.slc_panel (PanelTile rows), where the dims allow it (multiples of 64) */
-static bool fs_panel(const Geom &g, int dqkp, int dvp) { return g.slc_panel && dqkp % 64 == 0 && dvp % 64 == 0; }
-
-/* The kernel variant for dims DQK x DV: f(PANEL, NS) with both as
- * std::integral_constant; panels (and three buffers) only where the dims are
- * multiples of 64. One choice for the shared-memory size and the launch. */
-template <int DQK, int DV, typename F> static auto fs_variant(bool panel, int ns, F f)
+bool slc_sm80_g16_loads(const Geom &g, View k, View v)
 {
-    using P0 = std::false_type;
-    using P1 = std::true_type;
-    using N2 = std::integral_constant<int, 2>;
-    using N3 = std::integral_constant<int, 3>;
-    if constexpr (DQK % 64 == 0 && DV % 64 == 0) {
-        if (panel) return ns == 3 ? f(P1{}, N3{}) : f(P1{}, N2{});
-    }
-    return f(P0{}, N2{});
+    return vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv) && rs32_ok(k.st, SFS_KB) &&
+           rs32_ok(v.st, SFS_KB);
 }
 
-template <int DQK, int DV> static size_t fs_smem(bool panel, int ns)
+template <typename T, int DQK, int DV, bool PANEL, int NS>
+static cudaError_t launch_g16(const Dev &dev, const Geom &g, View q, View k, View v, View idx, MView o, MView lse,
+                              cudaStream_t s)
 {
-    return fs_variant<DQK, DV>(panel, ns, [](auto P, auto N) {
-        return slc_fs_smem_t<DQK, DV, decltype(P)::value, decltype(N)::value>();
-    });
+    return launch_slc_tokens<T>(slc_sm80_g16_kernel<T, DQK, DV, PANEL, NS>, SFS_TOK, SFS_THREADS,
+                                slc_sm80_g16_smem(DQK, DV, PANEL, NS), dev, g, q, k, v, idx, o, lse, s);
 }
 
-static size_t slc_fs_smem(int dqkp, int dvp, bool panel, int ns)
-{
-    switch (dqkp * 1000 + dvp) {
-    case 32032: return fs_smem<32, 32>(panel, ns);
-    case 64064: return fs_smem<64, 64>(panel, ns);
-    case 128128: return fs_smem<128, 128>(panel, ns);
-    case 192128: return fs_smem<192, 128>(panel, ns);
-    default: return 0;
-    }
-}
-
-/* chunk buffers per warp: 3 where g.slc_panel == 2 asks and they fit */
-static int fs_ns(const Geom &g, int dqkp, int dvp)
-{
-    const size_t s3 = slc_fs_smem(dqkp, dvp, true, 3);
-    return fs_panel(g, dqkp, dvp) && g.slc_panel == 2 && s3 > 0 && (int64_t)s3 <= g.smem_optin ? 3 : 2;
-}
-
-bool slc_fs_ok(const Geom &g, int dqkp, int dvp, View k, View v)
-{
-    const size_t smem = slc_fs_smem(dqkp, dvp, fs_panel(g, dqkp, dvp), fs_ns(g, dqkp, dvp));
-    return g.G == 16 && g.ls <= SFS_KB && g.n >= 1 && g.n <= SFS_MAXN && smem > 0 &&
-           (int64_t)smem <= g.smem_optin && vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv) &&
-           rs32_ok(k.st, SFS_KB) && rs32_ok(v.st, SFS_KB);
-}
-
+/* the instances: panels (1, 2 or 3 buffers) where the dims are multiples of 64, padded rows (1 or 2) elsewhere */
 template <typename T, int DQK, int DV>
-static cudaError_t launch_fs(const Geom &g, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
+static cudaError_t launch_g16_tile(const SlcTile &t, const Dev &dev, const Geom &g, View q, View k, View v, View idx,
+                                   MView o, MView lse, cudaStream_t s)
 {
-    return fs_variant<DQK, DV>(fs_panel(g, DQK, DV), fs_ns(g, DQK, DV), [&](auto P, auto N) {
-        constexpr bool PANEL = decltype(P)::value;
-        constexpr int NS = decltype(N)::value;
-        return launch_slc_tokens<T>(slc_fs_kernel<T, DQK, DV, PANEL, NS>, SFS_TOK, SFS_THREADS,
-                                    slc_fs_smem_t<DQK, DV, PANEL, NS>(), g, q, k, v, idx, o, lse, s);
-    });
+    if constexpr (DQK % 64 == 0 && DV % 64 == 0) {
+        if (!t.panel) return cudaErrorInvalidValue;
+        switch (t.ns) {
+        case 3: return launch_g16<T, DQK, DV, true, 3>(dev, g, q, k, v, idx, o, lse, s);
+        case 2: return launch_g16<T, DQK, DV, true, 2>(dev, g, q, k, v, idx, o, lse, s);
+        case 1: return launch_g16<T, DQK, DV, true, 1>(dev, g, q, k, v, idx, o, lse, s);
+        default: return cudaErrorInvalidValue;
+        }
+    } else {
+        if (t.panel || (t.ns != 2 && t.ns != 1)) return cudaErrorInvalidValue;
+        return t.ns == 2 ? launch_g16<T, DQK, DV, false, 2>(dev, g, q, k, v, idx, o, lse, s)
+                         : launch_g16<T, DQK, DV, false, 1>(dev, g, q, k, v, idx, o, lse, s);
+    }
 }
 
-cudaError_t slc_fs(const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx, MView o, MView lse,
-                   cudaStream_t s)
+cudaError_t slc_sm80_g16(const Geom &g, const Dev &dev, const SlcTile &tile, int dqkp, int dvp, View q, View k, View v,
+                         View idx, MView o, MView lse, cudaStream_t s)
 {
     if (g.T == 0) return cudaSuccess;
-    if (!slc_fs_ok(g, dqkp, dvp, k, v)) return cudaErrorInvalidValue;
-    NSA_SLC_DISPATCH(launch_fs, g, dqkp, dvp, g, q, k, v, idx, o, lse, s);
+    if (!tile.ok || !slc_sm80_g16_takes(g.G, g.ls, g.n, dqkp, dvp) || !slc_sm80_g16_loads(g, k, v))
+        return cudaErrorInvalidValue;
+    NSA_SLC_DISPATCH(launch_g16_tile, g, dqkp, dvp, tile, dev, g, q, k, v, idx, o, lse, s);
 }
 
 } // namespace nsa_cuda

@@ -1,0 +1,392 @@
+/*
+ * choose.cc -- the CUDA backend's kernel chooser (choose.h): per stage, the
+ * first kernel of the class's preference list that takes the plan's shape
+ * and whose tile fits the class's shared memory, else the reference kernel.
+ * The tile functions are in kernels/cuda/tiles.h; docs/cuda.md says why each
+ * class prefers what it does.
+ */
+#include "choose.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+namespace nsa_cuda {
+
+Limits class_limits(Cls cls)
+{
+    switch (cls) {
+    case CLS_SM90: return Limits{CLS_SM90, 227 * 1024, 228 * 1024};
+    case CLS_SM80: return Limits{CLS_SM80, 163 * 1024, 164 * 1024};
+    case CLS_SM86: break;
+    }
+    return Limits{CLS_SM86, 99 * 1024, 100 * 1024};
+}
+
+const char *class_name(Cls cls)
+{
+    return cls == CLS_SM90 ? "sm90" : cls == CLS_SM80 ? "sm80" : "sm86";
+}
+
+Cls device_class(int major, int minor, int64_t smem_block, bool sm90a)
+{
+    (void)minor;
+    if (major == 9 && sm90a) return CLS_SM90;
+    return smem_block >= class_limits(CLS_SM80).smem_block ? CLS_SM80 : CLS_SM86;
+}
+
+static void say(char *msg, size_t size, const char *fmt, ...)
+{
+    if (!msg || size == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, size, fmt, ap);
+    va_end(ap);
+}
+
+/* Can a device of class `dev` stand in for class `want` (its instructions and at least its shared memory)? */
+static bool covers(Cls dev, Cls want)
+{
+    if (want == CLS_SM90) return dev == CLS_SM90;
+    if (want == CLS_SM80) return dev == CLS_SM90 || dev == CLS_SM80;
+    return true;
+}
+
+bool parse_target(const char *s, Cls device, Cls *out, char *msg, size_t msg_size)
+{
+    Cls want;
+    if (strcmp(s, "sm90") == 0)
+        want = CLS_SM90;
+    else if (strcmp(s, "sm80") == 0)
+        want = CLS_SM80;
+    else if (strcmp(s, "sm86") == 0 || strcmp(s, "sm89") == 0)
+        want = CLS_SM86;
+    else {
+        say(msg, msg_size, "NSA_CUDA_TARGET=%s: not a device class (sm80, sm86, sm89 or sm90)", s);
+        return false;
+    }
+    if (!covers(device, want)) {
+        say(msg, msg_size, "NSA_CUDA_TARGET=%s: this device is of class %s, which cannot run as %s", s,
+            class_name(device), class_name(want));
+        return false;
+    }
+    *out = want;
+    return true;
+}
+
+static const char *const k_names[K_COUNT] = {
+    "-",           "compress_mean",   "compress_linear", "compress_copy", "attn_ref",        "attn_sm80",
+    "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm90_g16", "topn",
+    "slc_sm80",    "slc_sm80_g16",    "combine",         "combine_in_win",
+};
+
+const char *kern_name(Kern k) { return k >= 0 && k < K_COUNT ? k_names[k] : "?"; }
+
+/* ------------------------------------------------------------ NSA_CUDA_FORCE */
+
+/* the stage keys of NSA_CUDA_FORCE and the stages each sets */
+struct ForceKey {
+    const char *name;
+    nsa_stage st[2];
+    int nst;
+};
+static const ForceKey force_keys[] = {
+    {"cmp_attn", {NSA_STAGE_CMP_ATTN, NSA_STAGE_CMP_ATTN}, 1},
+    {"block_scores", {NSA_STAGE_BLOCK_SCORES, NSA_STAGE_SCORES_TOPN}, 2},
+    {"scores_topn", {NSA_STAGE_BLOCK_SCORES, NSA_STAGE_SCORES_TOPN}, 2},
+    {"select_topn", {NSA_STAGE_SELECT_TOPN, NSA_STAGE_SELECT_TOPN}, 1},
+    {"slc_attn", {NSA_STAGE_SLC_ATTN, NSA_STAGE_SLC_ATTN}, 1},
+    {"win_attn", {NSA_STAGE_WIN_ATTN, NSA_STAGE_WIN_ATTN}, 1},
+    {"combine", {NSA_STAGE_COMBINE, NSA_STAGE_COMBINE}, 1},
+};
+
+/* the kernels a stage can run; the first is its reference */
+static int stage_kernels(nsa_stage st, const Kern **out)
+{
+    static const Kern cmp[] = {K_ATTN_REF, K_ATTN_SM80, K_ATTN_SM90};
+    static const Kern sc[] = {K_SCORES_REF, K_SCORES_SM80, K_SCORES_SM80_G16, K_SCORES_SM90_G16};
+    static const Kern tn[] = {K_TOPN};
+    static const Kern slc[] = {K_ATTN_REF, K_SLC_SM80, K_SLC_SM80_G16};
+    static const Kern cb[] = {K_COMBINE, K_COMBINE_IN_WIN};
+    switch (st) {
+    case NSA_STAGE_CMP_ATTN:
+    case NSA_STAGE_WIN_ATTN: *out = cmp; return 3;
+    case NSA_STAGE_BLOCK_SCORES:
+    case NSA_STAGE_SCORES_TOPN: *out = sc; return 4;
+    case NSA_STAGE_SELECT_TOPN: *out = tn; return 1;
+    case NSA_STAGE_SLC_ATTN: *out = slc; return 3;
+    case NSA_STAGE_COMBINE: *out = cb; return 2;
+    default: *out = nullptr; return 0;
+    }
+}
+
+static void set_ref(Force *f, nsa_stage st)
+{
+    const Kern *ks;
+    if (stage_kernels(st, &ks) > 0) f->k[st] = ks[0];
+}
+
+bool parse_force(const char *s, Force *f, char *msg, size_t msg_size)
+{
+    memset(f, 0, sizeof *f);
+    if (!s) return true;
+    const char *p = s;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[96];
+        if (len >= sizeof item) {
+            say(msg, msg_size, "NSA_CUDA_FORCE: item '%.40s...' is too long", p);
+            return false;
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
+        p += len + (end ? 1 : 0);
+        if (len == 0) continue;
+        if (strcmp(item, "ref") == 0) {
+            for (int i = 0; i < NSA_STAGE_COUNT; i++) set_ref(f, (nsa_stage)i);
+            continue;
+        }
+        char *colon = strchr(item, ':');
+        if (!colon) {
+            say(msg, msg_size, "NSA_CUDA_FORCE: '%s' is neither 'ref' nor 'stage:kernel'", item);
+            return false;
+        }
+        *colon = '\0';
+        const char *kname = colon + 1;
+        const ForceKey *key = nullptr;
+        for (const ForceKey &fk : force_keys)
+            if (strcmp(fk.name, item) == 0) key = &fk;
+        if (!key) {
+            say(msg, msg_size,
+                "NSA_CUDA_FORCE: '%s' is not a stage (cmp_attn, block_scores, scores_topn, select_topn, slc_attn, "
+                "win_attn, combine)",
+                item);
+            return false;
+        }
+        const Kern *ks;
+        const int nk = stage_kernels(key->st[0], &ks);
+        Kern k = K_NONE;
+        if (strcmp(kname, "ref") == 0) k = ks[0];
+        for (int i = 0; i < nk && k == K_NONE; i++)
+            if (strcmp(kern_name(ks[i]), kname) == 0) k = ks[i];
+        if (k == K_NONE) {
+            char list[256] = "";
+            size_t used = 0;
+            for (int i = 0; i < nk; i++) {
+                const int w = snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", kern_name(ks[i]));
+                if (w > 0 && (size_t)w < sizeof list - used) used += (size_t)w;
+            }
+            say(msg, msg_size, "NSA_CUDA_FORCE: '%s' is not a kernel of stage %s (ref, %s)", kname, key->name, list);
+            return false;
+        }
+        for (int i = 0; i < key->nst; i++) f->k[key->st[i]] = k;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------ the chooser */
+
+namespace {
+
+struct Shape {
+    const nsa_config *cfg;
+    int64_t G, max_ns;
+    int dqkp, dvp;
+    bool tc; /* 16-bit inputs with heads the tensor-core kernels take */
+    int64_t limit;
+};
+
+/* Does kernel k take stage st of this shape? Fills c (tile, rows) when it does. */
+bool takes(Kern k, nsa_stage st, const Limits &lim, const Shape &s, StageChoice *c)
+{
+    const nsa_config &cfg = *s.cfg;
+    memset(c, 0, sizeof *c);
+    c->k = k;
+    const int mode = st == NSA_STAGE_WIN_ATTN ? 2 : 0;
+    switch (k) {
+    case K_ATTN_REF:
+    case K_SCORES_REF:
+    case K_TOPN:
+    case K_COMBINE: return true;
+    case K_ATTN_SM80:
+        if (!s.tc) return false;
+        c->attn = pick_attn_sm80(s.dqkp, s.dvp, s.limit);
+        return c->attn.bn > 0;
+    case K_ATTN_SM90:
+        if (!s.tc || lim.cls != CLS_SM90) return false;
+        c->attn = pick_attn_sm90(mode, s.dqkp, s.dvp, s.limit);
+        return c->attn.bn > 0;
+    case K_SCORES_SM80:
+    case K_SCORES_SM80_G16: {
+        if (!s.tc || s.G > TC_BM || (k == K_SCORES_SM80_G16 && s.G != 16)) return false;
+        c->scores = pick_scores_sm80(k == K_SCORES_SM80_G16, s.dqkp, scores_rows_smem(tile_tokens(s.G), s.max_ns),
+                                     s.limit, lim.smem_sm);
+        c->rows_smem = c->scores.rows;
+        return c->scores.bn > 0;
+    }
+    case K_SCORES_SM90_G16:
+        if (!s.tc || s.G != 16 || lim.cls != CLS_SM90) return false;
+        c->scores = pick_scores_sm90_g16(s.dqkp, scores_rows_smem(tile_tokens(s.G), s.max_ns), s.limit);
+        c->rows_smem = true;
+        return c->scores.bn > 0;
+    case K_SLC_SM80:
+        return s.tc && slc_sm80_takes(s.dqkp, s.dvp) &&
+               (int64_t)slc_sm80_smem(s.dqkp, s.dvp, cfg.num_selected, cfg.slc_block) <= s.limit;
+    case K_SLC_SM80_G16:
+        if (!s.tc) return false;
+        c->slc = pick_slc_sm80_g16(s.G, cfg.slc_block, cfg.num_selected, s.dqkp, s.dvp, s.limit);
+        return c->slc.ok;
+    default: return false;
+    }
+}
+
+/* the class's preference, best first; the reference last */
+int preference(nsa_stage st, Kern *out)
+{
+    int n = 0;
+    switch (st) {
+    case NSA_STAGE_CMP_ATTN:
+    case NSA_STAGE_WIN_ATTN:
+        out[n++] = K_ATTN_SM90;
+        out[n++] = K_ATTN_SM80;
+        out[n++] = K_ATTN_REF;
+        break;
+    case NSA_STAGE_BLOCK_SCORES:
+    case NSA_STAGE_SCORES_TOPN:
+        out[n++] = K_SCORES_SM90_G16;
+        out[n++] = K_SCORES_SM80_G16;
+        out[n++] = K_SCORES_SM80;
+        out[n++] = K_SCORES_REF;
+        break;
+    case NSA_STAGE_SELECT_TOPN: out[n++] = K_TOPN; break;
+    case NSA_STAGE_SLC_ATTN:
+        out[n++] = K_SLC_SM80_G16;
+        out[n++] = K_SLC_SM80;
+        out[n++] = K_ATTN_REF;
+        break;
+    default: break;
+    }
+    return n;
+}
+
+bool ck_tc(Kern k) { return k == K_ATTN_SM80 || k == K_ATTN_SM90; }
+
+/* why a forced kernel does not take the shape (for the message) */
+const char *why_not(Kern k, const Limits &lim, const Shape &s)
+{
+    if (!s.tc && k != K_ATTN_REF && k != K_SCORES_REF)
+        return s.dqkp == 0 ? "its heads are wider than the tensor-core kernels take (Dqk, Dv <= 256)"
+                           : "the tensor-core kernels take f16 and bf16 inputs only";
+    if ((k == K_ATTN_SM90 || k == K_SCORES_SM90_G16) && lim.cls != CLS_SM90)
+        return "it needs a device of class sm90 (wgmma and the TMA)";
+    if ((k == K_SCORES_SM80_G16 || k == K_SCORES_SM90_G16) && s.G != 16) return "it needs G = 16";
+    if (k == K_SLC_SM80_G16 && !slc_sm80_g16_takes(s.G, s.cfg->slc_block, s.cfg->num_selected, s.dqkp, s.dvp))
+        return "it needs G = 16, l_s <= 64, 1 <= n <= 32 and padded dims 32/32, 64/64, 128/128 or 192/128";
+    return "its tiles do not fit this class's shared memory, or it has no instance for these head dims";
+}
+
+} // namespace
+
+nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, const Force &force, Choice *out,
+                  char *msg, size_t msg_size)
+{
+    memset(out, 0, sizeof *out);
+    Shape s = {};
+    s.cfg = &cfg;
+    s.G = cfg.num_kv_heads > 0 ? cfg.num_q_heads / cfg.num_kv_heads : 1;
+    s.max_ns = max_ns > 0 ? max_ns : 1;
+    tc_dims(cfg.head_dim_qk, cfg.head_dim_v, &s.dqkp, &s.dvp);
+    s.tc = (cfg.dtype == NSA_DTYPE_F16 || cfg.dtype == NSA_DTYPE_BF16) && s.dqkp > 0;
+    s.limit = lim.smem_block - SMEM_STATIC_MARGIN;
+    out->dqkp = s.dqkp;
+    out->dvp = s.dvp;
+
+    /* COMPRESS: one kernel per mode */
+    StageChoice &cp = out->st[NSA_STAGE_COMPRESS];
+    cp.k = cfg.compress == NSA_COMPRESS_MEAN     ? K_COMPRESS_MEAN
+           : cfg.compress == NSA_COMPRESS_LINEAR ? K_COMPRESS_LINEAR
+                                                 : K_COMPRESS_COPY;
+    if (cp.k == K_COMPRESS_LINEAR && (cfg.head_dim_qk > 1024 || cfg.head_dim_v > 1024)) {
+        say(msg, msg_size, "cuda backend: LINEAR compression supports head dims up to 1024 (Dqk = %lld, Dv = %lld)",
+            (long long)cfg.head_dim_qk, (long long)cfg.head_dim_v);
+        return NSA_ERR_UNSUPPORTED;
+    }
+
+    const nsa_stage chosen[] = {NSA_STAGE_CMP_ATTN, NSA_STAGE_SCORES_TOPN, NSA_STAGE_SELECT_TOPN, NSA_STAGE_SLC_ATTN,
+                                NSA_STAGE_WIN_ATTN};
+    for (nsa_stage st : chosen) {
+        StageChoice &c = out->st[st];
+        const Kern fk = force.k[st];
+        if (fk != K_NONE) {
+            if (!takes(fk, st, lim, s, &c)) {
+                say(msg, msg_size, "cuda backend: NSA_CUDA_FORCE asks stage %s to run %s, which cannot run this plan "
+                                   "on class %s: %s",
+                    nsa_stage_name(st), kern_name(fk), class_name(lim.cls), why_not(fk, lim, s));
+                return NSA_ERR_UNSUPPORTED;
+            }
+            continue;
+        }
+        Kern pref[4];
+        const int np = preference(st, pref);
+        for (int i = 0; i < np; i++)
+            if (takes(pref[i], st, lim, s, &c)) break;
+    }
+    out->st[NSA_STAGE_BLOCK_SCORES] = out->st[NSA_STAGE_SCORES_TOPN];
+
+    /* COMBINE in the window kernel's epilogue where that kernel is a tensor-core one */
+    const Kern wk = out->st[NSA_STAGE_WIN_ATTN].k;
+    const bool can_fuse = cfg.window > 0 && ck_tc(wk);
+    StageChoice &cb = out->st[NSA_STAGE_COMBINE];
+    cb.k = force.k[NSA_STAGE_COMBINE] != K_NONE ? force.k[NSA_STAGE_COMBINE] : can_fuse ? K_COMBINE_IN_WIN : K_COMBINE;
+    if (cb.k == K_COMBINE_IN_WIN && !can_fuse) {
+        say(msg, msg_size, "cuda backend: NSA_CUDA_FORCE asks for combine_in_win, but the window branch is %s",
+            cfg.window > 0 ? "on a reference kernel" : "off");
+        return NSA_ERR_UNSUPPORTED;
+    }
+
+    StageChoice tmp;
+    out->slc_unaligned = takes(K_SLC_SM80, NSA_STAGE_SLC_ATTN, lim, s, &tmp) ? K_SLC_SM80 : K_ATTN_REF;
+
+    const StageChoice &sc = out->st[NSA_STAGE_SCORES_TOPN];
+    const bool sc_tc = cfg.num_selected > 0 && sc.k != K_SCORES_REF;
+    out->fused_topn = sc_tc && sc.rows_smem;
+    const bool cmp_tc = ck_tc(out->st[NSA_STAGE_CMP_ATTN].k);
+    out->kc16 = cmp_tc || sc_tc;
+    out->tiles = out->kc16 || (cfg.window > 0 && ck_tc(wk));
+    return NSA_SUCCESS;
+}
+
+bool offers_scores_topn(const Limits &lim, const nsa_config &cfg, const Force &force)
+{
+    Choice c;
+    char msg[8];
+    /* the scores kernel does not depend on the row length except through the
+     * sm90 kernel's fit, and any tensor-core kernel runs the stage */
+    if (choose(lim, cfg, 1, force, &c, msg, sizeof msg) != NSA_SUCCESS) return false;
+    return c.st[NSA_STAGE_SCORES_TOPN].k != K_SCORES_REF && c.st[NSA_STAGE_SCORES_TOPN].k != K_NONE;
+}
+
+void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size)
+{
+    const char *n = kern_name(c.k);
+    switch (c.k) {
+    case K_ATTN_SM80:
+        snprintf(buf, size, "%s[bn%d,%dcta%s]", n, c.attn.bn, c.attn.minb, c.attn.qreg ? ",qreg" : "");
+        break;
+    case K_ATTN_SM90: snprintf(buf, size, "%s[bn%d,%dcta,tma]", n, c.attn.bn, c.attn.minb); break;
+    case K_SCORES_SM80:
+    case K_SCORES_SM80_G16:
+    case K_SCORES_SM90_G16:
+        snprintf(buf, size, "%s[bn%d,%dbuf,rows:%s]%s", n, c.scores.bn, c.scores.nb, c.rows_smem ? "smem" : "global",
+                 stage == NSA_STAGE_SCORES_TOPN ? (c.rows_smem ? "+topn:fused" : "+topn") : "");
+        break;
+    case K_SCORES_REF:
+        snprintf(buf, size, "%s%s", n, stage == NSA_STAGE_SCORES_TOPN ? "+topn" : "");
+        break;
+    case K_SLC_SM80_G16: snprintf(buf, size, "%s[%s,%dbuf]", n, c.slc.panel ? "panels" : "rows", c.slc.ns); break;
+    default: snprintf(buf, size, "%s", n); break;
+    }
+}
+
+} // namespace nsa_cuda

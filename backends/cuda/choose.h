@@ -1,0 +1,120 @@
+/*
+ * choose.h -- the CUDA backend's kernel chooser: which kernel runs each
+ * stage of a plan, picked once when the plan is prepared, from the device's
+ * class and the plan's shape.
+ *
+ * Device classes (what the kernels can use):
+ *   sm90  wgmma and the TMA (sm_90a code), 227 KB of shared memory per CTA:
+ *         H100, H200, GH200.
+ *   sm80  mma.sync and cp.async with 163 KB per CTA (164 per SM): A100, A30,
+ *         Orin; also sm_90 when the module lacks sm_90a code, and sm_100.
+ *   sm86  the same instructions with 99 KB per CTA (100 per SM): sm_86 and
+ *         sm_89 (RTX 30xx / 40xx, A10, A40, L4, L40S), sm_120.
+ * Every class has a tensor-core kernel for every stage at the shapes the
+ * parity corpus and the benchmarks use (f16 / bf16, padded Dqk 32..192,
+ * Dv <= 128, any G up to 128); the fp32 reference kernels run for f32
+ * inputs, for heads wider than the tensor-core kernels take, and where no
+ * tile fits the class's shared memory. docs/cuda.md describes the kernels.
+ *
+ * Plain C++ with no CUDA header, so that tests/test_cuda_choose.cc checks
+ * the choices of every class on machines without a GPU.
+ */
+#ifndef NSA_BACKENDS_CUDA_CHOOSE_H
+#define NSA_BACKENDS_CUDA_CHOOSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "tiles.h"
+
+namespace nsa_cuda {
+
+enum Cls { CLS_SM80 = 0, CLS_SM86 = 1, CLS_SM90 = 2 };
+
+/* What a class offers the kernels; the published limits of its devices. */
+struct Limits {
+    Cls cls;
+    int64_t smem_block; /* opt-in shared memory one CTA may use (bytes) */
+    int64_t smem_sm;    /* shared memory of one SM */
+};
+Limits class_limits(Cls cls);
+const char *class_name(Cls cls); /* "sm90" */
+
+/* The class of a device from its compute capability, its opt-in shared memory
+ * per CTA and whether it runs the module's sm_90a code. */
+Cls device_class(int major, int minor, int64_t smem_block, bool sm90a);
+
+/* NSA_CUDA_TARGET: "sm80", "sm86" or "sm89" (the sm86 class) run a Hopper
+ * GPU as that class (its kernels and its shared-memory limits), "sm90" is the
+ * identity on sm_90 devices. Returns false with a message for an unknown
+ * value or a class the device cannot stand in for. */
+bool parse_target(const char *s, Cls device, Cls *out, char *msg, size_t msg_size);
+
+/* The kernels, one name each (kern_name). */
+enum Kern {
+    K_NONE = 0,
+    K_COMPRESS_MEAN,
+    K_COMPRESS_LINEAR,
+    K_COMPRESS_COPY,
+    K_ATTN_REF,        /* one warp per (token, head), fp32, any dtype and head dim (all three branches) */
+    K_ATTN_SM80,       /* compressed / window: mma.sync tiles of 128 rows */
+    K_ATTN_SM90,       /* compressed / window: wgmma, K/V through the TMA */
+    K_SCORES_REF,      /* one warp per (token, KV head), fp32 */
+    K_SCORES_SM80,     /* any G <= 128 */
+    K_SCORES_SM80_G16, /* G = 16 */
+    K_SCORES_SM90_G16, /* G = 16, S^T = K Q^T on wgmma */
+    K_TOPN,
+    K_SLC_SM80,     /* one token x 16 heads per CTA */
+    K_SLC_SM80_G16, /* 8 tokens x 16 heads per CTA sharing block fetches */
+    K_COMBINE,
+    K_COMBINE_IN_WIN, /* COMBINE done by the window kernel's epilogue */
+    K_COUNT
+};
+const char *kern_name(Kern k);
+
+/* NSA_CUDA_FORCE: a comma list of "ref" (every stage on its reference kernel)
+ * and "stage:kernel" items (stage: cmp_attn, block_scores (also the fused
+ * scores_topn), select_topn, slc_attn, win_attn, combine; kernel: a name of
+ * kern_name or "ref"). For bisecting and comparing; a forced kernel that does
+ * not take a plan's shape makes the plan fail with a message. */
+struct Force {
+    Kern k[NSA_STAGE_COUNT]; /* K_NONE: not forced */
+};
+bool parse_force(const char *s, Force *f, char *msg, size_t msg_size);
+
+/* The choice of one stage: its kernel, tile and where its rows live. */
+struct StageChoice {
+    Kern k;
+    AttnTile attn;     /* K_ATTN_SM80 / K_ATTN_SM90 */
+    ScoresTile scores; /* K_SCORES_SM80* / K_SCORES_SM90_G16 */
+    SlcTile slc;       /* K_SLC_SM80_G16 */
+    bool rows_smem;    /* scores: the CTA's score rows in shared memory (then the ranking can follow in-kernel) */
+};
+
+/* Everything chosen for a plan. */
+struct Choice {
+    StageChoice st[NSA_STAGE_COUNT]; /* by nsa_stage; SCORES_TOPN and BLOCK_SCORES hold the same scores kernel */
+    int dqkp, dvp;   /* padded head dims of the tensor-core kernels (0: none) */
+    Kern slc_unaligned; /* selected branch where slc_sm80_g16 cannot load K/V (rows not 16-byte aligned) */
+    bool fused_topn; /* SCORES_TOPN ranks inside the scores kernel; else the backend's own scores rows + topn */
+    bool tiles;      /* some kernel walks the plan's tile list */
+    bool kc16;       /* some kernel reads the packed 16-bit compressed rows */
+};
+
+/* Chooses every stage for a config and the plan's longest sequence's number
+ * of selection blocks (max_ns). Returns NSA_SUCCESS, or NSA_ERR_UNSUPPORTED
+ * with a message in msg (a forced kernel that does not take the shape, a
+ * LINEAR compression wider than its kernel). */
+nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, const Force &force, Choice *out,
+                  char *msg, size_t msg_size);
+
+/* Will SCORES_TOPN be offered for this config (a tensor-core scores kernel is chosen)? */
+bool offers_scores_topn(const Limits &lim, const nsa_config &cfg, const Force &force);
+
+/* "attn_sm90 (128-key tiles, 1 CTA/SM)": the kernel and its tile, for plan info and the profile. */
+void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size);
+
+} // namespace nsa_cuda
+
+#endif

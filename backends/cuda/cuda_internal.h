@@ -1,0 +1,73 @@
+/*
+ * cuda_internal.h -- what the CUDA backend's files share: the context (the
+ * device, its stream, the class its plans are made for), buffers, the
+ * per-plan record (the chooser's choice and what it allocated), and the entry
+ * points of cuda_plan.cu and cuda_run.cu that cuda_backend.cu puts in the
+ * vtable.
+ */
+#ifndef NSA_BACKENDS_CUDA_INTERNAL_H
+#define NSA_BACKENDS_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+
+#include "backend.h"
+#include "choose.h"
+#include "nsa_cuda_kernels.h"
+
+namespace nsa_cuda {
+
+extern const nsa_host_api *g_host;
+
+#define FAIL(status, ...) ::nsa_cuda::g_host->set_error(status, __VA_ARGS__)
+
+nsa_status cuda_fail(cudaError_t e, const char *what);
+
+#define CU(call, what)                                                                                         \
+    do {                                                                                                       \
+        cudaError_t e_ = (call);                                                                               \
+        if (e_ != cudaSuccess) return ::nsa_cuda::cuda_fail(e_, what);                                         \
+    } while (0)
+
+struct CudaCtx {
+    int device;
+    cudaStream_t stream;
+    bool own_stream;
+    Cls device_cls; /* what the device is */
+    Limits lim;     /* the class plans are made for: the device's, or NSA_CUDA_TARGET's */
+    Dev dev;        /* shared memory per SM of both, for the launchers (emulation) */
+    Force force;    /* NSA_CUDA_FORCE */
+    /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
+     * waits for its stream and prints the stage times and kernels to stderr
+     * (for measuring only: this synchronizes). */
+    bool profile;
+    cudaEvent_t ev[2 * NSA_STAGE_COUNT];
+    bool ev_used[NSA_STAGE_COUNT];
+    char ran[NSA_STAGE_COUNT][96]; /* the kernel each stage ran, for the profile */
+};
+
+struct CudaBuf {
+    char *ptr;
+    size_t bytes;
+    bool owned;
+};
+
+/* Memory a plan owns outside the workspace, allocated once in plan_prepare
+ * (never in run()). */
+struct CudaPlan {
+    Choice ch;
+    bool scores_topn;  /* the core planned the fused SCORES_TOPN stage */
+    Tiles tiles;       /* tile list of the tiled kernels (tiles.tiles on the device) */
+    int64_t *tiles_dev;
+    void *kc16, *vc16; /* compressed keys / values in the input type, padded to dqkp / dvp */
+    float *sc_rows;    /* SCORES_TOPN whose rows do not fit in shared memory: f32 [T, Hkv, max_ns] */
+};
+
+int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg);
+nsa_status cu_plan_prepare(void *bctx, nsa_bk_plan *plan);
+void cu_plan_release(void *bctx, nsa_bk_plan *plan);
+nsa_status cu_stage_kernel(void *bctx, const nsa_bk_plan *plan, nsa_stage stage, char *name, size_t size);
+nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *args);
+
+} // namespace nsa_cuda
+
+#endif

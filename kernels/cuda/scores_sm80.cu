@@ -1,0 +1,330 @@
+/*
+ * scores_sm80.cu -- BLOCK_SCORES (semantics section 3; scores_ref.cu is the
+ * readable version) and the fused SCORES_TOPN on mma.sync (every sm_80+
+ * device), f16 / bf16, G <= 128:
+ *     s(t, g, j) = sum_{h in g} sum_i overlap(i, j) / d * p_cmp(t, h, i),
+ *     p_cmp(t, h, i) = exp(scale q(t,h).kc_i - lse_cmp(t, h))   for i < nc(t).
+ *
+ * The attn_sm80 tiling (tile_qk.cuh, rows = tokens x all G heads of a group);
+ * per K tile of BN compressed blocks: S = Q K^T on the tensor cores,
+ * P = exp2(S*scale*log2e - lse*log2e), the group sum over each token's G rows,
+ * then the overlap map (scores_map.cuh) onto the selection blocks the tile
+ * touches, added to the CTA's score rows (in shared memory when they fit
+ * beside the tiles, written out once at the end, or ranked there for
+ * SCORES_TOPN; else in global memory, zeroed first). Every (t, j) entry is
+ * updated by one thread per tile, tiles in order: reproducible. Keys are the
+ * packed compressed rows (pack_cmp16): exact, because kc is a tensor of the
+ * call's dtype (semantics 7), so one MMA per k-step gives fp32-accurate
+ * logits of the rounded keys.
+ *
+ * Two kernels from one template:
+ *   G16 (scores_sm80_g16): each warp is one token, its 16 rows that token's
+ *       heads: the group sum is done by shuffles straight from the
+ *       accumulators, the warp maps its own row, so the K-tile loop has one
+ *       CTA barrier (the double buffer; two with one K buffer); no
+ *       probability tile, Q fragments re-read from shared memory, registers
+ *       capped at 128: two CTAs per SM.
+ *   general (scores_sm80): the probabilities go to a shared tile [128][BN+4],
+ *       a CTA-wide column sum over each token's heads, then the map; three
+ *       barriers per tile.
+ * Tiles: tiles.h (pick_scores_sm80).
+ */
+#include "tile_qk.cuh"
+#include "scores_map.cuh"
+#include "topn.cuh"
+
+namespace nsa_cuda {
+
+/* FUSED (SCORES_TOPN): the score rows stay in shared memory (accw > 0 is
+ * required) and each warp then ranks one token's row (warp_select_row, the
+ * same keys as topn_kernel) and writes its n indices; sc is not touched. */
+/* NB: K tile buffers, 2 or (G16 only) 1: a CTA then waits for its own fetch
+ * while the other CTA on the SM computes (the A100's 164 KB per SM fits two
+ * CTAs only so, tiles.h). */
+template <typename T, int DQK, int BN, bool FUSED, bool G16, int NB = 2>
+__global__ void __launch_bounds__(TC_THREADS, G16 ? 2 : 1)
+    scores_sm80_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
+                     const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec,
+                     const float *lse, int64_t lst, int64_t lsh, float *sc, int64_t sst, int64_t ssh, int accw,
+                     int *idx, int64_t ist, int64_t ish)
+{
+    constexpr int BM = TC_BM, NT = TC_THREADS;
+    constexpr int SQ = DQK + 8, SP = BN + 4; /* SQ: row stride of the Q / K tiles */
+    constexpr bool QREG = !G16 && DQK <= 192;
+    static_assert(NB == 2 || (NB == 1 && G16), "one K buffer in the G16 loop only");
+    static_assert(NB * BN * SQ * 2 >= (TC_THREADS / 32) * TOPN_CAND * 8, "the ranking's scratch fits the K tiles");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sQ = (T *)smem_raw;
+    T *sK = sQ + BM * SQ;                     /* [NB][BN][SQ] keys */
+    float *sP = (float *)(sK + NB * BN * SQ); /* [BM][SP] probabilities (not G16) */
+    float *sC = sP + (G16 ? 0 : BM * SP);    /* [tokens][BN] group sums */
+    float *sAcc = sC + (G16 ? BM / 16 : BM) * BN; /* [tokens][accw] score rows (accw > 0) */
+    __shared__ int64_t sNc[TC_BM];            /* nc(t) of the tile's tokens */
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const TileCtx c = tile_ctx(g, tl);
+    const int64_t tlast = c.tl0 + c.ntok - 1;
+    const int64_t khi = nsa_cmp_visible(tlast, g.l, g.d) - 1;
+    const T *kg = k + g.cu_cmp[c.seq] * kst + c.gi * ksh;
+    /* row of token t0 + tok at scg + tok * sst (unused when FUSED: sc may be NULL) */
+    float *scg = FUSED ? nullptr : sc + c.t0 * sst + c.gi * ssh;
+
+    auto qrow = [&](int r) -> int64_t {
+        return r < c.nrows ? (c.t0 + r / c.hca) * qst + (c.h0 + r % c.hca) * qsh : -1;
+    };
+    load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, qrow);
+    cp_async_commit();
+    const int64_t nkt = khi >= 0 ? (khi + BN) / BN : 0;
+    auto load_k = [&](int64_t kt, int buf) {
+        const int64_t ks = kt * BN;
+        const int nv = (int)nsa_min64(BN, khi - ks + 1);
+        /* packed rows: aligned, kst = Hkv * DQK (the launcher checks rs32_ok) */
+        load_rows_vec<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg + ks * kst, (int)kst, nv, DQK);
+    };
+    if (nkt > 0) load_k(0, 0);
+    cp_async_commit();
+
+    /* zero the eligible part of every token's scores row */
+    const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
+    if (FUSED || accw > 0) {
+        for (int e = tid; e < c.ntok * accw; e += NT) sAcc[e] = 0.f;
+    } else {
+        for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
+            const int64_t tok = e / width, j = e % width;
+            if (j <= nsa_slc_last(c.tl0 + tok, g.ls)) scg[tok * sst + j] = 0.f;
+        }
+    }
+
+    for (int tok = tid; tok < c.ntok; tok += NT) sNc[tok] = nsa_cmp_visible(c.tl0 + tok, g.l, g.d);
+    const bool g16 = G16 || c.hca == 16; /* one token per warp */
+    int64_t hi[2];
+    float lse2[2];
+    int64_t wmaxhi = INT64_MIN, wminhi = INT64_MAX;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        if (r < c.nrows) {
+            const int64_t tq = c.tl0 + r / c.hca;
+            hi[i] = nsa_cmp_visible(tq, g.l, g.d) - 1;
+            lse2[i] = lse[(c.t0 + r / c.hca) * lst + (c.h0 + r % c.hca) * lsh] * NSA_LOG2E;
+            wmaxhi = max(wmaxhi, hi[i]);
+            wminhi = min(wminhi, hi[i]);
+        } else {
+            hi[i] = -1;
+            lse2[i] = 0.f;
+        }
+    }
+    wmaxhi = warp_max64(wmaxhi);
+    wminhi = warp_min64(wminhi);
+    const bool warp_rows = warp * 16 < c.nrows;
+    /* G16: every token's score row is owned by its warp (group sum by
+     * shuffles, overlap map by the warp's lanes), so one barrier per K tile
+     * suffices (the double buffer) and warps overlap their phases */
+    constexpr bool wown = G16;
+
+    /* the overlap map as a table (scores_map.cuh) where the tiles are periodic */
+    __shared__ MapTab sTab;
+    const int tab_ne = wown ? map_tab_entries(g, BN) : 0;
+    const int64_t tab_per = ((int64_t)BN * g.d) / g.ls; /* selection blocks per periodic tile */
+    map_tab_build(sTab, g, BN, tab_ne, tid);
+
+    /* entry e (selection block jlo + e) of token tok for the K tile starting
+     * at ks: the same arithmetic in either loop below */
+    auto overlap_entry = [&](int tok, int e, int64_t ks, int64_t jlo) {
+        const int64_t j = jlo + e;
+        float acc;
+        if (!overlap_entry_sum(g, j, ks, BN, sNc[tok], sC + tok * BN, acc)) return;
+        if (FUSED || accw > 0)
+            sAcc[tok * accw + j] += acc;
+        else
+            scg[tok * sst + j] += acc;
+    };
+
+    cp_async_wait<1>();
+    __syncthreads();
+    const T *sQw = sQ + warp * 16 * SQ;
+    uint32_t qf[QREG ? DQK / 16 : 1][4];
+    q_frags<SQ, QREG>(qf, sQw, lane);
+    const float sl = g.scale * NSA_LOG2E;
+
+    for (int64_t kt = 0; kt < nkt; kt++) {
+        if (wown) {
+            if (NB == 1 && kt > 0) { /* every warp is done with tile kt - 1: refill the one buffer */
+                __syncthreads();
+                load_k(kt, 0);
+                cp_async_commit();
+            }
+            /* tile kt has landed; every warp is done with tile kt - 1, whose
+             * buffer the next load reuses */
+            cp_async_wait<0>();
+            __syncthreads();
+            if (NB == 2) {
+                if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
+                cp_async_commit();
+            }
+        } else {
+            if (kt + 1 < nkt) load_k(kt + 1, (int)((kt + 1) & 1));
+            cp_async_commit();
+            cp_async_wait<1>();
+            __syncthreads();
+        }
+        const int buf = NB == 2 ? (int)(kt & 1) : 0;
+        const int64_t ks = kt * BN;
+        float s[BN / 8][4];
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        if (warp_rows) {
+            if (ks <= wmaxhi) warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
+            const bool full = ks + BN - 1 <= wminhi;
+            /* p = 2^(s*scale*log2e - lse*log2e); keys past the row's nc give 0 */
+            if (full) {
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[j][e] = fast_ex2(fmaf(s[j][e], sl, -lse2[e >> 1]));
+            } else {
+                const int64_t lim0 = hi[0] - ks, lim1 = hi[1] - ks;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int col = j * 8 + 2 * (lane & 3) + (e & 1);
+                        const float p = fast_ex2(fmaf(s[j][e], sl, -lse2[e >> 1]));
+                        s[j][e] = col <= ((e >> 1) ? lim1 : lim0) ? p : 0.f;
+                    }
+            }
+            if (!g16) {
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sP[(warp * 16 + (lane >> 2) + 8 * (e >> 1)) * SP + j * 8 + 2 * (lane & 3) + (e & 1)] = s[j][e];
+            }
+            if (g16) {
+                /* the warp's 16 rows are the 16 heads of token `warp`: column
+                 * sums by shuffles (rows g and g+8, then over g) */
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int b = 0; b < 2; b++) {
+                        float v = s[j][b] + s[j][2 + b];
+                        v += __shfl_xor_sync(0xffffffffu, v, 4);
+                        v += __shfl_xor_sync(0xffffffffu, v, 8);
+                        v += __shfl_xor_sync(0xffffffffu, v, 16);
+                        if (lane < 4) sC[warp * BN + j * 8 + 2 * lane + b] = v;
+                    }
+            }
+        }
+        if (wown) {
+            /* token `warp`'s row: sC[warp] was written by this warp's lanes 0..3 */
+            __syncwarp();
+            if (warp_rows)
+                map_tile_row(g, sTab, tab_ne, tab_per, BN, kt, khi, sNc[warp], sC + warp * BN,
+                             FUSED || accw > 0 ? sAcc + warp * accw : scg + warp * sst, lane);
+            continue;
+        }
+        __syncthreads();
+        if (!g16) {
+            /* group sum over each token's heads */
+            for (int e = tid; e < c.ntok * BN; e += NT) {
+                const int tok = e / BN, col = e % BN;
+                const float *pp = sP + tok * c.hca * SP + col;
+                float acc = 0.f;
+                for (int hh = 0; hh < c.hca; hh++) acc += pp[hh * SP];
+                sC[e] = acc;
+            }
+            __syncthreads();
+        }
+        /* overlap map onto the selection blocks this tile touches */
+        const int64_t last = nsa_min64(ks + BN - 1, khi);
+        const int64_t jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
+        const int nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
+        for (int e = tid; e < c.ntok * nj; e += NT) overlap_entry(e / nj, e % nj, ks, jlo);
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* the rows are complete (the G16 loop ends without a barrier) */
+    if (FUSED) {
+        /* sAcc holds exactly the values the plain path stores in the scores
+         * buffer (same arithmetic, same order), so the ranking matches it;
+         * the K tiles' memory is free now and holds the ranking's scratch */
+        uint64_t *cand = (uint64_t *)sK + warp * TOPN_CAND;
+        for (int tok = warp; tok < c.ntok; tok += NT / 32)
+            warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane, cand);
+    } else if (accw > 0) {
+        store_score_rows(g, sAcc, accw, scg, sst, c.ntok, c.tl0, width, tid, NT);
+    }
+}
+
+template <typename T, int DQK, int BN, bool G16, int NB = 2>
+static cudaError_t launch_sm80(const Dev &dev, bool rows_smem, const Geom &g, const Tiles &tl, View q, View kc,
+                               View lse, MView sc, MView idx, cudaStream_t s)
+{
+    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
+    const bool fused = idx.p != nullptr;
+    if ((fused && !rows_smem) || (G16 && (g.G != 16 || tl.qt != TC_BM / 16)) || tl.nchunk != 1 ||
+        !rs32_ok(kc.st, BN))
+        return cudaErrorInvalidValue;
+    size_t smem = G16 ? scores_sm80_g16_smem(DQK, BN, NB) : scores_sm80_smem(DQK, BN);
+    const int accw = rows_smem ? (int)g.max_ns : 0;
+    if (rows_smem) smem += scores_rows_smem(tl.qt, g.max_ns);
+    auto kern = fused ? scores_sm80_kernel<T, DQK, BN, true, G16, NB> : scores_sm80_kernel<T, DQK, BN, false, G16, NB>;
+    cudaError_t e = launch_smem(kern, dev, smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
+    kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)kc.p, kc.st, kc.sh,
+                                        vec_ok(q.p, q.st, q.sh, g.Dqk), (const float *)lse.p, lse.st, lse.sh,
+                                        (float *)sc.p, sc.st, sc.sh, accw, (int *)idx.p, idx.st, idx.sh);
+    return cudaGetLastError();
+}
+
+/* the instances (tiles.h, pick_scores_sm80): BN 64 up to Dqk 128, 32 for
+ * wider heads, and half that from Dqk 64 up; G16 also with one K buffer of
+ * the smaller tile */
+template <typename T, int DQK>
+static cudaError_t scores_sm80_dims(int bn, int nb, bool g16, const Dev &dev, bool rows_smem, const Geom &g,
+                                    const Tiles &tl, View q, View kc, View lse, MView sc, MView idx, cudaStream_t s)
+{
+    constexpr int B0 = DQK > 128 ? 32 : 64, B1 = DQK >= 64 ? B0 / 2 : B0;
+    if (nb == 1)
+        return g16 && bn == B1 ? launch_sm80<T, DQK, B1, true, 1>(dev, rows_smem, g, tl, q, kc, lse, sc, idx, s)
+                               : cudaErrorInvalidValue;
+    if (nb != 2) return cudaErrorInvalidValue;
+    if (bn == B0)
+        return g16 ? launch_sm80<T, DQK, B0, true>(dev, rows_smem, g, tl, q, kc, lse, sc, idx, s)
+                   : launch_sm80<T, DQK, B0, false>(dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+    if constexpr (B1 != B0)
+        if (bn == B1)
+            return g16 ? launch_sm80<T, DQK, B1, true>(dev, rows_smem, g, tl, q, kc, lse, sc, idx, s)
+                       : launch_sm80<T, DQK, B1, false>(dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+    return cudaErrorInvalidValue;
+}
+
+template <typename T>
+static cudaError_t scores_sm80_t(int bn, int nb, bool g16, const Dev &dev, bool rows_smem, const Geom &g,
+                                 const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc, MView idx,
+                                 cudaStream_t s)
+{
+    switch (dqkp) {
+    case 32: return scores_sm80_dims<T, 32>(bn, nb, g16, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+    case 64: return scores_sm80_dims<T, 64>(bn, nb, g16, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+    case 128: return scores_sm80_dims<T, 128>(bn, nb, g16, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+    case 192: return scores_sm80_dims<T, 192>(bn, nb, g16, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+    case 256: return scores_sm80_dims<T, 256>(bn, nb, g16, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t scores_sm80(const Geom &g, const Dev &dev, const ScoresTile &tile, bool g16, bool rows_smem,
+                        const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc, MView idx, cudaStream_t s)
+{
+    if (tl.count == 0 || (idx.p && g.n == 0)) return cudaSuccess;
+    if (g.dtype == 1)
+        return scores_sm80_t<__half>(tile.bn, tile.nb, g16, dev, rows_smem, g, tl, dqkp, q, kc, lse, sc, idx, s);
+    if (g.dtype == 2)
+        return scores_sm80_t<__nv_bfloat16>(tile.bn, tile.nb, g16, dev, rows_smem, g, tl, dqkp, q, kc, lse, sc, idx,
+                                            s);
+    return cudaErrorInvalidValue;
+}
+
+} // namespace nsa_cuda

@@ -1,0 +1,245 @@
+/*
+ * tiles.h -- the tile sizes of the CUDA tensor-core kernels and the shared
+ * memory each asks for: one function per kernel family that picks its tile
+ * for a shape and a shared-memory limit, and the formulas its launcher uses.
+ *
+ * Plain C++ (no CUDA header): the kernels' launchers and the backend's
+ * chooser (backends/cuda/choose.cc) both include it, so the choice made when
+ * a plan is prepared and the launch agree by construction, and the chooser is
+ * tested on machines without a GPU (tests/test_cuda_choose.cc).
+ *
+ * Limits are bytes of dynamic shared memory one CTA may ask for; the
+ * chooser passes the device class's opt-in less SMEM_STATIC_MARGIN (the
+ * kernels' static shared memory, at most 3.7 KB: slc_sm80_g16's lists).
+ * Rejected tile choices stay as one-line comments with the reason and the
+ * measurement (H200, T = 64k, bf16; docs/cuda-results.md has the runs).
+ */
+#ifndef NSA_KERNELS_CUDA_TILES_H
+#define NSA_KERNELS_CUDA_TILES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+namespace nsa_cuda {
+
+constexpr int TC_BM = 128;      /* query rows per CTA of the tiled kernels: tokens x heads of one KV group */
+constexpr int TC_THREADS = 256; /* 8 warps x 16 rows */
+constexpr int64_t SMEM_STATIC_MARGIN = 4096;
+
+/* Padded head dims of the tensor-core kernels for (Dqk, Dv): 32/32, 64/64,
+ * 128/128, 192/128 or 256/256; 0/0 when the heads are wider (reference kernels). */
+inline void tc_dims(int64_t dqk, int64_t dv, int *dqkp, int *dvp)
+{
+    *dqkp = *dvp = 0;
+    if (dqk < 1 || dv < 1 || dqk > 256 || dv > 256) return;
+    if (dqk > 128 && dqk <= 192 && dv <= 128) {
+        *dqkp = 192;
+        *dvp = 128;
+        return;
+    }
+    const int64_t m = dqk > dv ? dqk : dv;
+    const int p = m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 ? 128 : 256;
+    *dqkp = *dvp = p;
+}
+
+/* Token tile of the tiled kernels for group size G: hc heads x qt tokens = 128 rows. */
+inline int tile_heads(int64_t G) { return (int)(G < TC_BM ? G : TC_BM); }
+inline int tile_tokens(int64_t G) { return TC_BM / tile_heads(G); }
+
+/* ------------------------------------------------------------ attention (compressed, window)
+ * attn_sm80 (mma.sync, cp.async; every sm_80+ device) and attn_sm90 (wgmma, TMA). */
+struct AttnTile {
+    int bn;    /* keys per K/V tile; 0: no tile fits */
+    int minb;  /* CTAs per SM the kernel is compiled for: 2 caps registers at 128 */
+    bool qreg; /* attn_sm80: Q fragments held in registers (else re-read from shared memory) */
+};
+
+constexpr size_t attn_sm80_smem(int dqk, int dv, int bn)
+{
+    return 2 * (size_t)(TC_BM * (dqk + 8) + 2 * bn * (dqk + 8) + 2 * bn * (dv + 8));
+}
+/* 1 KB for the swizzle atoms' 1024-byte alignment; two K/V buffers */
+constexpr size_t attn_sm90_smem(int dqk, int dv, int bn) { return 1024 + 2 * (size_t)(TC_BM * dqk + 2 * bn * (dqk + dv)); }
+
+/* The two attn_sm80 tiles: "one" (BN 64, 32 for Dqk 256; Q in registers,
+ * one CTA per SM, ~230 registers) and "two" (BN 32, Q from shared memory,
+ * 128 registers, two CTAs per SM), the latter compiled for 128/128 and
+ * 192/128. mode: 0 compressed, 2 window. Two where it fits: H200, D 128,
+ * cmp 19.7 -> 19.4 ms, window 10.6 -> 7.9 (v4). */
+constexpr AttnTile ATTN_SM80_ONE_64 = {64, 1, true}, ATTN_SM80_ONE_32 = {32, 1, false}, ATTN_SM80_TWO = {32, 2, false};
+inline AttnTile attn_sm80_one(int dqkp) { return dqkp > 192 ? ATTN_SM80_ONE_32 : ATTN_SM80_ONE_64; }
+inline bool attn_sm80_takes(int dqkp, int dvp)
+{
+    return (dqkp == dvp && (dqkp == 32 || dqkp == 64 || dqkp == 128 || dqkp == 256)) || (dqkp == 192 && dvp == 128);
+}
+inline AttnTile pick_attn_sm80(int dqkp, int dvp, int64_t limit)
+{
+    const AttnTile none = {0, 0, false};
+    if (!attn_sm80_takes(dqkp, dvp)) return none;
+    if (dvp == 128 && (int64_t)attn_sm80_smem(dqkp, dvp, ATTN_SM80_TWO.bn) <= limit) return ATTN_SM80_TWO;
+    const AttnTile one = attn_sm80_one(dqkp);
+    return (int64_t)attn_sm80_smem(dqkp, dvp, one.bn) <= limit ? one : none;
+}
+
+/* attn_sm90, dims 64/64, 128/128, 192/128. Compressed branch: one CTA of
+ * 128-key tiles, two buffers (9.7 / 10.9 ms at D 128 / Dqk 192 against two
+ * CTAs of 64/32-key tiles 10.0 / 14.3, and one buffer of 64 keys on two CTAs
+ * 10.2 / 12.4). Window branch: two CTAs per SM of 64-key tiles, 32 at
+ * Dqk 192 (3.9 / 4.8 ms; one buffer of 64 keys 4.4 / 5.2, one CTA of 128 keys
+ * 5.6 / 6.0): a window CTA sees about 9 tiles, too few for one CTA per SM to
+ * hide its barrier and fetch. Rejected loops: the QK product of tile kt+1
+ * overlapped with tile kt's softmax in one warpgroup (13.9 / 16.5 ms for the
+ * compressed branch against 13.1 / 15.1, v5: the CTA barrier per tile
+ * remained); a producer warpgroup with FA3's ping-pong (compiled, never run).
+ */
+inline bool attn_sm90_takes(int dqkp, int dvp)
+{
+    return (dqkp == 64 && dvp == 64) || (dqkp == 128 && dvp == 128) || (dqkp == 192 && dvp == 128);
+}
+inline AttnTile pick_attn_sm90(int mode, int dqkp, int dvp, int64_t limit)
+{
+    const AttnTile none = {0, 0, false};
+    if (!attn_sm90_takes(dqkp, dvp)) return none;
+    const AttnTile t = mode == 0 ? AttnTile{128, 1, false} : AttnTile{dqkp > 128 ? 32 : 64, 2, false};
+    return (int64_t)attn_sm90_smem(dqkp, dvp, t.bn) <= limit ? t : none;
+}
+
+/* ------------------------------------------------------------ block scores (+ top-n)
+ * scores_sm80 (any G <= 128, mma.sync), scores_sm80_g16 (G = 16: one token per
+ * warp, group sum by shuffles, no probability tile, two CTAs per SM) and
+ * scores_sm90_g16 (G = 16: S^T = K Q^T on wgmma, K tiles through the TMA).
+ * Each CTA keeps its tokens' score rows in shared memory where they fit
+ * (then the top-n ranking runs in the same kernel: SCORES_TOPN), else in
+ * global memory (the plan's scores buffer; SELECT_TOPN ranks them). */
+struct ScoresTile {
+    int bn;    /* compressed keys per K tile; 0: no tile fits */
+    int nb;    /* K tile buffers */
+    bool rows; /* the CTA's score rows fit in shared memory beside the tiles */
+};
+
+inline size_t scores_rows_smem(int qt, int64_t max_ns) { return sizeof(float) * (size_t)qt * (size_t)max_ns; }
+
+/* without the score rows: Q and two K tiles in padded rows, the probability
+ * tile [BM][BN + 4] and the group sums [BM][BN] */
+constexpr size_t scores_sm80_smem(int dqk, int bn)
+{
+    return 2 * (size_t)(TC_BM * (dqk + 8) + 2 * bn * (dqk + 8)) + sizeof(float) * (size_t)(TC_BM * (bn + 4) + TC_BM * bn);
+}
+/* G = 16: no probability tile; group sums of the CTA's 8 tokens; nb K buffers */
+constexpr size_t scores_sm80_g16_smem(int dqk, int bn, int nb)
+{
+    return 2 * (size_t)(TC_BM * (dqk + 8) + nb * bn * (dqk + 8)) + sizeof(float) * (size_t)(TC_BM / 16 * bn);
+}
+/* 1 KB of swizzle alignment, Q and nb K tiles of 64 keys unpadded, two sums tiles [8][72] */
+constexpr size_t scores_sm90_g16_smem(int dqk, int nb)
+{
+    return 1024 + 2 * (size_t)(TC_BM * dqk + nb * 64 * dqk) + sizeof(float) * (size_t)(2 * (TC_BM / 16) * 72);
+}
+
+/* scores_sm80 and scores_sm80_g16 (g16): BN 64 for Dqk <= 128, 32 for wider
+ * heads, half that from Dqk 64 up where it does not fit. For G16, rows in
+ * shared memory beat a larger K tile with rows in global memory (the rows are
+ * updated once per K tile: v2.0 kept them in global memory and its scores
+ * took 32 ms at 64k, D 128), so the first tile that fits with the rows wins,
+ * then the first that fits without. rows: the rows' bytes (scores_rows_smem);
+ * per_sm: the class's shared memory per SM (0: do not ask for two CTAs).
+ * The sm86 class needs the smaller tiles (the general kernel's probability
+ * and sums tiles of 128 rows are 66 KB at BN 64). */
+inline bool scores_sm80_takes(int dqkp) { return dqkp == 32 || dqkp == 64 || dqkp == 128 || dqkp == 192 || dqkp == 256; }
+inline ScoresTile pick_scores_sm80(bool g16, int dqkp, size_t rows, int64_t limit, int64_t per_sm)
+{
+    const ScoresTile none = {0, 0, false};
+    if (!scores_sm80_takes(dqkp)) return none;
+    const int first = dqkp > 128 ? 32 : 64, last = dqkp >= 64 ? first / 2 : first;
+    /* the candidates, best first: two K buffers of each size, then (G16) one buffer of the smaller */
+    const ScoresTile cand[3] = {{first, 2, true}, {last, 2, true}, {last, 1, true}};
+    const int nc = g16 ? 3 : 2;
+    auto base = [&](const ScoresTile &t) {
+        return (int64_t)(g16 ? scores_sm80_g16_smem(dqkp, t.bn, t.nb) : scores_sm80_smem(dqkp, t.bn));
+    };
+    /* G16 is built for two CTAs per SM: the first candidate with rows that lets two fit (the A100's 164 KB
+     * fits them only with one K buffer of 32 keys at D 128: 2 x 80 KB), then the first with rows, then the
+     * first without (each CTA also holds its static shared memory and the runtime's 1 KB) */
+    if (g16 && per_sm > 0)
+        for (int i = 0; i < nc; i++)
+            if (2 * (base(cand[i]) + (int64_t)rows + SMEM_STATIC_MARGIN + 1024) <= per_sm) return cand[i];
+    /* the general kernel keeps its larger tile with the rows in global memory (G = 4 at 64k: 83.0 ms
+     * against 84.3 for 32-key tiles with the rows in shared memory, one run each) */
+    for (int i = 0; g16 && i < nc; i++)
+        if (base(cand[i]) + (int64_t)rows <= limit) return cand[i];
+    for (int i = 0; i < 2; i++)
+        if (base(cand[i]) <= limit) return ScoresTile{cand[i].bn, 2, base(cand[i]) + (int64_t)rows <= limit};
+    return none;
+}
+/* scores_sm90_g16, padded Dqk 64 / 128 / 192. Its score rows must be in shared
+ * memory (rows: their bytes). Two K buffers at Dqk <= 128; one at 192, so
+ * that two CTAs fit per SM (12.1 ms at 64k; two buffers, one CTA: 20.5). */
+inline ScoresTile pick_scores_sm90_g16(int dqkp, size_t rows, int64_t limit)
+{
+    const ScoresTile none = {0, 0, false};
+    if (dqkp != 64 && dqkp != 128 && dqkp != 192) return none;
+    const ScoresTile t = {64, dqkp == 192 ? 1 : 2, true};
+    return (int64_t)(scores_sm90_g16_smem(dqkp, t.nb) + rows) <= limit ? t : none;
+}
+
+/* ------------------------------------------------------------ selected attention
+ * slc_sm80 (one CTA per token and 16 query heads, any G; 64-key sub-tiles
+ * streamed by 4 warps) and slc_sm80_g16 (G = 16, l_s <= 64, n <= 32: the 8
+ * tokens of a CTA fetch the blocks they all selected once, then each warp
+ * streams its token's other blocks in 16-key chunks). */
+constexpr int SLC_KB = 64;
+inline size_t slc_sm80_smem(int dqkp, int dvp, int64_t n, int64_t ls)
+{
+    const int64_t nsubmax = n * ((ls + SLC_KB - 1) / SLC_KB);
+    const size_t tiles = 2 * (size_t)(16 * (dqkp + 8) + 2 * SLC_KB * (dqkp + 8) + 2 * SLC_KB * (dvp + 8)) +
+                         (size_t)nsubmax * (sizeof(int64_t) + sizeof(int));
+    const size_t merge = 2 * (size_t)(16 * (dqkp + 8)) + sizeof(float) * (size_t)(192 + 64 * dvp);
+    return merge > tiles ? merge : tiles;
+}
+inline bool slc_sm80_takes(int dqkp, int dvp) { return attn_sm80_takes(dqkp, dvp); }
+
+struct SlcTile {
+    bool ok;    /* a tile fits */
+    bool panel; /* K/V in 128-byte-swizzled panels (dims multiples of 64), else 16-byte-padded rows */
+    int ns;     /* chunk buffers per warp: 3 where they fit (panels only), else 2, else 1 */
+};
+constexpr int SFS_TOK = 8, SFS_KB = 64, SFS_CK = 16, SFS_MAXN = 32;
+/* elements of a K or V tile of `rows` rows x d dims: panels are unpadded */
+constexpr size_t sfs_tile_elems(bool panel, int d, int rows) { return (size_t)rows * (panel ? d : d + 8); }
+/* the Q tile, phase 1's two K/V tiles and the warps' chunk buffers share one
+ * region (each in turn); panels start on a 128-byte boundary (+128) */
+constexpr size_t slc_sm80_g16_smem(int dqk, int dv, bool panel, int ns)
+{
+    const size_t q = 2 * (size_t)SFS_TOK * 16 * (dqk + 8);
+    const size_t p1 = 2 * 2 * (sfs_tile_elems(panel, dqk, SFS_KB) + sfs_tile_elems(panel, dv, SFS_KB));
+    const size_t p2 = 2 * (size_t)SFS_TOK * ns * (sfs_tile_elems(panel, dqk, SFS_CK) + sfs_tile_elems(panel, dv, SFS_CK));
+    const size_t m = q > p1 ? q : p1;
+    return (panel ? 128 : 0) + (m > p2 ? m : p2);
+}
+inline bool slc_sm80_g16_takes(int64_t G, int64_t ls, int64_t n, int dqkp, int dvp)
+{
+    return G == 16 && ls <= SFS_KB && n >= 1 && n <= SFS_MAXN &&
+           ((dqkp == dvp && (dqkp == 32 || dqkp == 64 || dqkp == 128)) || (dqkp == 192 && dvp == 128));
+}
+/* Panels wherever the dims allow: 16-byte-padded rows made cp.async read 1.5
+ * L2 sectors per data sector (slc_attn 19.3 -> 15.2 ms at D 128 in panels);
+ * three chunk buffers where they fit (15.2 -> 14.9; three padded buffers,
+ * when rows were padded, measured slower: 19.9 against 19.2), else two, else
+ * one (the sm80 class at Dqk 192 and the sm86 class: each warp then waits for
+ * its own chunk while the other seven compute; slc_sm80, the alternative,
+ * took 46 ms at 64k there against 15-21 for this kernel on the H200). */
+inline SlcTile pick_slc_sm80_g16(int64_t G, int64_t ls, int64_t n, int dqkp, int dvp, int64_t limit)
+{
+    SlcTile t = {false, dqkp % 64 == 0 && dvp % 64 == 0, 0};
+    if (!slc_sm80_g16_takes(G, ls, n, dqkp, dvp)) return t;
+    for (int ns = t.panel ? 3 : 2; ns >= 1 && !t.ok; ns--)
+        if ((int64_t)slc_sm80_g16_smem(dqkp, dvp, t.panel, ns) <= limit) {
+            t.ns = ns;
+            t.ok = true;
+        }
+    return t;
+}
+
+} // namespace nsa_cuda
+
+#endif

@@ -1,0 +1,265 @@
+/*
+ * test_cuda_choose.cc -- the CUDA backend's kernel chooser (backends/cuda/
+ * choose.h) on every device class, without a GPU: the chooser is plain C++
+ * and decides from the class's published limits and the plan's shape.
+ *
+ * Checks:
+ *   1. Every class runs a tensor-core kernel in every stage for f16 and bf16
+ *      at the shapes the parity corpus and the benchmarks use (padded Dqk
+ *      32 / 64 / 128 / 192, Dv 32 / 64 / 128, G = 1 .. 16, T up to 64k), and
+ *      the tile each picks fits the class's shared memory (tiles.h formulas,
+ *      the same the launchers use).
+ *   2. f32 runs the reference kernels, on every class.
+ *   3. The kernels each class runs at the paper's shape (the choices the
+ *      measurements in docs/cuda-results.md are for).
+ *   4. Only sm90 runs the sm90 kernels; G = 16 kernels only at G = 16.
+ *   5. NSA_CUDA_TARGET and NSA_CUDA_FORCE parsing, good and bad values, and a
+ *      forced kernel that cannot take a shape fails the plan with a message.
+ * Exit status 0 pass, 1 fail.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <initializer_list>
+
+#include "choose.h"
+
+using namespace nsa_cuda;
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                                                                       \
+    do {                                                                                                       \
+        if (!(cond)) {                                                                                         \
+            failures++;                                                                                        \
+            if (failures <= 40) {                                                                              \
+                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                    \
+                printf(__VA_ARGS__);                                                                           \
+                printf("\n");                                                                                  \
+            }                                                                                                  \
+        }                                                                                                      \
+    } while (0)
+
+static nsa_config config(int64_t hq, int64_t hkv, int64_t dqk, int64_t dv, nsa_dtype dt)
+{
+    nsa_config c;
+    memset(&c, 0, sizeof c);
+    c.num_q_heads = hq;
+    c.num_kv_heads = hkv;
+    c.head_dim_qk = dqk;
+    c.head_dim_v = dv;
+    c.cmp_block = 32;
+    c.cmp_stride = 16;
+    c.slc_block = 64;
+    c.num_selected = 16;
+    c.num_init = 1;
+    c.num_local = 2;
+    c.window = 512;
+    c.scale = 0.f;
+    c.compress = NSA_COMPRESS_MEAN;
+    c.dtype = dt;
+    return c;
+}
+
+static const Cls classes[] = {CLS_SM80, CLS_SM86, CLS_SM90};
+static const nsa_stage attn_stages[] = {NSA_STAGE_CMP_ATTN, NSA_STAGE_SCORES_TOPN, NSA_STAGE_SLC_ATTN,
+                                        NSA_STAGE_WIN_ATTN};
+
+static bool is_ref(Kern k) { return k == K_ATTN_REF || k == K_SCORES_REF; }
+
+/* the bytes of dynamic shared memory the stage's kernel asks for (rows: max_ns) */
+static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &cfg, int64_t max_ns)
+{
+    const int64_t G = cfg.num_q_heads / cfg.num_kv_heads;
+    const size_t rows = c.rows_smem ? scores_rows_smem(tile_tokens(G), max_ns) : 0;
+    switch (c.k) {
+    case K_ATTN_SM80: return attn_sm80_smem(ch.dqkp, ch.dvp, c.attn.bn);
+    case K_ATTN_SM90: return attn_sm90_smem(ch.dqkp, ch.dvp, c.attn.bn);
+    case K_SCORES_SM80: return scores_sm80_smem(ch.dqkp, c.scores.bn) + rows;
+    case K_SCORES_SM80_G16: return scores_sm80_g16_smem(ch.dqkp, c.scores.bn, c.scores.nb) + rows;
+    case K_SCORES_SM90_G16: return scores_sm90_g16_smem(ch.dqkp, c.scores.nb) + rows;
+    case K_SLC_SM80: return slc_sm80_smem(ch.dqkp, ch.dvp, cfg.num_selected, cfg.slc_block);
+    case K_SLC_SM80_G16: return slc_sm80_g16_smem(ch.dqkp, ch.dvp, c.slc.panel, c.slc.ns);
+    default: return 0;
+    }
+}
+
+static void check_every_class_has_tc()
+{
+    const Force none = {};
+    const int64_t dims[][2] = {{16, 16}, {32, 32}, {64, 64}, {128, 128}, {96, 64}, {160, 128}, {192, 128}, {128, 64}};
+    const int64_t groups[] = {1, 2, 3, 4, 7, 8, 12, 16};
+    const int64_t max_ns[] = {1, 128, 1024};
+    int cases = 0;
+    for (Cls cls : classes) {
+        const Limits lim = class_limits(cls);
+        for (auto &d : dims)
+            for (int64_t G : groups)
+                for (nsa_dtype dt : {NSA_DTYPE_F16, NSA_DTYPE_BF16})
+                    for (int64_t ns : max_ns) {
+                        const nsa_config cfg = config(4 * G, 4, d[0], d[1], dt);
+                        Choice ch;
+                        char msg[256] = "";
+                        const nsa_status s = choose(lim, cfg, ns, none, &ch, msg, sizeof msg);
+                        CHECK(s == NSA_SUCCESS, "choose failed: %s", msg);
+                        cases++;
+                        for (nsa_stage st : attn_stages) {
+                            const StageChoice &c = ch.st[st];
+                            CHECK(!is_ref(c.k) && c.k != K_NONE,
+                                  "class %s, Dqk %lld Dv %lld G %lld %s max_ns %lld: stage %s runs %s",
+                                  class_name(cls), (long long)d[0], (long long)d[1], (long long)G,
+                                  dt == NSA_DTYPE_F16 ? "f16" : "bf16", (long long)ns, nsa_stage_name(st),
+                                  kern_name(c.k));
+                            const size_t need = smem_of(c, ch, cfg, ns);
+                            CHECK((int64_t)need <= lim.smem_block - SMEM_STATIC_MARGIN,
+                                  "class %s: %s asks for %zu bytes, more than %lld", class_name(cls), kern_name(c.k),
+                                  need, (long long)(lim.smem_block - SMEM_STATIC_MARGIN));
+                            CHECK((c.k != K_ATTN_SM90 && c.k != K_SCORES_SM90_G16) || cls == CLS_SM90,
+                                  "class %s runs %s", class_name(cls), kern_name(c.k));
+                            CHECK((c.k != K_SCORES_SM80_G16 && c.k != K_SCORES_SM90_G16 && c.k != K_SLC_SM80_G16) ||
+                                      G == 16,
+                                  "G = %lld runs %s", (long long)G, kern_name(c.k));
+                        }
+                        CHECK(ch.st[NSA_STAGE_COMBINE].k == K_COMBINE_IN_WIN, "class %s: combine runs %s",
+                              class_name(cls), kern_name(ch.st[NSA_STAGE_COMBINE].k));
+                        CHECK(ch.st[NSA_STAGE_BLOCK_SCORES].k == ch.st[NSA_STAGE_SCORES_TOPN].k,
+                              "the two scores stages disagree");
+                        CHECK(offers_scores_topn(lim, cfg, none), "class %s: no fused scores + top-n",
+                              class_name(cls));
+                        CHECK(ch.tiles && ch.kc16, "class %s: no tile list or packed rows for tensor-core kernels",
+                              class_name(cls));
+                    }
+    }
+    printf("every class, tensor cores in every stage: %d shapes x classes\n", cases);
+}
+
+static void check_f32_reference()
+{
+    const Force none = {};
+    for (Cls cls : classes) {
+        Choice ch;
+        char msg[256];
+        const nsa_config cfg = config(64, 4, 128, 128, NSA_DTYPE_F32);
+        CHECK(choose(class_limits(cls), cfg, 1024, none, &ch, msg, sizeof msg) == NSA_SUCCESS, "%s", msg);
+        CHECK(ch.st[NSA_STAGE_CMP_ATTN].k == K_ATTN_REF && ch.st[NSA_STAGE_SLC_ATTN].k == K_ATTN_REF &&
+                  ch.st[NSA_STAGE_WIN_ATTN].k == K_ATTN_REF && ch.st[NSA_STAGE_BLOCK_SCORES].k == K_SCORES_REF &&
+                  ch.st[NSA_STAGE_COMBINE].k == K_COMBINE,
+              "class %s, f32: a tensor-core kernel was chosen", class_name(cls));
+        CHECK(!offers_scores_topn(class_limits(cls), cfg, none), "f32 offers the fused stage");
+        CHECK(!ch.tiles && !ch.kc16, "f32 plans a tile list or packed rows");
+        /* heads wider than 256: reference too */
+        const nsa_config wide = config(16, 4, 320, 128, NSA_DTYPE_BF16);
+        CHECK(choose(class_limits(cls), wide, 1024, none, &ch, msg, sizeof msg) == NSA_SUCCESS, "%s", msg);
+        CHECK(ch.st[NSA_STAGE_CMP_ATTN].k == K_ATTN_REF && ch.st[NSA_STAGE_SLC_ATTN].k == K_ATTN_REF,
+              "Dqk 320 runs a tensor-core kernel");
+    }
+}
+
+static void expect(Cls cls, const nsa_config &cfg, int64_t max_ns, nsa_stage st, const char *want)
+{
+    const Force none = {};
+    Choice ch;
+    char msg[256], got[128];
+    CHECK(choose(class_limits(cls), cfg, max_ns, none, &ch, msg, sizeof msg) == NSA_SUCCESS, "%s", msg);
+    describe(ch.st[st], st, got, sizeof got);
+    CHECK(strcmp(got, want) == 0, "class %s, Dqk %lld, stage %s: %s, expected %s", class_name(cls),
+          (long long)cfg.head_dim_qk, nsa_stage_name(st), got, want);
+}
+
+static void check_paper_shape()
+{
+    /* T = 65536: 1024 selection blocks */
+    const nsa_config d128 = config(64, 4, 128, 128, NSA_DTYPE_BF16), d192 = config(64, 4, 192, 128, NSA_DTYPE_BF16);
+    expect(CLS_SM90, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm90[bn128,1cta,tma]");
+    expect(CLS_SM90, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm90_g16[bn64,2buf,rows:smem]+topn:fused");
+    expect(CLS_SM90, d192, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm90_g16[bn64,1buf,rows:smem]+topn:fused");
+    expect(CLS_SM90, d128, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,3buf]");
+    expect(CLS_SM90, d192, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,2buf]"); /* three: 240 KB */
+    expect(CLS_SM90, d128, 1024, NSA_STAGE_WIN_ATTN, "attn_sm90[bn64,2cta,tma]");
+    expect(CLS_SM90, d192, 1024, NSA_STAGE_WIN_ATTN, "attn_sm90[bn32,2cta,tma]");
+    expect(CLS_SM90, d128, 1024, NSA_STAGE_COMBINE, "combine_in_win");
+    expect(CLS_SM80, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn32,2cta]");
+    expect(CLS_SM80, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,1buf,rows:smem]+topn:fused");
+    expect(CLS_SM80, d192, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,2buf,rows:smem]+topn:fused");
+    expect(CLS_SM80, d128, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,2buf]"); /* three: 192 KB */
+    expect(CLS_SM80, d128, 1024, NSA_STAGE_WIN_ATTN, "attn_sm80[bn32,2cta]");
+    expect(CLS_SM86, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn32,2cta]");
+    expect(CLS_SM86, d192, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,1buf]"); /* two: 160 KB */
+    expect(CLS_SM80, d192, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,1buf]"); /* two: 160 KB + static > 163 */
+    expect(CLS_SM86, d128, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,1buf]");
+    expect(CLS_SM86, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,2buf,rows:smem]+topn:fused");
+    /* G = 4 (Llama-3-8B's 32 / 8) */
+    const nsa_config g4 = config(32, 8, 128, 128, NSA_DTYPE_BF16);
+    expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80");
+    expect(CLS_SM90, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80[bn64,2buf,rows:global]+topn");
+    expect(CLS_SM90, g4, 128, NSA_STAGE_SCORES_TOPN, "scores_sm80[bn64,2buf,rows:smem]+topn:fused");
+}
+
+static void check_parsing()
+{
+    Force f;
+    char msg[512];
+    CHECK(parse_force(nullptr, &f, msg, sizeof msg), "NULL");
+    CHECK(parse_force("", &f, msg, sizeof msg), "empty");
+    CHECK(parse_force("ref", &f, msg, sizeof msg) && f.k[NSA_STAGE_CMP_ATTN] == K_ATTN_REF &&
+              f.k[NSA_STAGE_SCORES_TOPN] == K_SCORES_REF && f.k[NSA_STAGE_COMBINE] == K_COMBINE,
+          "ref");
+    CHECK(parse_force("slc_attn:slc_sm80,block_scores:ref", &f, msg, sizeof msg) &&
+              f.k[NSA_STAGE_SLC_ATTN] == K_SLC_SM80 && f.k[NSA_STAGE_BLOCK_SCORES] == K_SCORES_REF &&
+              f.k[NSA_STAGE_SCORES_TOPN] == K_SCORES_REF && f.k[NSA_STAGE_CMP_ATTN] == K_NONE,
+          "stage:kernel list: %s", msg);
+    CHECK(!parse_force("slc_attn:attn_sm90", &f, msg, sizeof msg) && strstr(msg, "not a kernel of stage slc_attn"),
+          "a kernel of another stage: %s", msg);
+    CHECK(!parse_force("bogus:ref", &f, msg, sizeof msg) && strstr(msg, "not a stage"), "unknown stage: %s", msg);
+    CHECK(!parse_force("attn_sm90", &f, msg, sizeof msg) && strstr(msg, "stage:kernel"), "no colon: %s", msg);
+
+    Cls c;
+    CHECK(parse_target("sm80", CLS_SM90, &c, msg, sizeof msg) && c == CLS_SM80, "sm80 on sm90");
+    CHECK(parse_target("sm89", CLS_SM90, &c, msg, sizeof msg) && c == CLS_SM86, "sm89 on sm90");
+    CHECK(parse_target("sm90", CLS_SM90, &c, msg, sizeof msg) && c == CLS_SM90, "sm90 on sm90");
+    CHECK(!parse_target("sm90", CLS_SM80, &c, msg, sizeof msg) && strstr(msg, "cannot run as sm90"),
+          "sm90 on sm80: %s", msg);
+    CHECK(!parse_target("sm80", CLS_SM86, &c, msg, sizeof msg), "sm80 on sm86");
+    CHECK(!parse_target("a100", CLS_SM90, &c, msg, sizeof msg) && strstr(msg, "not a device class"), "a100: %s", msg);
+
+    CHECK(device_class(9, 0, 232448, true) == CLS_SM90, "H100");
+    CHECK(device_class(9, 0, 232448, false) == CLS_SM80, "sm_90 without sm_90a code");
+    CHECK(device_class(8, 0, 166912, false) == CLS_SM80, "A100");
+    CHECK(device_class(8, 6, 101376, false) == CLS_SM86, "sm_86");
+    CHECK(device_class(8, 9, 101376, false) == CLS_SM86, "sm_89");
+
+    /* a forced kernel that does not take the shape fails the plan */
+    const nsa_config g4 = config(16, 4, 128, 128, NSA_DTYPE_BF16);
+    Choice ch;
+    CHECK(parse_force("slc_attn:slc_sm80_g16", &f, msg, sizeof msg), "parse");
+    CHECK(choose(class_limits(CLS_SM90), g4, 64, f, &ch, msg, sizeof msg) == NSA_ERR_UNSUPPORTED &&
+              strstr(msg, "slc_sm80_g16") && strstr(msg, "G = 16"),
+          "forced slc_sm80_g16 at G = 4: %s", msg);
+    CHECK(parse_force("cmp_attn:attn_sm90", &f, msg, sizeof msg), "parse");
+    CHECK(choose(class_limits(CLS_SM80), g4, 64, f, &ch, msg, sizeof msg) == NSA_ERR_UNSUPPORTED &&
+              strstr(msg, "sm90"),
+          "forced attn_sm90 on sm80: %s", msg);
+    /* forcing the reference scores turns the fused stage off; forcing combine unfuses it */
+    CHECK(parse_force("block_scores:ref,combine:combine", &f, msg, sizeof msg), "parse");
+    CHECK(!offers_scores_topn(class_limits(CLS_SM90), g4, f), "fused stage with forced reference scores");
+    CHECK(choose(class_limits(CLS_SM90), g4, 64, f, &ch, msg, sizeof msg) == NSA_SUCCESS &&
+              ch.st[NSA_STAGE_COMBINE].k == K_COMBINE,
+          "combine:combine: %s", msg);
+    /* LINEAR compression wider than its kernel */
+    nsa_config lin = config(16, 4, 2048, 128, NSA_DTYPE_F32);
+    lin.compress = NSA_COMPRESS_LINEAR;
+    const Force none = {};
+    CHECK(choose(class_limits(CLS_SM90), lin, 64, none, &ch, msg, sizeof msg) == NSA_ERR_UNSUPPORTED &&
+              strstr(msg, "1024"),
+          "LINEAR at Dqk 2048: %s", msg);
+}
+
+int main()
+{
+    check_every_class_has_tc();
+    check_f32_reference();
+    check_paper_shape();
+    check_parsing();
+    printf("%s: %d failure%s\n", failures ? "FAIL" : "PASS", failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}
