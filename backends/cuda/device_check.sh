@@ -23,7 +23,7 @@
 #            earlier commit, built here in the background) beside this tree, alternating,
 #            BASE_ROUNDS times (default 2), for the ';'-separated nsa flags of BASE_SHAPES
 #            (default D 128, Dqk 192, and G = 4 at D 128)
-#   sdpa     .bench/sdpa_baseline.py (a copy of ../shared/bench/sdpa_baseline.py), 64k
+#   sdpa     tools/dense_baseline.py: PyTorch's cuDNN and FlashAttention-2 dense causal attention, 64k
 #   ncu      stall reasons and source counters of NCU_SPEC kernels (not in the default)
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
 #   ldgsts   dev/cuda/ldgsts_l2.cu: cp.async's L2 reads per shared-memory layout (not in the default)
@@ -164,7 +164,7 @@ if has baseline && [ -n "$OLD_PID" ]; then
 fi
 if has sdpa; then
   for dqk in 128; do
-    timeout 150 python3 .bench/sdpa_baseline.py --T 65536 --hq 64 --hkv 4 --dqk $dqk --dv 128 --no-backward --iters 6 \
+    timeout 150 python3 tools/dense_baseline.py --T 65536 --hq 64 --hkv 4 --dqk $dqk --dv 128 --iters 6 \
       > /tmp/sdpa.log 2>&1
     note "[$(el)] sdpa Dqk=$dqk rc=$?:"
     grep -o '"baseline": "[a-z-]*".*"fwd_ms": [0-9.]*' /tmp/sdpa.log | sed 's/"hq.*"device": "[^"]*", //' | tee -a "$SUM"
