@@ -50,6 +50,24 @@ expect "parity --save"              0 ""                -- "$nsa" parity --backe
 expect "parity --compare"           0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --compare "$tmp/p.bin"
 expect "parity with an absent backend skips" 77 "unavailable" -- env NSA_BACKEND_PATH=/nonexistent "$nsa" parity --backends hip --corpus small
 
+# nsa bench --baseline / --plot: records for the swept T and shape are compared, the
+# figure is well-formed SVG; a missing or malformed file is a usage error with a message
+bench=(bench --backend cpu --T 64,128 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --no-stages)
+printf '%s\n' '{"baseline": "torch-sdpa-cudnn", "T": 64, "hq": 4, "hkv": 1, "dqk": 16, "dv": 16, "fwd_ms": 0.25}' \
+  '{"baseline": "torch-sdpa-flash", "T": 64, "error": "unsupported"}' '{"baseline": "x", "T": 64, "hq": 8, "fwd_ms": 1}' \
+  'not json' > "$tmp/base.jsonl"
+expect "bench --baseline compares" 0 "baseline torch-sdpa-cudnn, T=64: 0.25 ms" -- \
+  "$nsa" "${bench[@]}" --baseline "$tmp/base.jsonl" --plot "$tmp/b.svg"
+if python3 -c 'import sys, xml.dom.minidom as m; d = m.parse(sys.argv[1]); sys.exit(0 if "torch-sdpa-cudnn" in d.toxml() else 1)' \
+   "$tmp/b.svg" 2>/dev/null; then ok "bench --plot writes an SVG with the baseline"; else bad "bench --plot writes an SVG with the baseline"; fi
+expect "bench --json lists the baselines" 0 '"baselines": \[\{"baseline": "torch-sdpa-cudnn"' -- \
+  "$nsa" "${bench[@]}" --baseline "$tmp/base.jsonl" --json
+expect "bench --baseline of a missing file" 2 "baseline .*No such file" -- \
+  "$nsa" "${bench[@]}" --baseline "$tmp/none.jsonl"
+head -c 5000 /dev/zero | tr '\0' 'a' > "$tmp/long.jsonl"
+expect "bench --baseline with an endless line" 2 "longer than 4096" -- "$nsa" "${bench[@]}" --baseline "$tmp/long.jsonl"
+expect "bench --plot into a missing folder" 1 "cannot write" -- "$nsa" "${bench[@]}" --plot "$tmp/no/such/dir.svg"
+
 # A kernel that fails to compile: the status names it and the message carries
 # the compiler's log (OpenCL compiles at run time; skipped without a device).
 if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available"; then

@@ -24,10 +24,12 @@
 #include <string.h>
 
 #include "args.h"
+#include "baseline_file.h"
 #include "cmds.h"
 #include "config_flags.h"
 #include "nsa.h"
 #include "peaks.h"
+#include "plot_svg.h"
 #include "problem.h"
 #include "testkit.h"
 #include "tool.h"
@@ -67,7 +69,13 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  (the window branch is then exact dense causal attention); the compression\n"
             "  branch cannot be switched off, so its measured cmp-only time is subtracted:\n"
             "  dense = t(w=T, n=0) - t(cmp only); speedup = dense / full. The raw\n"
-            "  t(w=T, n=0) is printed too. --no-dense skips it.\n\n"
+            "  t(w=T, n=0) is printed too. --no-dense skips it.\n"
+            "--baseline FILE: JSON lines of other implementations' times (what\n"
+            "  tools/dense_baseline.py prints: PyTorch's cuDNN and FlashAttention-2 on the same\n"
+            "  GPU, measured in the same session); records for the swept T and this shape are\n"
+            "  listed after the table with the speedup over each.\n"
+            "--plot FILE.svg: a figure of time and speedup against T for this run, the\n"
+            "  backend's dense attention and the baselines.\n\n"
             "%s\nflags:\n",
             config_flags_help);
     args_print_options(f, opts, n);
@@ -146,7 +154,8 @@ int cmd_bench(int argc, char **argv)
     int64_t device = -1, iters = -1, warmup = -1, batch = 1;
     double peak_tflops = 0, peak_gbps = 0;
     int json = 0, no_stages = 0, no_dense = 0;
-    args_opt opts[CONFIG_FLAGS_COUNT + 14];
+    const char *plot_path = NULL, *baseline_path = NULL;
+    args_opt opts[CONFIG_FLAGS_COUNT + 16];
     int nopts, rc, nT, exit_code = TOOL_EXIT_OK;
     int64_t Ts[MAX_T];
     nsa_context *ctx = NULL;
@@ -167,6 +176,8 @@ int cmd_bench(int argc, char **argv)
     OPT("--no-stages", ARGS_FLAG, &no_stages, NULL, "skip the per-branch estimates (n=0 / w=0 runs)");
     OPT("--no-dense", ARGS_FLAG, &no_dense, NULL, "skip the dense causal attention comparison");
     OPT("--json", ARGS_FLAG, &json, NULL, "print one JSON object");
+    OPT("--baseline", ARGS_STRING, &baseline_path, "FILE", "other implementations' times (JSON lines) to compare with");
+    OPT("--plot", ARGS_STRING, &plot_path, "FILE.svg", "draw time and speedup against T into an SVG file");
 #undef OPT
     rc = args_parse(CMD, opts, nopts, argc, argv, 1);
     if (rc == ARGS_HELP) {
@@ -180,6 +191,16 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, CMD ": bad value: need --iters >= 1, --warmup >= 0, --batch 1..%d, "
                         "peaks >= 0\n", TK_MAX_BATCH);
         return TOOL_EXIT_USAGE;
+    }
+
+    static baseline_rec recs[BASELINE_MAX];
+    int nrecs = 0;
+    if (baseline_path) {
+        char err[512];
+        if (baseline_read(baseline_path, recs, &nrecs, err, sizeof err) != 0) {
+            fprintf(stderr, CMD ": %s\n", err);
+            return TOOL_EXIT_USAGE;
+        }
     }
 
     s = nsa_context_create(backend, (int)device, &ctx);
@@ -268,7 +289,9 @@ int cmd_bench(int argc, char **argv)
                "%peak", "GB/s", "%peak", "cmp ms", "slc ms", "win ms", "dense ms", "dense raw", "speedup");
     }
 
+    double full_ms[MAX_T], dense_ms[MAX_T];
     for (int i = 0; i < nT; i++) {
+        full_ms[i] = dense_ms[i] = NAN;
         int64_t lens[TK_MAX_BATCH];
         tk_case c;
         tk_inputs in;
@@ -317,6 +340,10 @@ int cmd_bench(int argc, char **argv)
             dense_s = m[V_DENSE].time_s - m[V_CMP_ONLY].time_s;
         if (m[V_FULL].ran && dense_s > 0)
             speedup = dense_s / m[V_FULL].time_s;
+        if (m[V_FULL].ran)
+            full_ms[i] = m[V_FULL].time_s * 1e3;
+        if (dense_s > 0)
+            dense_ms[i] = dense_s * 1e3;
 
         if (json) {
             printf("%s{\"T\": %lld, \"batch\": %lld, \"ok\": %s", i ? ", " : "", (long long)Ts[i],
@@ -377,14 +404,92 @@ int cmd_bench(int argc, char **argv)
         }
         fflush(stdout);
     }
+    /* the baselines that match the sweep: same T, and the same heads and dims where the record says */
+    const nsa_config *k0 = &c0.cfg;
+    plot_series *series = calloc(2 + BASELINE_MAX, sizeof *series);
+    int nseries = 2, skipped = 0;
+    if (!series) {
+        fprintf(stderr, CMD ": out of host memory\n");
+        nsa_context_destroy(ctx);
+        return TOOL_EXIT_FAIL;
+    }
+    snprintf(series[0].name, sizeof series[0].name, "libnsa %.80s", bname);
+    snprintf(series[1].name, sizeof series[1].name, "%.70s dense causal", bname);
+    for (int i = 0; i < nT; i++) {
+        series[0].T[i] = series[1].T[i] = (double)Ts[i];
+        series[0].ms[i] = full_ms[i];
+        series[1].ms[i] = dense_ms[i];
+    }
+    series[0].n = series[1].n = nT;
+    for (int r = 0; r < nrecs; r++) {
+        const baseline_rec *b = &recs[r];
+        int ti = -1;
+        for (int i = 0; i < nT; i++)
+            if (Ts[i] == b->T) ti = i;
+        if (ti < 0 || (b->hq >= 0 && b->hq != k0->num_q_heads) || (b->hkv >= 0 && b->hkv != k0->num_kv_heads) ||
+            (b->dqk >= 0 && b->dqk != k0->head_dim_qk) || (b->dv >= 0 && b->dv != k0->head_dim_v)) {
+            skipped++;
+            continue;
+        }
+        int s2 = 2;
+        while (s2 < nseries && strcmp(series[s2].name, b->name) != 0) s2++;
+        if (s2 == nseries) {
+            snprintf(series[s2].name, sizeof series[s2].name, "%.63s", b->name);
+            nseries++;
+        }
+        plot_series *ps = &series[s2];
+        if (ps->n < PLOT_MAX_POINTS) {
+            ps->T[ps->n] = (double)b->T;
+            ps->ms[ps->n] = b->ms;
+            ps->n++;
+        }
+    }
+    if (skipped > 0)
+        fprintf(stderr, CMD ": %d record(s) of %s are for another T or shape; not compared\n", skipped,
+                baseline_path);
     if (json) {
+        printf("], \"baselines\": [");
+        int first = 1;
+        for (int s2 = 2; s2 < nseries; s2++)
+            for (int i = 0; i < series[s2].n; i++) {
+                double nsa_ms = NAN;
+                for (int j = 0; j < nT; j++)
+                    if ((double)Ts[j] == series[s2].T[i]) nsa_ms = full_ms[j];
+                printf("%s{\"baseline\": ", first ? "" : ", ");
+                json_str(stdout, series[s2].name);
+                printf(", \"T\": %.0f, \"ms\": ", series[s2].T[i]);
+                json_num(stdout, series[s2].ms[i]);
+                printf(", \"speedup\": ");
+                json_num(stdout, series[s2].ms[i] / nsa_ms);
+                printf("}");
+                first = 0;
+            }
         printf("], \"exit_code\": %d}\n", exit_code);
     } else {
         printf("cmp/slc/win: branch times estimated by difference (cmp = n=0,w=0 run; slc = full - "
                "n=0; win = full - w=0)\n"
                "dense: t(w=T, n=0) - t(cmp only) = causal attention by this backend; dense raw "
                "includes its cmp branch; speedup = dense / nsa\n");
+        for (int s2 = 2; s2 < nseries; s2++)
+            for (int i = 0; i < series[s2].n; i++)
+                for (int j = 0; j < nT; j++)
+                    if ((double)Ts[j] == series[s2].T[i])
+                        printf("baseline %s, T=%lld: %.4g ms; speedup %.3gx\n", series[s2].name, (long long)Ts[j],
+                               series[s2].ms[i], series[s2].ms[i] / full_ms[j]);
     }
+    if (plot_path) {
+        char title[256], err[512];
+        snprintf(title, sizeof title, "NSA forward on %.120s, %s, Hq %lld, Hkv %lld, Dqk %lld, Dv %lld", nsa_context_device(ctx),
+                 nsa_dtype_name(k0->dtype), (long long)k0->num_q_heads, (long long)k0->num_kv_heads,
+                 (long long)k0->head_dim_qk, (long long)k0->head_dim_v);
+        if (plot_speed_svg(plot_path, title, series, nseries, err, sizeof err) != 0) {
+            fprintf(stderr, CMD ": --plot: %s\n", err);
+            exit_code = TOOL_EXIT_FAIL;
+        } else if (!json) {
+            printf("plot: %s\n", plot_path);
+        }
+    }
+    free(series);
     nsa_context_destroy(ctx);
     return exit_code;
 }
