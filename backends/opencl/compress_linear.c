@@ -1,5 +1,7 @@
 /*
- * compress_linear.c: LINEAR compression through CLBlast GEMMs (f32 throughout).
+ * compress_linear.c: LINEAR compression through CLBlast GEMMs (f32 throughout), in
+ * a module built with CLBlast (NSA_OPENCL_CLBLAST); without it, the compress_linear
+ * kernel of compress.cl runs instead (stages.c) and this file is the stubs.
  *
  * For KV head g, compressed row i of a sequence is
  *     kc_i = sum_{j<l} (k[i*d + j] + pe[g, j]) @ W[g, j]
@@ -24,7 +26,30 @@
 
 #include "opencl_internal.h"
 
+#ifndef NSA_OPENCL_CLBLAST
+/* Built without CLBlast: stages.c runs the compress_linear kernel (compress.cl),
+ * which needs no scratch. */
+const char *ocl_linear_engine(void) { return "built-in kernel"; }
+nsa_status ocl_linear_prepare(ocl_context *c, const nsa_bk_plan *plan, ocl_plan *op)
+{
+    (void)c;
+    (void)plan;
+    (void)op;
+    return NSA_SUCCESS;
+}
+void ocl_linear_forget(ocl_context *c) { (void)c; }
+nsa_status ocl_linear_run(ocl_context *c, const nsa_bk_args *args, ocl_plan *op)
+{
+    (void)c;
+    (void)args;
+    (void)op;
+    return OCL_ERR(NSA_ERR_INTERNAL, "opencl: the CLBlast LINEAR path in a module built without CLBlast");
+}
+#else
 #include <clblast_c.h>
+
+const char *ocl_linear_engine(void) { return "CLBlast"; }
+
 
 static size_t dtype_size(nsa_dtype d) { return d == NSA_DTYPE_F32 ? 4 : 2; }
 
@@ -219,3 +244,4 @@ nsa_status ocl_linear_run(ocl_context *c, const nsa_bk_args *args, ocl_plan *op)
     nsa_status s = linear_one(c, args, op, 0);
     return s != NSA_SUCCESS ? s : linear_one(c, args, op, 1);
 }
+#endif /* NSA_OPENCL_CLBLAST */

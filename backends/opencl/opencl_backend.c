@@ -109,7 +109,8 @@ static nsa_status ocl_probe(int *device_count, char *reason, size_t reason_size)
                  filter && *filter ? " matching NSA_OPENCL_PLATFORM='" : "",
                  filter && *filter ? filter : "", filter && *filter ? "'" : "");
     } else {
-        snprintf(reason, reason_size, "OpenCL: %d device(s) on %u platform(s)", n, np);
+        snprintf(reason, reason_size, "OpenCL: %d device(s) on %u platform(s); LINEAR compression: %s", n, np,
+                 ocl_linear_engine());
         return NSA_SUCCESS;
     }
     return OCL_ERR(NSA_ERR_BACKEND_UNAVAILABLE, "opencl: %s", reason);

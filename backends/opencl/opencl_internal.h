@@ -40,6 +40,7 @@ enum ocl_kernel_id {
     OCL_K_CONVERT_DENSE,
     OCL_K_FILL_ROWS,
     OCL_K_ROUND_ROWS,
+    OCL_K_COMPRESS_LINEAR,
     OCL_K_CMP_ATTN,
     OCL_K_BLOCK_SCORES,
     OCL_K_SELECT_TOPN,
@@ -144,7 +145,10 @@ nsa_status ocl_launch(ocl_context *c, cl_kernel k, const char *kname, cl_uint fi
 /* After a command on an out-of-order queue: a barrier; otherwise nothing. */
 nsa_status ocl_order(ocl_context *c);
 
-/* compress_linear.c: LINEAR compression with CLBlast GEMMs. */
+/* compress_linear.c: LINEAR compression, with CLBlast GEMMs where the module was
+ * built with CLBlast (NSA_OPENCL_CLBLAST), else with the compress_linear kernel.
+ * ocl_linear_engine(): "CLBlast" or "built-in kernel", for the probe's reason. */
+const char *ocl_linear_engine(void);
 nsa_status ocl_linear_prepare(ocl_context *c, const nsa_bk_plan *plan, ocl_plan *op);
 nsa_status ocl_linear_run(ocl_context *c, const nsa_bk_args *args, ocl_plan *op);
 /* Drops CLBlast's compiled programs (they pin this context) when it is destroyed. */

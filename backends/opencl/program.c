@@ -32,6 +32,7 @@ static const char *const kernel_names[OCL_K_COUNT] = {
     [OCL_K_CONVERT_DENSE] = "convert_dense",
     [OCL_K_FILL_ROWS] = "fill_rows",
     [OCL_K_ROUND_ROWS] = "round_rows",
+    [OCL_K_COMPRESS_LINEAR] = "compress_linear",
     [OCL_K_CMP_ATTN] = "cmp_attn",
     [OCL_K_BLOCK_SCORES] = "block_scores",
     [OCL_K_SELECT_TOPN] = "select_topn",

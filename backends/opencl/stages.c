@@ -3,7 +3,8 @@
  * the device's limits, and the per-plan state.
  *
  * Work decomposition:
- *   COMPRESS      MEAN / EXTERNAL: element-wise kernels; LINEAR: compress_linear.c
+ *   COMPRESS      MEAN / EXTERNAL: element-wise kernels; LINEAR: compress_linear.c (CLBlast GEMMs)
+ *                 where the module has CLBlast, else the compress_linear kernel
  *   CMP_ATTN      v1: one work-group per (t, h) (T * Hq groups, softmax.cl);
  *                 v2: one per (t, g), G heads sharing K/V tiles (T * Hkv, group_attn.cl)
  *   BLOCK_SCORES  one work-group per (t, g) (T * Hkv groups); v1: lane per block j;
@@ -257,7 +258,7 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
     op->wg_topn = floor_pow2(kernel_limit(c, op->prog, OCL_K_SELECT_TOPN) < 64 ? kernel_limit(c, op->prog, OCL_K_SELECT_TOPN) : 64);
     op->wg_elem = floor_pow2(kernel_limit(c, op->prog, OCL_K_COMBINE) < 256 ? kernel_limit(c, op->prog, OCL_K_COMBINE) : 256);
     if (cpu && op->wg_elem > 64) op->wg_elem = 64;
-    for (int k = OCL_K_COMPRESS_MEAN; k <= OCL_K_ROUND_ROWS; ++k)
+    for (int k = OCL_K_COMPRESS_MEAN; k <= OCL_K_COMPRESS_LINEAR; ++k)
         while (op->wg_elem > kernel_limit(c, op->prog, k)) op->wg_elem /= 2;
     choose_v2(c, op, cfg);
     choose_scores_v2(c, op, cfg);
@@ -312,7 +313,9 @@ static nsa_status run_compress(ocl_context *c, ocl_plan *op, const nsa_bk_args *
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
     const size_t es = dtype_size(cfg->dtype);
+#ifdef NSA_OPENCL_CLBLAST
     if (cfg->compress == NSA_COMPRESS_LINEAR) return ocl_linear_run(c, args, op);
+#endif
     if (plan->total_cmp == 0) return NSA_SUCCESS;
     for (int kv = 0; kv < 2; ++kv) {
         const int64_t D = kv ? cfg->head_dim_v : cfg->head_dim_qk;
@@ -323,6 +326,22 @@ static nsa_status run_compress(ocl_context *c, ocl_plan *op, const nsa_bk_args *
         if (cfg->compress == NSA_COMPRESS_MEAN) {
             ocl_args_begin(&a, op->prog->kernel[OCL_K_COMPRESS_MEAN], "compress_mean");
             ocl_arg_tensor(&a, kv ? &args->v[NSA_BRANCH_CMP] : &args->k[NSA_BRANCH_CMP], es, 1);
+            ocl_arg_tensor(&a, out, 4, 1);
+            ocl_arg_mem(&a, tb->mem);
+            ocl_arg_long(&a, tb->cu_seq);
+            ocl_arg_long(&a, tb->cu_cmp);
+            ocl_arg_long(&a, plan->batch);
+            ocl_arg_long(&a, cfg->num_kv_heads);
+            ocl_arg_long(&a, D);
+            ocl_arg_long(&a, cfg->cmp_block);
+            ocl_arg_long(&a, cfg->cmp_stride);
+        } else if (cfg->compress == NSA_COMPRESS_LINEAR) { /* without CLBlast */
+            const nsa_bk_tensor *w = kv ? &args->w_v : &args->w_k, *pe = kv ? &args->pe_v : &args->pe_k;
+            ocl_args_begin(&a, op->prog->kernel[OCL_K_COMPRESS_LINEAR], "compress_linear");
+            ocl_arg_tensor(&a, kv ? &args->v[NSA_BRANCH_CMP] : &args->k[NSA_BRANCH_CMP], es, 1);
+            ocl_arg_tensor(&a, w, es, 0);
+            ocl_arg_tensor(&a, pe->buf ? pe : w, es, 0); /* absent: any buffer, never read */
+            ocl_arg_int(&a, pe->buf != NULL);
             ocl_arg_tensor(&a, out, 4, 1);
             ocl_arg_mem(&a, tb->mem);
             ocl_arg_long(&a, tb->cu_seq);

@@ -16,6 +16,10 @@
  *                   the C matrix the GEMMs then accumulate into with beta = 1.
  *   round_rows      LINEAR: kc[r, g, :] rounded to nsa_t in place, after the GEMMs
  *                   (not launched for f32, where it changes nothing).
+ *   compress_linear LINEAR without CLBlast: one work-item per output element,
+ *                   sum_j sum_e (x[tok0 + j, g, e] + pe[g, j, e]) W[g, j, e, c] in f32
+ *                   (j, then e, in order), rounded to nsa_t. Plain FMA, l * D per
+ *                   element: correct and portable, not fast.
  *
  * All are element-wise: global id e = first + get_global_id(0) over `total` elements
  * (launches are split into pieces, `first` is the piece's start), guarded e < total.
@@ -110,4 +114,27 @@ __kernel void round_rows(__global float *y, long y_off, long y_st, long y_sh,
     const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
     const long i = y_off + r * y_st + g * y_sh + c;
     y[i] = round_nsa(y[i]);
+}
+
+__kernel void compress_linear(const __global nsa_t *x, long x_off, long x_st, long x_sh,
+                              const __global nsa_t *w, long w_off, const __global nsa_t *pe, long pe_off, int has_pe,
+                              __global float *y, long y_off, long y_st, long y_sh,
+                              const __global long *tab, long cu_seq_at, long cu_cmp_at, long batch,
+                              long Hkv, long D, long l, long d, long total, long first)
+{
+    const long e = first + (long)get_global_id(0);
+    if (e >= total) return;
+    const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
+    const long b = seq_of_row(tab + cu_cmp_at, batch, r);
+    const long tok0 = tab[cu_seq_at + b] + (r - tab[cu_cmp_at + b]) * d;
+    float s = 0.0f;
+    for (long j = 0; j < l; ++j) {
+        const long xr = x_off + (tok0 + j) * x_st + g * x_sh, wr = w_off + (g * l + j) * D * D + c;
+        const long pr = pe_off + (g * l + j) * D;
+        for (long k = 0; k < D; ++k) {
+            const float xv = ld(x, xr + k) + (has_pe ? ld(pe, pr + k) : 0.0f);
+            s = fma(xv, ld(w, wr + k * D), s);
+        }
+    }
+    y[y_off + r * y_st + g * y_sh + c] = round_nsa(s);
 }
