@@ -18,6 +18,11 @@
 NSA_INTERNAL nsa_status nsa_set_error(nsa_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 NSA_INTERNAL void nsa_clear_error(void);
+/* After a backend call failed: keeps the backend's own message, or, when it
+ * left none, supplies one naming the backend and what it was doing ("creating
+ * a context on device 0"). Returns status; NSA_SUCCESS passes through. */
+NSA_INTERNAL nsa_status nsa_backend_error(nsa_status status, const char *backend, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 NSA_INTERNAL extern const nsa_host_api nsa_host;
 
 /* ---- registry (registry.c) */
@@ -85,7 +90,6 @@ struct nsa_plan {
 
 /* ---- shared helpers */
 NSA_INTERNAL nsa_status nsa_config_check(const nsa_config *cfg, const char *what);
-NSA_INTERNAL int nsa_mul_overflows(int64_t a, int64_t b, int64_t *out);
 
 /* Block arithmetic of the semantics page: the host side's only copy. */
 NSA_INTERNAL int64_t nsa_num_cmp_blocks(int64_t len, int64_t l, int64_t d);

@@ -268,7 +268,9 @@ typedef struct nsa_tensor {
     int64_t stride_head;   /* elements */
 } nsa_tensor;
 
-/* Convenience: a dense row-major [T, H, D] view (stride_token = H * D, stride_head = D). */
+/* Convenience: a dense row-major [T, H, D] view (stride_token = H * D, stride_head = D).
+ * When H * D overflows int64 the view gets stride_token = -1, which nsa_forward
+ * refuses (NSA_ERR_INVALID_STRIDE). */
 NSA_API nsa_tensor nsa_tensor_dense(nsa_buffer *buf, int64_t offset, int64_t heads, int64_t dim);
 
 /* Branch index for per-branch arrays. */
@@ -325,12 +327,14 @@ NSA_API nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa
 
 /* ------------------------------------------------------------------ utilities */
 
-/* Converts n elements between f32, f16 and bf16 on the host (round to nearest even). */
+/* Converts n elements between f32, f16 and bf16 on the host (round to nearest even).
+ * n * 4 bytes must fit in int64 and size_t (NSA_ERR_INVALID_VALUE otherwise). */
 NSA_API nsa_status nsa_convert(const void *src, nsa_dtype src_dtype, void *dst, nsa_dtype dst_dtype,
                                int64_t n);
 
 /* Portable counter-based random numbers: element i of stream (seed, stream) is
- * the same on every machine and compiler. Uniform in [lo, hi), as f32. */
+ * the same on every machine and compiler. Uniform in [lo, hi), as f32.
+ * out[i] is element first + i; first + n must not exceed 2^63 - 1. */
 NSA_API nsa_status nsa_random_uniform(uint64_t seed, uint64_t stream, int64_t first, int64_t n,
                                       float lo, float hi, float *out);
 
