@@ -34,10 +34,17 @@ typedef struct nsa_registered {
     char reason[NSA_REASON_MAX]; /* why unavailable, or where it came from */
 } nsa_registered;
 
-/* Finds (loading on first use) backend `name`; never NULL for a valid name,
- * may have be == NULL or device_count == 0 with a reason. Returns NULL and sets
- * an error for a malformed name. */
-NSA_INTERNAL const nsa_registered *nsa_registry_get(const char *name);
+/* Finds (loading on first use) backend `name`; never NULL for a well-formed
+ * name, may have be == NULL or device_count == 0 with a reason. A name that is
+ * neither a known backend nor a module file found on the search path is
+ * answered in *scratch and not kept. Returns NULL and sets an error (saying
+ * what is wrong with it) for a malformed name. */
+NSA_INTERNAL const nsa_registered *nsa_registry_get(const char *name, nsa_registered *scratch);
+
+/* Tries use() on each available backend of the preference list `request` (see
+ * nsa_context_create) in order until one returns NSA_SUCCESS. */
+NSA_INTERNAL nsa_status nsa_registry_choose(const char *request,
+                                            nsa_status (*use)(const nsa_registered *r, void *arg), void *arg);
 
 /* ---- objects */
 struct nsa_context {

@@ -167,8 +167,15 @@ NSA_API nsa_status nsa_device_name(const char *backend, int index, char *name, s
 /* backend: "cpu", "cuda", "hip", "opencl", a comma list in order of preference,
  * or NULL (or "") to read NSA_BACKEND (unset: the best available, cpu last).
  * device: index, or -1 to read NSA_DEVICE (unset: 0). Explicit arguments win over
- * the environment. An unavailable backend is NSA_ERR_BACKEND_UNAVAILABLE with a
- * message that lists what is available and why each other backend is not. */
+ * the environment. The listed backends are tried in order: one that is
+ * unavailable, lacks the device, or fails to create its context is passed over
+ * for the next. When none can be used the status is that of the first context
+ * creation (or device lookup) that failed, else NSA_ERR_BACKEND_UNAVAILABLE (or
+ * NSA_ERR_VERSION_MISMATCH for a module of another API version), with a message
+ * that says why for each listed name and what every known backend's state is; a
+ * single listed backend keeps its own status and message. Backend names are
+ * 1-31 characters of a-z, 0-9 and _; a malformed one is named with what is
+ * wrong with it. */
 NSA_API nsa_status nsa_context_create(const char *backend, int device, nsa_context **out);
 
 /* As nsa_context_create, but around a stream/queue the caller owns and keeps
