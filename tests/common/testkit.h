@@ -132,7 +132,8 @@ typedef struct tk_inputs {
 } tk_inputs;
 
 /* Draws the inputs of case c for c->cfg.dtype. On failure returns the status
- * (NSA_ERR_OUT_OF_MEMORY) with *in zeroed. */
+ * (NSA_ERR_OUT_OF_MEMORY; NSA_ERR_INVALID_SHAPE when a tensor's byte count
+ * overflows 64 bits, found before anything is allocated) with *in zeroed. */
 nsa_status tk_inputs_make(const tk_case *c, tk_inputs *in);
 void tk_inputs_free(tk_inputs *in);
 
