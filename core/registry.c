@@ -18,8 +18,10 @@
 
 #include "internal.h"
 
-/* Messages here are cut to their fixed-size fields on purpose. */
+/* Messages here are cut to their fixed-size fields on purpose (gcc's warning). */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wformat-truncation"
+#endif
 
 #ifndef NSA_MODULE_DIR
 #define NSA_MODULE_DIR "/usr/local/lib/nsa"
