@@ -36,6 +36,15 @@ static void clean_env(void)
     ck_assert_msg(strstr(nsa_last_error(), (needle)) != NULL, "message \"%s\" does not mention \"%s\"", \
                   nsa_last_error(), (needle))
 
+/* request (a backend argument, or NULL for NSA_BACKEND) must give a cpu context. */
+static void expect_cpu_context(const char *request)
+{
+    nsa_context *ctx = NULL;
+    EXPECT_OK(nsa_context_create(request, request ? 0 : -1, &ctx));
+    ck_assert_str_eq(nsa_context_backend(ctx), "cpu");
+    EXPECT_OK(nsa_context_destroy(ctx));
+}
+
 START_TEST(unknown_name_lists_available)
 {
     clean_env();
@@ -242,10 +251,7 @@ START_TEST(unknown_names_take_no_slot)
     clean_env();
     /* 16 distinct unknown names, then cpu: the old registry had filled its 16 slots */
     setenv("NSA_BACKEND", "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,cpu", 1);
-    nsa_context *ctx = NULL;
-    EXPECT_OK(nsa_context_create(NULL, -1, &ctx));
-    ck_assert_str_eq(nsa_context_backend(ctx), "cpu");
-    EXPECT_OK(nsa_context_destroy(ctx));
+    expect_cpu_context(NULL);
     char name[64], bogus[32];
     for (int i = 0; i < 64; ++i) {
         snprintf(bogus, sizeof bogus, "bogus%d", i);
@@ -253,11 +259,10 @@ START_TEST(unknown_names_take_no_slot)
     }
     EXPECT_OK(nsa_device_name("cpu", 0, name, sizeof name));
     unsetenv("NSA_BACKEND");
-    ctx = NULL;
-    EXPECT_OK(nsa_context_create("cpu", 0, &ctx));
-    EXPECT_OK(nsa_context_destroy(ctx));
+    expect_cpu_context("cpu");
     /* a real module is still found and registered after them */
     setenv("NSA_BACKEND_PATH", FAKE_UNAVAILABLE_DIR, 1);
+    nsa_context *ctx = NULL;
     EXPECT(nsa_context_create("fake", 0, &ctx), NSA_ERR_BACKEND_UNAVAILABLE, "libfakert.so.1");
 }
 END_TEST
@@ -291,8 +296,7 @@ START_TEST(empty_names_are_named)
     EXPECT(nsa_context_create(NULL, -1, &ctx), NSA_ERR_BACKEND_UNAVAILABLE, "(empty): an empty name");
     ck_assert_msg(!strstr(nsa_last_error(), "()"), "message still has an empty list: %s", nsa_last_error());
     /* an empty element next to a usable backend is harmless */
-    EXPECT_OK(nsa_context_create("cpu,", 0, &ctx));
-    EXPECT_OK(nsa_context_destroy(ctx));
+    expect_cpu_context("cpu,");
 }
 END_TEST
 
@@ -302,20 +306,14 @@ END_TEST
 START_TEST(context_failure_falls_back)
 {
     clean_env();
-    setenv("NSA_BACKEND_PATH", FAKE_CTXFAILS_DIR, 1);
+    setenv("NSA_BACKEND_PATH", FAKE_FAILING_DIR, 1);
     nsa_context *ctx = NULL;
     EXPECT(nsa_context_create("fakectx", 0, &ctx), NSA_ERR_DEVICE, "backend fakectx failed creating a context");
     ck_assert_ptr_null(ctx);
-    EXPECT_OK(nsa_context_create("fakectx,cpu", 0, &ctx));
-    ck_assert_str_eq(nsa_context_backend(ctx), "cpu");
-    EXPECT_OK(nsa_context_destroy(ctx));
+    expect_cpu_context("fakectx,cpu");
     setenv("NSA_BACKEND", "nope,fakectx,cpu", 1);
-    ctx = NULL;
-    EXPECT_OK(nsa_context_create(NULL, -1, &ctx));
-    ck_assert_str_eq(nsa_context_backend(ctx), "cpu");
-    EXPECT_OK(nsa_context_destroy(ctx));
+    expect_cpu_context(NULL);
     /* none usable: each listed name says why */
-    ctx = NULL;
     EXPECT(nsa_context_create("fakectx,nope", 0, &ctx), NSA_ERR_DEVICE, "fakectx: NSA_ERR_DEVICE");
     ck_assert_msg(strstr(nsa_last_error(), "nope: module libnsa_backend_nope.so not found"), "message: %s",
                   nsa_last_error());
@@ -329,7 +327,7 @@ END_TEST
 START_TEST(version_symbol_is_a_function)
 {
     clean_env();
-    setenv("NSA_BACKEND_PATH", FAKE_FUNCVERSION_DIR, 1);
+    setenv("NSA_BACKEND_PATH", FAKE_FAILING_DIR, 1);
     nsa_context *ctx = NULL;
     EXPECT(nsa_context_create("fakefunc", 0, &ctx), NSA_ERR_VERSION_MISMATCH, "not an int variable");
     ck_assert_ptr_null(ctx);

@@ -6,9 +6,9 @@
  *   FAKE_NO_ENTRY     exports the version but not nsa_backend_entry
  *                     (libnsa_backend_fakenoentry.so)
  *   FAKE_CTX_FAILS    probes one device, but its context_create fails and
- *                     leaves no message (libnsa_backend_fakectx.so)
+ *                     leaves no message (libnsa_backend_fakectx.so, in failing/)
  *   FAKE_FUNC_VERSION its nsa_backend_api_version is a function at an odd
- *                     address, not an int (libnsa_backend_fakefunc.so)
+ *                     address, not an int (libnsa_backend_fakefunc.so, in failing/)
  * They include core/backend.h: it is the module interface.
  */
 #include <stdio.h>
