@@ -296,7 +296,7 @@ nsa_status nsa_device_name(const char *backend, int index, char *name, size_t si
         snprintf(name, size, "%s device %d", backend, index);
         return NSA_SUCCESS;
     }
-    return r->be->device_name(index, name, size);
+    return nsa_backend_error(r->be->device_name(index, name, size), backend, "naming device %d", index);
 }
 
 /* A one-line summary of every known backend, for "unavailable" messages. */

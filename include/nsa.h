@@ -231,8 +231,11 @@ NSA_API nsa_status nsa_buffer_free(nsa_buffer *buf);
 /* ------------------------------------------------------------------ plans */
 
 /* Builds a plan for one config and one packed batch shape on one context.
- * cu_seqlens: host array of batch + 1 offsets, cu_seqlens[0] == 0, non-decreasing;
- * copied, so the caller may free it after the call. */
+ * cu_seqlens: host array of batch + 1 offsets, cu_seqlens[0] == 0, non-decreasing,
+ * at most 2^40 tokens in all (cu_seqlens[batch]); copied, so the caller may free it
+ * after the call. Every count, table and workspace size is validated with checked
+ * 64-bit arithmetic before anything is allocated: a size that overflows is
+ * NSA_ERR_INVALID_SHAPE, never an attempt to allocate it. */
 NSA_API nsa_status nsa_plan_create(nsa_context *ctx, const nsa_config *cfg, const int64_t *cu_seqlens,
                                    int64_t batch, nsa_plan **out);
 NSA_API nsa_status nsa_plan_destroy(nsa_plan *plan);

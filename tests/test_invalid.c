@@ -623,7 +623,9 @@ START_TEST(tensor_extents_near_int64_max)
     EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->q");
     F.args.q = saved;
     saved = F.args.o;
-    F.args.o.stride_head = INT64_C(1) << 62; /* stride x extent overflows in the overlap test */
+    F.args.o.stride_head = INT64_C(1) << 62; /* stride x extent overflows in the overlap test ... */
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->o");
+    F.args.o.stride_token = INT64_MAX; /* ... where the product is still used (not the last dimension) */
     EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->o");
     F.args.o.stride_head = 3; /* = Dv */
     F.args.o.stride_token = INT64_MAX / 3;

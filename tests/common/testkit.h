@@ -93,7 +93,9 @@ int64_t tk_case_tokens(const tk_case *c);
 int64_t tk_num_cmp_blocks(const nsa_config *cfg, int64_t len);
 int64_t tk_num_slc_blocks(const nsa_config *cfg, int64_t len);
 
-/* Sum of Nc over the batch (rows of EXTERNAL kc/vc); max Ns over the batch. */
+/* Sum of Nc over the batch (rows of EXTERNAL kc/vc; INT64_MAX if the sum
+ * overflows); max Ns over the batch. A sequence whose cu_seqlens difference is
+ * negative or overflows counts as empty. */
 int64_t tk_case_total_cmp(const tk_case *c);
 int64_t tk_case_max_slc(const tk_case *c);
 
