@@ -6,11 +6,10 @@
 
 #include "internal.h"
 
-nsa_status nsa_registry_choose(const char *request, const nsa_registered **out);
-
-static nsa_status pick_device(int device, int count, const char *backend, int *out)
+/* The device index asked for: the argument, else NSA_DEVICE, else 0. */
+static nsa_status resolve_device(int device, int *out, const char **source)
 {
-    const char *source = "the device argument";
+    *source = "the device argument";
     if (device < 0) {
         const char *env = getenv("NSA_DEVICE");
         device = 0;
@@ -22,30 +21,29 @@ static nsa_status pick_device(int device, int count, const char *backend, int *o
                 return nsa_set_error(NSA_ERR_INVALID_VALUE, "NSA_DEVICE = \"%s\" is not a device index (0, 1, ...)",
                                      env);
             device = (int)v;
-            source = "NSA_DEVICE";
+            *source = "NSA_DEVICE";
         }
     }
-    if (device >= count)
-        return nsa_set_error(NSA_ERR_DEVICE_NOT_FOUND, "%s selects device %d, but backend %s has %d device(s) (0..%d)",
-                             source, device, backend, count, count - 1);
     *out = device;
     return NSA_SUCCESS;
 }
 
-nsa_status nsa_context_create_with_stream(const char *backend, int device, void *native_stream, nsa_context **out)
-{
-    nsa_clear_error();
-    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_context_create: out is NULL");
-    *out = NULL;
-    if (device < -1)
-        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_context_create: device = %d (use -1 for NSA_DEVICE or 0)",
-                             device);
-    const nsa_registered *r = NULL;
-    nsa_status s = nsa_registry_choose(backend, &r);
-    if (s != NSA_SUCCESS) return s;
-    int dev = 0;
-    if ((s = pick_device(device, r->device_count, r->name, &dev)) != NSA_SUCCESS) return s;
+typedef struct create_request {
+    int device;
+    const char *device_source;
+    void *native_stream;
+    nsa_context *ctx;
+} create_request;
 
+/* Makes a context on backend r (nsa_registry_choose calls it per listed
+ * backend, in order, until one succeeds). Every failure carries a message. */
+static nsa_status create_on(const nsa_registered *r, void *arg)
+{
+    create_request *q = arg;
+    const int dev = q->device;
+    if (dev >= r->device_count)
+        return nsa_set_error(NSA_ERR_DEVICE_NOT_FOUND, "%s selects device %d, but backend %s has %d device(s) (0..%d)",
+                             q->device_source, dev, r->name, r->device_count, r->device_count - 1);
     nsa_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_context_create: out of host memory");
     ctx->be = r->be;
@@ -57,13 +55,30 @@ nsa_status nsa_context_create_with_stream(const char *backend, int device, void 
     if (r->be->device_kind && r->be->device_kind(dev, &kind) != NSA_SUCCESS)
         kind = NSA_DEVICE_KIND_OTHER;
     ctx->kind = (nsa_device_kind)kind;
-    s = r->be->context_create(dev, native_stream, &ctx->bctx);
+    nsa_clear_error(); /* so that a failure below without a message is seen as one */
+    nsa_status s = r->be->context_create(dev, q->native_stream, &ctx->bctx);
     if (s != NSA_SUCCESS) {
         free(ctx);
-        return s;
+        return nsa_backend_error(s, r->name, "creating a context on device %d", dev);
     }
+    q->ctx = ctx;
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_context_create_with_stream(const char *backend, int device, void *native_stream, nsa_context **out)
+{
     nsa_clear_error();
-    *out = ctx;
+    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_context_create: out is NULL");
+    *out = NULL;
+    if (device < -1)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_context_create: device = %d (use -1 for NSA_DEVICE or 0)",
+                             device);
+    create_request q = {.native_stream = native_stream};
+    nsa_status s = resolve_device(device, &q.device, &q.device_source);
+    if (s != NSA_SUCCESS) return s;
+    if ((s = nsa_registry_choose(backend, create_on, &q)) != NSA_SUCCESS) return s;
+    nsa_clear_error();
+    *out = q.ctx;
     return NSA_SUCCESS;
 }
 
@@ -101,7 +116,7 @@ nsa_status nsa_context_synchronize(nsa_context *ctx)
 {
     nsa_clear_error();
     if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_context_synchronize: ctx is NULL");
-    return ctx->be->synchronize(ctx->bctx);
+    return nsa_backend_error(ctx->be->synchronize(ctx->bctx), ctx->backend_name, "synchronizing");
 }
 
 /* ---- buffers */
@@ -132,7 +147,7 @@ nsa_status nsa_buffer_alloc(nsa_context *ctx, size_t bytes, nsa_buffer **out)
         return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_buffer_alloc: bytes = %zu is too large", bytes);
     void *bbuf = NULL;
     nsa_status s = ctx->be->buffer_alloc(ctx->bctx, bytes, &bbuf);
-    if (s != NSA_SUCCESS) return s;
+    if (s != NSA_SUCCESS) return nsa_backend_error(s, ctx->backend_name, "allocating %zu bytes", bytes);
     return new_buffer(ctx, bbuf, bytes, out);
 }
 
@@ -151,7 +166,7 @@ nsa_status nsa_buffer_wrap(nsa_context *ctx, void *handle, size_t offset, size_t
                              ctx->backend_name);
     void *bbuf = NULL;
     nsa_status s = ctx->be->buffer_wrap(ctx->bctx, handle, offset, bytes, &bbuf);
-    if (s != NSA_SUCCESS) return s;
+    if (s != NSA_SUCCESS) return nsa_backend_error(s, ctx->backend_name, "wrapping %zu bytes", bytes);
     return new_buffer(ctx, bbuf, bytes, out);
 }
 
@@ -170,7 +185,8 @@ nsa_status nsa_buffer_write(nsa_buffer *buf, size_t offset, const void *src, siz
     if (!src && bytes) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_write: src is NULL");
     nsa_status s = check_range(buf, offset, bytes, "nsa_buffer_write");
     if (s != NSA_SUCCESS || bytes == 0) return s;
-    return buf->ctx->be->buffer_write(buf->ctx->bctx, buf->bbuf, offset, src, bytes);
+    s = buf->ctx->be->buffer_write(buf->ctx->bctx, buf->bbuf, offset, src, bytes);
+    return nsa_backend_error(s, buf->ctx->backend_name, "writing %zu bytes to a buffer", bytes);
 }
 
 nsa_status nsa_buffer_read(const nsa_buffer *buf, size_t offset, void *dst, size_t bytes)
@@ -180,7 +196,8 @@ nsa_status nsa_buffer_read(const nsa_buffer *buf, size_t offset, void *dst, size
     if (!dst && bytes) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_read: dst is NULL");
     nsa_status s = check_range(buf, offset, bytes, "nsa_buffer_read");
     if (s != NSA_SUCCESS || bytes == 0) return s;
-    return buf->ctx->be->buffer_read(buf->ctx->bctx, buf->bbuf, offset, dst, bytes);
+    s = buf->ctx->be->buffer_read(buf->ctx->bctx, buf->bbuf, offset, dst, bytes);
+    return nsa_backend_error(s, buf->ctx->backend_name, "reading %zu bytes from a buffer", bytes);
 }
 
 nsa_status nsa_buffer_fill(nsa_buffer *buf, size_t offset, unsigned char value, size_t bytes)
@@ -189,7 +206,8 @@ nsa_status nsa_buffer_fill(nsa_buffer *buf, size_t offset, unsigned char value, 
     if (!buf) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_buffer_fill: buf is NULL");
     nsa_status s = check_range(buf, offset, bytes, "nsa_buffer_fill");
     if (s != NSA_SUCCESS || bytes == 0) return s;
-    return buf->ctx->be->buffer_fill(buf->ctx->bctx, buf->bbuf, offset, value, bytes);
+    s = buf->ctx->be->buffer_fill(buf->ctx->bctx, buf->bbuf, offset, value, bytes);
+    return nsa_backend_error(s, buf->ctx->backend_name, "filling %zu bytes of a buffer", bytes);
 }
 
 void nsa_buffer_mark_internal(nsa_buffer *buf)

@@ -16,6 +16,18 @@ nsa_status nsa_set_error(nsa_status status, const char *fmt, ...)
 
 void nsa_clear_error(void) { last_message[0] = '\0'; }
 
+nsa_status nsa_backend_error(nsa_status status, const char *backend, const char *fmt, ...)
+{
+    if (status == NSA_SUCCESS || last_message[0]) return status;
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return nsa_set_error(status, "backend %s failed %s (%s) and gave no reason", backend, what,
+                         nsa_status_string(status));
+}
+
 const char *nsa_last_error(void) { return last_message; }
 
 const char *nsa_status_string(nsa_status status)

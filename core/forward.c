@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "internal.h"
 
 static const char *const branch_name[3] = {"cmp", "slc", "win"};
@@ -37,7 +38,9 @@ static int overlaps(int64_t rows, int64_t st, int64_t heads, int64_t sh, int64_t
     for (int i = 0; i < 3; i++) {
         if (ext[i] <= 1) continue;
         if (str[i] < reach) return 1;
-        reach = str[i] * ext[i];
+        /* past 2^63 elements the view cannot fit any buffer: the extent check
+         * that follows refuses it (BUFFER_TOO_SMALL) */
+        if (nsa_ck_mul(str[i], ext[i], &reach)) return 0;
     }
     return 0;
 }
@@ -79,9 +82,10 @@ static nsa_status check_tensor(const nsa_plan *p, const nsa_tensor *t, const tsp
     if (sp->rows == 0 || sp->heads == 0 || sp->dim == 0) return NSA_SUCCESS;
     int64_t a, b, last;
     size_t esize = nsa_dtype_size(sp->dtype);
-    if (nsa_mul_overflows(sp->rows - 1, st, &a) || nsa_mul_overflows(sp->heads - 1, sh, &b) ||
-        __builtin_add_overflow(a, b, &last) || __builtin_add_overflow(last, t->offset + sp->dim, &last) ||
-        nsa_mul_overflows(last, (int64_t)esize, &last) || (uint64_t)last > (uint64_t)t->buffer->size)
+    /* one past the last element: offset + (rows-1) st + (heads-1) sh + dim */
+    if (nsa_ck_mul(sp->rows - 1, st, &a) || nsa_ck_mul(sp->heads - 1, sh, &b) || nsa_ck_add(a, b, &last) ||
+        nsa_ck_add(last, t->offset, &last) || nsa_ck_add(last, sp->dim, &last) ||
+        nsa_ck_mul(last, (int64_t)esize, &last) || (uint64_t)last > (uint64_t)t->buffer->size)
         return nsa_set_error(NSA_ERR_BUFFER_TOO_SMALL,
                              "nsa_forward: %s [%lld, %lld, %lld] of %s at element offset %lld with stride_token = %lld, "
                              "stride_head = %lld reaches past the end of its %zu-byte buffer",
@@ -104,7 +108,10 @@ static nsa_status check_given_indices(const nsa_plan *p, const nsa_tensor *t)
         int64_t seq = p->tok_seq[t0], tl = t0 - p->cu_seqlens[seq], last = tl / c->slc_block;
         for (int64_t g = 0; g < hkv && s == NSA_SUCCESS; g++) {
             size_t off = (size_t)(t->offset + t0 * t->stride_token + g * t->stride_head) * 4;
-            if ((s = t->buffer->ctx->be->buffer_read(p->ctx->bctx, t->buffer->bbuf, off, row, (size_t)n * 4))) break;
+            if ((s = t->buffer->ctx->be->buffer_read(p->ctx->bctx, t->buffer->bbuf, off, row, (size_t)n * 4))) {
+                nsa_backend_error(s, p->ctx->backend_name, "reading args->block_indices back");
+                break;
+            }
             int64_t prev = -1;
             int padded = 0;
             for (int64_t k = 0; k < n; k++) {
@@ -259,12 +266,7 @@ nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer 
         if (given_out.buf && (st == NSA_STAGE_BLOCK_SCORES || st == NSA_STAGE_SELECT_TOPN || st == NSA_STAGE_SCORES_TOPN))
             continue;
         s = plan->ctx->be->run(plan->ctx->bctx, st, &a);
-        if (s != NSA_SUCCESS) {
-            if (!*nsa_last_error())
-                nsa_set_error(s, "nsa_forward: backend %s failed in stage %s", plan->ctx->backend_name,
-                              nsa_stage_name(st));
-            return s;
-        }
+        if (s != NSA_SUCCESS) return nsa_backend_error(s, plan->ctx->backend_name, "in stage %s", nsa_stage_name(st));
     }
     return NSA_SUCCESS;
 }

@@ -18,6 +18,11 @@
 NSA_INTERNAL nsa_status nsa_set_error(nsa_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 NSA_INTERNAL void nsa_clear_error(void);
+/* After a backend call failed: keeps the backend's own message, or, when it
+ * left none, supplies one naming the backend and what it was doing ("creating
+ * a context on device 0"). Returns status; NSA_SUCCESS passes through. */
+NSA_INTERNAL nsa_status nsa_backend_error(nsa_status status, const char *backend, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 NSA_INTERNAL extern const nsa_host_api nsa_host;
 
 /* ---- registry (registry.c) */
@@ -29,10 +34,17 @@ typedef struct nsa_registered {
     char reason[NSA_REASON_MAX]; /* why unavailable, or where it came from */
 } nsa_registered;
 
-/* Finds (loading on first use) backend `name`; never NULL for a valid name,
- * may have be == NULL or device_count == 0 with a reason. Returns NULL and sets
- * an error for a malformed name. */
-NSA_INTERNAL const nsa_registered *nsa_registry_get(const char *name);
+/* Finds (loading on first use) backend `name`; never NULL for a well-formed
+ * name, may have be == NULL or device_count == 0 with a reason. A name that is
+ * neither a known backend nor a module file found on the search path is
+ * answered in *scratch and not kept. Returns NULL and sets an error (saying
+ * what is wrong with it) for a malformed name. */
+NSA_INTERNAL const nsa_registered *nsa_registry_get(const char *name, nsa_registered *scratch);
+
+/* Tries use() on each available backend of the preference list `request` (see
+ * nsa_context_create) in order until one returns NSA_SUCCESS. */
+NSA_INTERNAL nsa_status nsa_registry_choose(const char *request,
+                                            nsa_status (*use)(const nsa_registered *r, void *arg), void *arg);
 
 /* ---- objects */
 struct nsa_context {
@@ -85,7 +97,6 @@ struct nsa_plan {
 
 /* ---- shared helpers */
 NSA_INTERNAL nsa_status nsa_config_check(const nsa_config *cfg, const char *what);
-NSA_INTERNAL int nsa_mul_overflows(int64_t a, int64_t b, int64_t *out);
 
 /* Block arithmetic of the semantics page: the host side's only copy. */
 NSA_INTERNAL int64_t nsa_num_cmp_blocks(int64_t len, int64_t l, int64_t d);

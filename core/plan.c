@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "internal.h"
 
 /* Semantics 1: Nc = floor((T - l) / d) + 1 when T >= l, else 0. */
@@ -30,11 +31,12 @@ static int supports(const nsa_context *ctx, nsa_stage st, const nsa_config *cfg)
 /* Appends `count` elements of `esize` bytes to the layout; -1 when unused. */
 static nsa_status reserve(nsa_ws_layout *ws, int64_t count, size_t esize, int64_t *at)
 {
-    int64_t bytes;
-    if (nsa_mul_overflows(count, (int64_t)esize, &bytes) || (int64_t)ws->bytes > INT64_MAX - bytes - WS_ALIGN)
+    int64_t bytes, end;
+    if (nsa_ck_mul(count, (int64_t)esize, &bytes) || nsa_ck_add(bytes, WS_ALIGN - 1, &bytes) ||
+        nsa_ck_add((int64_t)ws->bytes, bytes / WS_ALIGN * WS_ALIGN, &end) || (uint64_t)end > (uint64_t)SIZE_MAX)
         return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the workspace would exceed 2^63 bytes");
     *at = (int64_t)ws->bytes;
-    ws->bytes += ((size_t)bytes + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
+    ws->bytes = (size_t)end;
     return NSA_SUCCESS;
 }
 
@@ -82,11 +84,11 @@ static nsa_status plan_workspace(nsa_plan *p)
     nsa_status s;
     *ws = (nsa_ws_layout){.kc = -1, .vc = -1, .lse_cmp = -1, .scores = -1, .indices = -1, .o_b = {-1, -1, -1}};
     if (T == 0) return NSA_SUCCESS;
-    int64_t nk, nv, nt, ns, ni, no;
-    if (nsa_mul_overflows(p->bk.total_cmp * hkv, c->head_dim_qk, &nk) ||
-        nsa_mul_overflows(p->bk.total_cmp * hkv, c->head_dim_v, &nv) || nsa_mul_overflows(T, hq, &nt) ||
-        nsa_mul_overflows(T * hkv, p->bk.max_ns, &ns) || nsa_mul_overflows(T * hkv, c->num_selected, &ni) ||
-        nsa_mul_overflows(nt, c->head_dim_v, &no))
+    int64_t nk, nv, nt, ns, ni, no, ck, tk;
+    if (nsa_ck_mul(p->bk.total_cmp, hkv, &ck) || nsa_ck_mul(ck, c->head_dim_qk, &nk) ||
+        nsa_ck_mul(ck, c->head_dim_v, &nv) || nsa_ck_mul(T, hq, &nt) || nsa_ck_mul(T, hkv, &tk) ||
+        nsa_ck_mul(tk, p->bk.max_ns, &ns) || nsa_ck_mul(tk, c->num_selected, &ni) ||
+        nsa_ck_mul(nt, c->head_dim_v, &no))
         return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the workspace size overflows 64 bits");
     if ((s = reserve(ws, nk, 4, &ws->kc)) || (s = reserve(ws, nv, 4, &ws->vc)) ||
         (s = reserve(ws, nt, 4, &ws->lse_cmp)) || (s = reserve(ws, no, 4, &ws->o_b[NSA_BRANCH_CMP])))
@@ -101,34 +103,59 @@ static nsa_status plan_workspace(nsa_plan *p)
     return NSA_SUCCESS;
 }
 
-/* Host tables, and their device copy when the backend wants one. */
-static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
+/* Every count the plan needs, from cu_seqlens alone: allocates nothing, so that
+ * the stage list and the workspace are validated before any host table exists. */
+static nsa_status plan_shape(nsa_plan *p, const int64_t *cu, int64_t B)
 {
     const nsa_config *c = &p->bk.cfg;
-    const int64_t T = cu[B];
-    p->cu_seqlens = malloc((size_t)(B + 1) * sizeof(int64_t));
-    p->cu_cmp = malloc((size_t)(B + 1) * sizeof(int64_t));
-    p->tok_seq = malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
-    if (!p->cu_seqlens || !p->cu_cmp || !p->tok_seq)
-        return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory for %lld tokens",
-                             (long long)T);
-    int64_t tile = p->ctx->be->query_tile, ntiles = 0;
-    p->cu_cmp[0] = 0;
+    const int64_t tile = p->ctx->be->query_tile;
+    int64_t total_cmp = 0, ntiles = 0;
     for (int64_t b = 0; b < B; b++) {
-        int64_t len = cu[b + 1] - cu[b];
+        int64_t len = cu[b + 1] - cu[b]; /* 0 <= len <= 2^40: checked by the caller */
         int64_t nc = nsa_num_cmp_blocks(len, c->cmp_block, c->cmp_stride);
         int64_t ns = nsa_num_slc_blocks(len, c->slc_block);
-        p->cu_seqlens[b] = cu[b];
-        p->cu_cmp[b + 1] = p->cu_cmp[b] + nc;
+        if (nsa_ck_add(total_cmp, nc, &total_cmp) || (tile > 0 && nsa_ck_add(ntiles, len / tile + (len % tile != 0), &ntiles)))
+            return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the block counts of cu_seqlens overflow 64 bits");
         if (len > p->bk.max_len) p->bk.max_len = len;
         if (nc > p->bk.max_nc) p->bk.max_nc = nc;
         if (ns > p->bk.max_ns) p->bk.max_ns = ns;
+    }
+    p->bk.batch = B;
+    p->bk.total_tokens = cu[B];
+    p->bk.total_cmp = total_cmp;
+    p->bk.query_tile = tile > 0 ? tile : 0;
+    p->bk.num_tiles = tile > 0 ? ntiles : 0;
+    return NSA_SUCCESS;
+}
+
+/* Host tables, and their device copy when the backend wants one. Sizes are
+ * checked here before the first allocation. */
+static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
+{
+    const nsa_config *c = &p->bk.cfg;
+    const int64_t T = p->bk.total_tokens, tile = p->bk.query_tile, ntiles = p->bk.num_tiles;
+    const int64_t n = 2 * (B + 1) + T + 2 * ntiles; /* B <= 2^32, T <= 2^40, ntiles <= T: no overflow */
+    size_t cu_bytes, tok_bytes, tile_bytes, dev_bytes = 0;
+    if (nsa_ck_bytes(B + 1, sizeof(int64_t), &cu_bytes) || nsa_ck_bytes(T > 0 ? T : 1, sizeof(int64_t), &tok_bytes) ||
+        nsa_ck_bytes(ntiles > 0 ? 2 * ntiles : 2, sizeof(int64_t), &tile_bytes) ||
+        nsa_ck_bytes(n, sizeof(int64_t), &dev_bytes))
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the plan's tables for %lld tokens would not fit "
+                             "in memory addresses", (long long)T);
+    p->cu_seqlens = malloc(cu_bytes);
+    p->cu_cmp = malloc(cu_bytes);
+    p->tok_seq = malloc(tok_bytes);
+    if (!p->cu_seqlens || !p->cu_cmp || !p->tok_seq)
+        return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory for %lld tokens",
+                             (long long)T);
+    p->cu_cmp[0] = 0;
+    for (int64_t b = 0; b < B; b++) {
+        p->cu_seqlens[b] = cu[b];
+        p->cu_cmp[b + 1] = p->cu_cmp[b] + nsa_num_cmp_blocks(cu[b + 1] - cu[b], c->cmp_block, c->cmp_stride);
         for (int64_t t = cu[b]; t < cu[b + 1]; t++) p->tok_seq[t] = b;
-        if (tile > 0) ntiles += (len + tile - 1) / tile;
     }
     p->cu_seqlens[B] = T;
     if (tile > 0) {
-        p->tiles = malloc((size_t)(ntiles > 0 ? ntiles : 1) * 2 * sizeof(int64_t));
+        p->tiles = malloc(tile_bytes);
         if (!p->tiles) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory for tiles");
         int64_t k = 0;
         for (int64_t b = 0; b < B; b++)
@@ -138,35 +165,29 @@ static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
                 k++;
             }
     }
-    p->bk.batch = B;
-    p->bk.total_tokens = T;
-    p->bk.total_cmp = p->cu_cmp[B];
     p->bk.cu_seqlens = p->cu_seqlens;
     p->bk.cu_cmp = p->cu_cmp;
     p->bk.tok_seq = p->tok_seq;
-    p->bk.query_tile = tile > 0 ? tile : 0;
-    p->bk.num_tiles = ntiles;
     p->bk.tiles = p->tiles;
     p->bk.dev_tables = NULL;
     p->bk.dev_cu_seqlens = p->bk.dev_cu_cmp = p->bk.dev_tok_seq = p->bk.dev_tiles = -1;
 
     if (!p->ctx->be->wants_device_tables) return NSA_SUCCESS;
-    int64_t n = 2 * (B + 1) + T + 2 * ntiles;
-    nsa_status s = nsa_buffer_alloc(p->ctx, (size_t)n * sizeof(int64_t), &p->tables);
+    nsa_status s = nsa_buffer_alloc(p->ctx, dev_bytes, &p->tables);
     if (s != NSA_SUCCESS) return s;
     nsa_buffer_mark_internal(p->tables);
     /* one host image of the four tables, uploaded with one write */
-    int64_t *img = malloc((size_t)n * sizeof(int64_t));
+    int64_t *img = malloc(dev_bytes);
     if (!img) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory for the tables");
     p->bk.dev_cu_seqlens = 0;
     p->bk.dev_cu_cmp = B + 1;
     p->bk.dev_tok_seq = 2 * (B + 1);
     p->bk.dev_tiles = 2 * (B + 1) + T;
-    memcpy(img + p->bk.dev_cu_seqlens, p->cu_seqlens, (size_t)(B + 1) * sizeof(int64_t));
-    memcpy(img + p->bk.dev_cu_cmp, p->cu_cmp, (size_t)(B + 1) * sizeof(int64_t));
+    memcpy(img + p->bk.dev_cu_seqlens, p->cu_seqlens, cu_bytes);
+    memcpy(img + p->bk.dev_cu_cmp, p->cu_cmp, cu_bytes);
     if (T > 0) memcpy(img + p->bk.dev_tok_seq, p->tok_seq, (size_t)T * sizeof(int64_t));
     if (ntiles > 0) memcpy(img + p->bk.dev_tiles, p->tiles, (size_t)(2 * ntiles) * sizeof(int64_t));
-    s = nsa_buffer_write(p->tables, 0, img, (size_t)n * sizeof(int64_t));
+    s = nsa_buffer_write(p->tables, 0, img, dev_bytes);
     free(img);
     if (s != NSA_SUCCESS) return s;
     p->bk.dev_tables = p->tables->bbuf;
@@ -209,20 +230,25 @@ nsa_status nsa_plan_create(nsa_context *ctx, const nsa_config *cfg, const int64_
                                  "non-decreasing",
                                  (long long)(b + 1), (long long)cu_seqlens[b], (long long)cu_seqlens[b + 1]);
     if (cu_seqlens[batch] > MAX_TOKENS)
-        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: %lld tokens exceed the limit of 2^40",
-                             (long long)cu_seqlens[batch]);
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE,
+                             "nsa_plan_create: cu_seqlens[%lld] = %lld: the batch's total token count exceeds the "
+                             "limit of 2^40",
+                             (long long)batch, (long long)cu_seqlens[batch]);
 
     nsa_plan *p = calloc(1, sizeof *p);
     if (!p) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory");
     p->ctx = ctx;
     p->bk.cfg = *cfg;
     if (p->bk.cfg.scale == 0.0f) p->bk.cfg.scale = (float)(1.0 / sqrt((double)cfg->head_dim_qk));
-    if ((s = plan_tables(p, cu_seqlens, batch)) || (s = plan_stages(p)) || (s = plan_workspace(p))) {
+    /* counts, stages and workspace first (no allocation), host tables last */
+    if ((s = plan_shape(p, cu_seqlens, batch)) || (s = plan_stages(p)) || (s = plan_workspace(p)) ||
+        (s = plan_tables(p, cu_seqlens, batch))) {
         plan_free(p);
         return s;
     }
     if (ctx->be->plan_prepare) {
         if ((s = ctx->be->plan_prepare(ctx->bctx, &p->bk)) != NSA_SUCCESS) {
+            nsa_backend_error(s, ctx->backend_name, "preparing a plan");
             plan_free(p);
             return s;
         }
@@ -280,7 +306,8 @@ nsa_status nsa_plan_stage_kernel(const nsa_plan *plan, int index, char *name, si
         snprintf(name, size, "%s", nsa_stage_name(st));
         return NSA_SUCCESS;
     }
-    nsa_status s = plan->ctx->be->stage_kernel(plan->ctx->bctx, &plan->bk, st, name, size);
+    nsa_status s = nsa_backend_error(plan->ctx->be->stage_kernel(plan->ctx->bctx, &plan->bk, st, name, size),
+                                     plan->ctx->backend_name, "naming the kernel of stage %s", nsa_stage_name(st));
     name[size - 1] = '\0';
     if (s == NSA_SUCCESS) nsa_clear_error();
     return s;

@@ -3,8 +3,13 @@
  * (libnsa_backend_<name>.so) found, in this order, in NSA_BACKEND_PATH (a colon
  * list), the install directory, and the folder "nsa" beside libnsa itself.
  * A module is loaded once, on first use, and kept for the life of the process.
+ * Only names that mean something take one of the registry's slots: the known
+ * backends and modules whose file exists. A name that is neither (a typo, a
+ * probe of many names) is answered from a scratch entry and forgotten, so no
+ * sequence of bad names can crowd out a real backend.
  */
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +18,10 @@
 
 #include "internal.h"
 
-/* Messages here are cut to their fixed-size fields on purpose. */
+/* Messages here are cut to their fixed-size fields on purpose (gcc's warning). */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wformat-truncation"
+#endif
 
 #ifndef NSA_MODULE_DIR
 #define NSA_MODULE_DIR "/usr/local/lib/nsa"
@@ -30,15 +37,37 @@ static char search_path[1024]; /* the folders searched for the last missing modu
 static nsa_registered entries[MAX_ENTRIES];
 static int num_entries;
 
-static int valid_name(const char *name)
+/* NULL when name is a well-formed backend name, else what is wrong with it
+ * (written into why). */
+static const char *name_problem(const char *name, char *why, size_t size)
 {
     size_t n = strlen(name);
-    if (n == 0 || n >= sizeof entries[0].name) return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = name[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return 0;
+    if (n == 0) {
+        snprintf(why, size, "an empty name");
+        return why;
     }
-    return 1;
+    if (n >= sizeof entries[0].name) {
+        snprintf(why, size, "the name is %zu characters long; backend names have at most %zu", n,
+                 sizeof entries[0].name - 1);
+        return why;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_') continue;
+        if (c > ' ' && c < 0x7f)
+            snprintf(why, size, "character %zu is '%c'; backend names use only a-z, 0-9 and _", i + 1, c);
+        else
+            snprintf(why, size, "character %zu is byte 0x%02x; backend names use only a-z, 0-9 and _", i + 1, c);
+        return why;
+    }
+    return NULL;
+}
+
+static int is_known(const char *name)
+{
+    for (int i = 0; i < NUM_KNOWN; i++)
+        if (strcmp(known[i], name) == 0) return 1;
+    return 0;
 }
 
 /* Tries to dlopen dir/libnsa_backend_<name>.so. Returns the handle, or NULL with
@@ -71,7 +100,8 @@ static int beside_library(char *out, size_t size)
     return n > 0 && (size_t)n < size;
 }
 
-static void load_module(nsa_registered *r)
+/* Loads module r->name into r. *found: whether its file exists in a searched folder. */
+static void load_module(nsa_registered *r, int *found)
 {
     char why[NSA_REASON_MAX] = "";
     char searched[1024] = "";
@@ -100,6 +130,7 @@ static void load_module(nsa_registered *r)
     snprintf(searched + used, sizeof searched - used, "%s%s%s", NSA_MODULE_DIR, have_beside ? ", " : "",
              have_beside ? beside : "");
 
+    *found = exists;
     if (!h) {
         r->load_status = NSA_ERR_BACKEND_UNAVAILABLE;
         if (exists)
@@ -109,22 +140,37 @@ static void load_module(nsa_registered *r)
         snprintf(search_path, sizeof search_path, "%s", searched);
         return;
     }
-    const int *version = (const int *)dlsym(h, NSA_BACKEND_VERSION_SYMBOL);
+    const void *vsym = dlsym(h, NSA_BACKEND_VERSION_SYMBOL);
     nsa_backend_entry_fn entry = NULL;
     void *sym = dlsym(h, NSA_BACKEND_ENTRY_SYMBOL);
     memcpy(&entry, &sym, sizeof entry);
-    if (!version || !entry) {
+    if (!vsym || !entry) {
         r->load_status = NSA_ERR_BACKEND_UNAVAILABLE;
         snprintf(r->reason, sizeof r->reason, "module libnsa_backend_%s.so lacks the symbol %s", r->name,
-                 version ? NSA_BACKEND_ENTRY_SYMBOL : NSA_BACKEND_VERSION_SYMBOL);
+                 vsym ? NSA_BACKEND_ENTRY_SYMBOL : NSA_BACKEND_VERSION_SYMBOL);
         dlclose(h);
         return;
     }
-    if (*version != NSA_BACKEND_API_VERSION) {
+    /* The version must be an int variable; anything else (a function, say) is
+     * refused unread: its address need not even be aligned for an int.
+     * (ELF64_ST_TYPE and ELF32_ST_TYPE are the same macro.) */
+    Dl_info di;
+    const ElfW(Sym) *es = NULL;
+    if (dladdr1(vsym, &di, (void **)&es, RTLD_DL_SYMENT) && es && ELF64_ST_TYPE(es->st_info) != STT_OBJECT) {
+        r->load_status = NSA_ERR_VERSION_MISMATCH;
+        snprintf(r->reason, sizeof r->reason,
+                 "module libnsa_backend_%s.so: its symbol %s is not an int variable (ELF symbol type %d)", r->name,
+                 NSA_BACKEND_VERSION_SYMBOL, (int)ELF64_ST_TYPE(es->st_info));
+        dlclose(h);
+        return;
+    }
+    int version;
+    memcpy(&version, vsym, sizeof version); /* no alignment assumed */
+    if (version != NSA_BACKEND_API_VERSION) {
         r->load_status = NSA_ERR_VERSION_MISMATCH;
         snprintf(r->reason, sizeof r->reason,
                  "module libnsa_backend_%s.so was built for backend API version %d, this libnsa %s needs %d", r->name,
-                 *version, nsa_version_string(), NSA_BACKEND_API_VERSION);
+                 version, nsa_version_string(), NSA_BACKEND_API_VERSION);
         dlclose(h);
         return;
     }
@@ -162,32 +208,48 @@ static void probe(nsa_registered *r)
     }
 }
 
-const nsa_registered *nsa_registry_get(const char *name)
+const nsa_registered *nsa_registry_get(const char *name, nsa_registered *scratch)
 {
-    if (!valid_name(name)) {
-        nsa_set_error(NSA_ERR_BACKEND_UNAVAILABLE,
-                      "backend name \"%s\" is malformed: names are 1-31 characters of a-z, 0-9 and _", name);
+    char why[128];
+    if (name_problem(name, why, sizeof why)) {
+        nsa_set_error(NSA_ERR_BACKEND_UNAVAILABLE, "backend name \"%.40s%s\" is malformed: %s", name,
+                      strlen(name) > 40 ? "..." : "", why);
         return NULL;
     }
     pthread_mutex_lock(&lock);
     nsa_registered *r = NULL;
     for (int i = 0; i < num_entries; i++)
         if (strcmp(entries[i].name, name) == 0) r = &entries[i];
-    if (!r && num_entries < MAX_ENTRIES) {
-        r = &entries[num_entries++];
-        memset(r, 0, sizeof *r);
-        snprintf(r->name, sizeof r->name, "%s", name);
+    if (!r) {
+        memset(scratch, 0, sizeof *scratch);
+        snprintf(scratch->name, sizeof scratch->name, "%s", name);
         if (strcmp(name, "cpu") == 0) {
-            r->be = nsa_cpu_backend(&nsa_host);
-            r->load_status = r->be ? NSA_SUCCESS : NSA_ERR_INTERNAL;
-            snprintf(r->reason, sizeof r->reason, "built in");
+            scratch->be = nsa_cpu_backend(&nsa_host);
+            scratch->load_status = scratch->be ? NSA_SUCCESS : NSA_ERR_INTERNAL;
+            snprintf(scratch->reason, sizeof scratch->reason, "built in");
+        } else if (num_entries == MAX_ENTRIES) {
+            /* reached only with MAX_ENTRIES - NUM_KNOWN + 1 distinct module files */
+            scratch->load_status = NSA_ERR_BACKEND_UNAVAILABLE;
+            snprintf(scratch->reason, sizeof scratch->reason,
+                     "not loaded: %d backends are registered already, the most one process keeps", MAX_ENTRIES);
         } else {
-            load_module(r);
+            int found = 0;
+            load_module(scratch, &found);
+            if (!found && !is_known(name)) {
+                /* no such module anywhere: answered from scratch, not kept */
+                pthread_mutex_unlock(&lock);
+                return scratch;
+            }
         }
-        if (r->be) probe(r);
+        if (scratch->be) probe(scratch);
+        if (num_entries < MAX_ENTRIES) {
+            r = &entries[num_entries++];
+            *r = *scratch;
+        } else {
+            r = scratch;
+        }
     }
     pthread_mutex_unlock(&lock);
-    if (!r) nsa_set_error(NSA_ERR_BACKEND_UNAVAILABLE, "too many distinct backend names requested");
     return r;
 }
 
@@ -200,7 +262,8 @@ nsa_status nsa_backend_list(nsa_backend_info *infos, int capacity, int *count)
     *count = NUM_KNOWN;
     if (!infos) return NSA_SUCCESS;
     for (int i = 0; i < NUM_KNOWN && i < capacity; i++) {
-        const nsa_registered *r = nsa_registry_get(known[i]);
+        nsa_registered scratch;
+        const nsa_registered *r = nsa_registry_get(known[i], &scratch);
         nsa_backend_info *o = &infos[i];
         memset(o, 0, sizeof *o);
         snprintf(o->name, sizeof o->name, "%s", known[i]);
@@ -220,7 +283,8 @@ nsa_status nsa_device_name(const char *backend, int index, char *name, size_t si
     if (!backend) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_device_name: backend is NULL");
     if (!name) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_device_name: name is NULL");
     if (size == 0) return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_device_name: size is 0");
-    const nsa_registered *r = nsa_registry_get(backend);
+    nsa_registered scratch;
+    const nsa_registered *r = nsa_registry_get(backend, &scratch);
     if (!r) return NSA_ERR_BACKEND_UNAVAILABLE;
     if (!r->be || r->device_count <= 0)
         return nsa_set_error(r->be ? NSA_ERR_BACKEND_UNAVAILABLE : r->load_status, "backend %s is unavailable: %s",
@@ -232,7 +296,7 @@ nsa_status nsa_device_name(const char *backend, int index, char *name, size_t si
         snprintf(name, size, "%s device %d", backend, index);
         return NSA_SUCCESS;
     }
-    return r->be->device_name(index, name, size);
+    return nsa_backend_error(r->be->device_name(index, name, size), backend, "naming device %d", index);
 }
 
 /* A one-line summary of every known backend, for "unavailable" messages. */
@@ -241,7 +305,8 @@ static void describe_all(char *out, size_t size)
     size_t used = 0;
     out[0] = '\0';
     for (int i = 0; i < NUM_KNOWN; i++) {
-        const nsa_registered *r = nsa_registry_get(known[i]);
+        nsa_registered scratch;
+        const nsa_registered *r = nsa_registry_get(known[i], &scratch);
         if (!r) continue;
         int n;
         if (r->be && r->device_count > 0)
@@ -254,10 +319,13 @@ static void describe_all(char *out, size_t size)
     }
 }
 
-/* Picks the backend for a context: `request` is a name, a comma list, or NULL
- * (then NSA_BACKEND, then the best available). */
-nsa_status nsa_registry_choose(const char *request, const nsa_registered **out);
-nsa_status nsa_registry_choose(const char *request, const nsa_registered **out)
+/* Walks the preference list `request` (a name, a comma list, or NULL: then
+ * NSA_BACKEND, then the best available) in order and calls use() on each
+ * available backend until one succeeds; a backend that is unavailable, or whose
+ * use() fails, is passed over for the next. When none succeeds, the message
+ * says why for each listed name. */
+nsa_status nsa_registry_choose(const char *request, nsa_status (*use)(const nsa_registered *r, void *arg),
+                               void *arg)
 {
     const char *source = "the backend argument";
     if (!request || !*request) {
@@ -270,39 +338,57 @@ nsa_status nsa_registry_choose(const char *request, const nsa_registered **out)
         source = NULL;
     } else {
         if (strlen(request) >= sizeof list)
-            return nsa_set_error(NSA_ERR_BACKEND_UNAVAILABLE, "%s is too long (%zu characters)", source,
-                                 strlen(request));
+            return nsa_set_error(NSA_ERR_BACKEND_UNAVAILABLE, "%s is too long (%zu characters; at most %zu)", source,
+                                 strlen(request), sizeof list - 1);
         snprintf(list, sizeof list, "%s", request);
     }
     char tried[1536] = "";
     size_t used = 0;
-    int mismatch = 0;
-    char *save = NULL;
-    for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+    int mismatch = 0, listed = 0, attempts = 0;
+    nsa_status first_failure = NSA_SUCCESS;
+    char only_message[2048] = "";
+    for (char *name = list, *next; name; name = next) {
+        next = strchr(name, ',');
+        if (next) *next++ = '\0';
         while (*name == ' ') name++;
         size_t n = strlen(name);
         while (n && name[n - 1] == ' ') name[--n] = '\0';
-        const nsa_registered *r = nsa_registry_get(name);
-        const char *why = r ? r->reason : "not a valid backend name (a-z, 0-9, _)";
+        listed++;
+        char why[NSA_REASON_MAX + 2048];
+        nsa_registered scratch;
+        const nsa_registered *r = NULL;
+        if (!name_problem(name, why, sizeof why)) r = nsa_registry_get(name, &scratch);
         if (r && r->be && r->device_count > 0) {
-            *out = r;
-            nsa_clear_error();
-            return NSA_SUCCESS;
+            nsa_status s = use(r, arg);
+            if (s == NSA_SUCCESS) {
+                nsa_clear_error();
+                return NSA_SUCCESS;
+            }
+            attempts++;
+            if (first_failure == NSA_SUCCESS) first_failure = s;
+            snprintf(why, sizeof why, "%s: %s", nsa_status_string(s), nsa_last_error());
+            snprintf(only_message, sizeof only_message, "%s", nsa_last_error());
+        } else if (r) {
+            snprintf(why, sizeof why, "%s", r->reason);
+            if (r->load_status == NSA_ERR_VERSION_MISMATCH) mismatch = 1;
         }
-        if (r && r->load_status == NSA_ERR_VERSION_MISMATCH) mismatch = 1;
-        int k = snprintf(tried + used, sizeof tried - used, "%s%s: %s", used ? "; " : "", name, why);
+        int k = snprintf(tried + used, sizeof tried - used, "%s%s: %s", used ? "; " : "", n ? name : "(empty)", why);
         if (k > 0 && (size_t)k < sizeof tried - used) used += (size_t)k;
     }
+    /* one backend named, and it failed in use(): its own status and message */
+    if (listed == 1 && attempts == 1) return nsa_set_error(first_failure, "%s", only_message);
     char all[1536];
     describe_all(all, sizeof all);
-    nsa_status st = mismatch ? NSA_ERR_VERSION_MISMATCH : NSA_ERR_BACKEND_UNAVAILABLE;
+    nsa_status st = first_failure != NSA_SUCCESS ? first_failure
+                    : mismatch                   ? NSA_ERR_VERSION_MISMATCH
+                                                 : NSA_ERR_BACKEND_UNAVAILABLE;
     pthread_mutex_lock(&lock);
     char where[1100];
     snprintf(where, sizeof where, "%s%s%s", search_path[0] ? " (modules searched in: " : "", search_path,
              search_path[0] ? ")" : "");
     pthread_mutex_unlock(&lock);
     if (source)
-        return nsa_set_error(st, "%s = \"%s\": no listed backend is available (%s). All backends: %s%s", source,
+        return nsa_set_error(st, "%s = \"%s\": no listed backend could be used (%s). All backends: %s%s", source,
                              request, tried, all, where);
-    return nsa_set_error(st, "no backend is available. All backends: %s%s", all, where);
+    return nsa_set_error(st, "no backend could be used (%s). All backends: %s%s", tried, all, where);
 }

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "checked.h"
 #include "internal.h"
 
 #define STR2(x) #x
@@ -36,10 +37,10 @@ const char *nsa_dtype_name(nsa_dtype dtype)
 
 nsa_tensor nsa_tensor_dense(nsa_buffer *buf, int64_t offset, int64_t heads, int64_t dim)
 {
-    return (nsa_tensor){.buffer = buf, .offset = offset, .stride_token = heads * dim, .stride_head = dim};
+    int64_t st;
+    if (nsa_ck_mul(heads, dim, &st)) st = -1; /* no such view: nsa_forward refuses the negative stride */
+    return (nsa_tensor){.buffer = buf, .offset = offset, .stride_token = st, .stride_head = dim};
 }
-
-int nsa_mul_overflows(int64_t a, int64_t b, int64_t *out) { return __builtin_mul_overflow(a, b, out); }
 
 /* ---- f16 / bf16 <-> f32, round to nearest even, NaN and infinities kept */
 
@@ -129,6 +130,10 @@ nsa_status nsa_convert(const void *src, nsa_dtype src_dtype, void *dst, nsa_dtyp
     }
     if (!sok) return nsa_set_error(NSA_ERR_INVALID_DTYPE, "nsa_convert: src_dtype = %d is not f32, f16 or bf16", (int)src_dtype);
     if (!dok) return nsa_set_error(NSA_ERR_INVALID_DTYPE, "nsa_convert: dst_dtype = %d is not f32, f16 or bf16", (int)dst_dtype);
+    size_t bytes; /* of the widest dtype, f32: then no element index or byte count below overflows */
+    if (nsa_ck_bytes(n, 4, &bytes))
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_convert: n = %lld elements exceed the address space",
+                             (long long)n);
     if (src_dtype == dst_dtype) {
         memmove(dst, src, (size_t)n * nsa_dtype_size(src_dtype));
         return NSA_SUCCESS;
@@ -162,6 +167,11 @@ nsa_status nsa_random_uniform(uint64_t seed, uint64_t stream, int64_t first, int
     if (n < 0) return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_random_uniform: n = %lld is negative", (long long)n);
     if (first < 0)
         return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_random_uniform: first = %lld is negative", (long long)first);
+    int64_t end;
+    if (nsa_ck_add(first, n, &end))
+        return nsa_set_error(NSA_ERR_INVALID_VALUE,
+                             "nsa_random_uniform: first = %lld plus n = %lld exceeds the largest index, 2^63 - 1",
+                             (long long)first, (long long)n);
     if (n > 0 && !out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_random_uniform: out is NULL");
     if (!isfinite(lo) || !isfinite(hi) || !(lo <= hi))
         return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_random_uniform: [lo, hi) = [%g, %g) is not a finite range",

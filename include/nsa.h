@@ -167,8 +167,15 @@ NSA_API nsa_status nsa_device_name(const char *backend, int index, char *name, s
 /* backend: "cpu", "cuda", "hip", "opencl", a comma list in order of preference,
  * or NULL (or "") to read NSA_BACKEND (unset: the best available, cpu last).
  * device: index, or -1 to read NSA_DEVICE (unset: 0). Explicit arguments win over
- * the environment. An unavailable backend is NSA_ERR_BACKEND_UNAVAILABLE with a
- * message that lists what is available and why each other backend is not. */
+ * the environment. The listed backends are tried in order: one that is
+ * unavailable, lacks the device, or fails to create its context is passed over
+ * for the next. When none can be used the status is that of the first context
+ * creation (or device lookup) that failed, else NSA_ERR_BACKEND_UNAVAILABLE (or
+ * NSA_ERR_VERSION_MISMATCH for a module of another API version), with a message
+ * that says why for each listed name and what every known backend's state is; a
+ * single listed backend keeps its own status and message. Backend names are
+ * 1-31 characters of a-z, 0-9 and _; a malformed one is named with what is
+ * wrong with it. */
 NSA_API nsa_status nsa_context_create(const char *backend, int device, nsa_context **out);
 
 /* As nsa_context_create, but around a stream/queue the caller owns and keeps
@@ -224,8 +231,11 @@ NSA_API nsa_status nsa_buffer_free(nsa_buffer *buf);
 /* ------------------------------------------------------------------ plans */
 
 /* Builds a plan for one config and one packed batch shape on one context.
- * cu_seqlens: host array of batch + 1 offsets, cu_seqlens[0] == 0, non-decreasing;
- * copied, so the caller may free it after the call. */
+ * cu_seqlens: host array of batch + 1 offsets, cu_seqlens[0] == 0, non-decreasing,
+ * at most 2^40 tokens in all (cu_seqlens[batch]); copied, so the caller may free it
+ * after the call. Every count, table and workspace size is validated with checked
+ * 64-bit arithmetic before anything is allocated: a size that overflows is
+ * NSA_ERR_INVALID_SHAPE, never an attempt to allocate it. */
 NSA_API nsa_status nsa_plan_create(nsa_context *ctx, const nsa_config *cfg, const int64_t *cu_seqlens,
                                    int64_t batch, nsa_plan **out);
 NSA_API nsa_status nsa_plan_destroy(nsa_plan *plan);
@@ -268,7 +278,9 @@ typedef struct nsa_tensor {
     int64_t stride_head;   /* elements */
 } nsa_tensor;
 
-/* Convenience: a dense row-major [T, H, D] view (stride_token = H * D, stride_head = D). */
+/* Convenience: a dense row-major [T, H, D] view (stride_token = H * D, stride_head = D).
+ * When H * D overflows int64 the view gets stride_token = -1, which nsa_forward
+ * refuses (NSA_ERR_INVALID_STRIDE). */
 NSA_API nsa_tensor nsa_tensor_dense(nsa_buffer *buf, int64_t offset, int64_t heads, int64_t dim);
 
 /* Branch index for per-branch arrays. */
@@ -325,12 +337,14 @@ NSA_API nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa
 
 /* ------------------------------------------------------------------ utilities */
 
-/* Converts n elements between f32, f16 and bf16 on the host (round to nearest even). */
+/* Converts n elements between f32, f16 and bf16 on the host (round to nearest even).
+ * n * 4 bytes must fit in int64 and size_t (NSA_ERR_INVALID_VALUE otherwise). */
 NSA_API nsa_status nsa_convert(const void *src, nsa_dtype src_dtype, void *dst, nsa_dtype dst_dtype,
                                int64_t n);
 
 /* Portable counter-based random numbers: element i of stream (seed, stream) is
- * the same on every machine and compiler. Uniform in [lo, hi), as f32. */
+ * the same on every machine and compiler. Uniform in [lo, hi), as f32.
+ * out[i] is element first + i; first + n must not exceed 2^63 - 1. */
 NSA_API nsa_status nsa_random_uniform(uint64_t seed, uint64_t stream, int64_t first, int64_t n,
                                       float lo, float hi, float *out);
 

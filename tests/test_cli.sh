@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The nsa command as a user runs it: the "must show" items, checked.
-#   test_cli.sh /path/to/nsa
+# The nsa command as a user runs it: the "must show" items, checked,
+# and bad input (crafted files, hostile flags) answered with a clean error.
+#   test_cli.sh /path/to/nsa [python3 craft.py fake_ctxfails_dir]
 set -u
 nsa=$1
+python=${2:-python3}
+craft=${3:-$(dirname "$0")/craft.py}
+fakectx=${4:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0 passes=0
@@ -17,6 +21,25 @@ expect() { # expect NAME WANT_RC GREP_PATTERN -- command...
     echo "     (output lacks /$pat/)"
   else
     echo "     (exit $rc, wanted $want)"
+  fi
+  bad "$name"
+}
+# expect_bad NAME GREP_PATTERN -- command...: bad input must give exit 1 or 2,
+# the message, and no crash or sanitizer report (a "clean error")
+badtried=0 badclean=0
+expect_bad() {
+  local name=$1 pat=$2; shift 3
+  badtried=$((badtried + 1))
+  "$@" >"$tmp/out" 2>&1
+  local rc=$?
+  if [ $rc -ne 1 ] && [ $rc -ne 2 ]; then
+    echo "     (exit $rc, wanted 1 or 2)"
+  elif grep -Eq "AddressSanitizer|LeakSanitizer|runtime error:|Segmentation fault|core dumped" "$tmp/out"; then
+    echo "     (a crash or sanitizer report)"
+  elif ! grep -Eq -- "$pat" "$tmp/out"; then
+    echo "     (output lacks /$pat/)"
+  else
+    badclean=$((badclean + 1)); ok "$name"; return
   fi
   bad "$name"
 }
@@ -49,6 +72,55 @@ expect "parity --backends cpu"      0 "cpu"             -- "$nsa" parity --backe
 expect "parity --save"              0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --save "$tmp/p.bin"
 expect "parity --compare"           0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --compare "$tmp/p.bin"
 expect "parity with an absent backend skips" 77 "unavailable" -- env NSA_BACKEND_PATH=/nonexistent "$nsa" parity --backends hip --corpus small
+
+# ---- bad input: each must be a clean error (exit 1 or 2, a message, no crash)
+tiny=(run --backend cpu --T 32 --hq 2 --hkv 1 --dqk 8 --dv 8 --n 3 --w 16 --dtype f32)
+# parity files: counts that overflow, counts larger than the file, garbage
+"$python" "$craft" parity "$tmp/wrap.bin" 1 2147483648 2147483648        # 4 * T * Hq * Dv wraps to 0
+"$python" "$craft" parity "$tmp/ovf.bin" 4 1099511627776 1099511627776   # T * Hq * Dv overflows int64
+"$python" "$craft" parity "$tmp/big.bin" 64 8 8 300                      # needs 16 KiB, has 300 bytes
+head -c 100 "$tmp/p.bin" >"$tmp/trunc.bin"
+printf 'not a parity file' >"$tmp/junk.bin"
+pc=(parity --backends cpu --corpus small --dtypes f32 --limit 1 --compare)
+expect_bad "parity --compare: 256-byte file whose o size wraps" "record 0 is corrupt: o .* needs 4611686018427387904 elements, but only 76 bytes" -- "$nsa" "${pc[@]}" "$tmp/wrap.bin"
+expect_bad "parity --compare: o size overflows int64"   "record 0 is corrupt: the tensor sizes .* overflow 64 bits" -- "$nsa" "${pc[@]}" "$tmp/ovf.bin"
+expect_bad "parity --compare: o larger than the file"   "needs 4096 elements, but only" -- "$nsa" "${pc[@]}" "$tmp/big.bin"
+expect_bad "parity --compare: truncated file"           "record 0 is corrupt" -- "$nsa" "${pc[@]}" "$tmp/trunc.bin"
+expect_bad "parity --compare: not a parity file"        "bad magic" -- "$nsa" "${pc[@]}" "$tmp/junk.bin"
+expect_bad "parity --compare: a directory"              "not a regular file" -- "$nsa" "${pc[@]}" "$tmp"
+# flags whose sizes overflow (the input generator used to wrap T * Hq * Dqk * 4)
+huge=(--T 1152921504606846976 --hq 4 --hkv 1 --dqk 1 --dv 1 --n 0 --w 0)
+expect_bad "run --T 2^60: sizes overflow"   "q \[T, Hq, Dqk\] would need more than 2\^63 bytes with 1152921504606846976 tokens \(--T x --batch\)" -- "$nsa" run --backend cpu "${huge[@]}"
+expect_bad "bench --T 2^60: sizes overflow" "q \[T, Hq, Dqk\] would need more than 2\^63 bytes" -- "$nsa" bench --backend cpu "${huge[@]}"
+expect_bad "run --seqlens sum overflows"    "--seqlens: the sequence lengths must be >= 0 and add up" -- "$nsa" run --backend cpu --seqlens 9223372036854775807,1 --hq 1 --hkv 1 --dqk 1 --dv 1
+expect_bad "run --batch x --T overflows"    "--T x --batch: the sequence lengths must be >= 0 and add up" -- "$nsa" run --backend cpu --T 4611686018427387904 --batch 2 --hq 1 --hkv 1 --dqk 1 --dv 1
+expect_bad "run: LINEAR w_k overflows"      "w_k \[Hkv, l, Dqk, Dqk\] would need more than 2\^63 bytes" -- \
+  "$nsa" run --backend cpu --T 1 --compress linear --hq 65536 --hkv 65536 --l 1048576 --d 1048576 --ls 1048576 --dqk 16384 --dv 1 --n 0 --w 0
+# .npy headers that lie about their size, trailing bytes, missing files
+mkdir -p "$tmp/lie60" "$tmp/lie4g" "$tmp/lie62" "$tmp/trail" "$tmp/dangle"
+"$python" "$craft" npy "$tmp/lie60/q.npy" 1152921504606846976,4,1 '<f4' 0   # 2^60 rows, no --T
+"$python" "$craft" npy "$tmp/lie4g/q.npy" 1073741824,1,1 '<f4' 64           # 192 bytes claiming 4 GiB
+"$python" "$craft" npy "$tmp/lie62/k.npy" 4611686018427387904 '<f4' 0       # (2^62,): 4 * 2^62 wraps
+cp "$tmp/o1/o.npy" "$tmp/trail/q.npy" && printf 'xxxx' >>"$tmp/trail/q.npy"
+ln -s "$tmp/nonexistent.npy" "$tmp/dangle/q.npy"
+expect_bad "--inputs: q.npy header claims 2^60 rows" "needs 4611686018427387904 elements, but the file has only 0 bytes" -- "$nsa" run --backend cpu --inputs "$tmp/lie60"
+expect_bad "--inputs: 192-byte q.npy claims 4 GiB"  "needs 1073741824 elements, but the file has only 64 bytes" -- "$nsa" run --backend cpu --hq 1 --hkv 1 --dqk 1 --dv 1 --inputs "$tmp/lie4g"
+expect_bad "--inputs: k.npy shape (2^62,)"          "needs 4611686018427387904 elements" -- "$nsa" "${tiny[@]}" --inputs "$tmp/lie62"
+expect_bad "--inputs: trailing bytes after the data" "4 bytes follow the data" -- "$nsa" "${small[@]}" --inputs "$tmp/trail"
+expect_bad "--inputs: dangling q.npy symlink"        "q.npy: cannot open" -- "$nsa" "${tiny[@]}" --inputs "$tmp/dangle"
+expect_bad "--inputs /nonexistent"                   "--inputs /nonexistent: No such file or directory" -- "$nsa" "${tiny[@]}" --inputs /nonexistent
+expect_bad "--inputs names a file"                   "not a directory" -- "$nsa" "${tiny[@]}" --inputs "$tmp/junk.bin"
+expect_bad "--scale 1e-300 is not silently the default" "--scale 1e-300 is not a normal float" -- "$nsa" "${tiny[@]}" --scale 1e-300
+expect_bad "--scale -1e-300"                         "is not a normal float" -- "$nsa" "${tiny[@]}" --scale -1e-300
+expect_bad "--scale 1e300"                           "scale = inf must be finite" -- "$nsa" "${tiny[@]}" --scale 1e300
+# backend lists
+expect_bad "NSA_BACKEND=,,, names the empty names"    "\(empty\): an empty name" -- env NSA_BACKEND=,,, "$nsa" "${tiny[@]:0:1}" "${tiny[@]:3}"
+expect_bad "a 32-character backend name"             "32 characters long; backend names have at most 31" -- "$nsa" run --backend abcdefghijklmnopqrstuvwxyz012345
+if [ -n "$fakectx" ]; then
+  expect_bad "a backend whose context fails, alone"  "backend fakectx failed creating a context" -- env NSA_BACKEND_PATH="$fakectx" "$nsa" run --backend fakectx
+  expect "--backend fakectx,cpu falls back to cpu" 0 "backend: cpu" -- env NSA_BACKEND_PATH="$fakectx" "$nsa" "${tiny[@]:0:1}" --backend fakectx,cpu "${tiny[@]:3}"
+fi
+echo "bad inputs: $badtried tried, $badclean clean errors"
 
 # nsa bench --baseline / --plot: records for the swept T and shape are compared, the
 # figure is well-formed SVG; a missing or malformed file is a usage error with a message

@@ -15,29 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "expect.h"
 #include "nsa.h"
 
 /* ------------------------------------------------------------------ helpers */
-
-#define EXPECT(call, want, needle)                                                                       \
-    do {                                                                                                 \
-        nsa_status got_ = (call);                                                                        \
-        const char *m_ = nsa_last_error();                                                               \
-        ck_assert_msg(got_ == (want), "%s returned %s (%d), expected %s (%d); message: %s", #call,        \
-                      nsa_status_string(got_), (int)got_, nsa_status_string(want), (int)(want), m_);     \
-        ck_assert_msg(m_ != NULL && m_[0] != '\0', "%s: empty nsa_last_error()", #call);                 \
-        ck_assert_msg(strstr(m_, (needle)) != NULL, "%s: message \"%s\" does not mention \"%s\"", #call, \
-                      m_, (needle));                                                                     \
-    } while (0)
-
-#define EXPECT_OK(call)                                                                                 \
-    do {                                                                                                \
-        nsa_status got_ = (call);                                                                       \
-        ck_assert_msg(got_ == NSA_SUCCESS, "%s returned %s: %s", #call, nsa_status_string(got_),        \
-                      nsa_last_error());                                                                \
-        ck_assert_msg(nsa_last_error() && nsa_last_error()[0] == '\0',                                 \
-                      "%s succeeded but nsa_last_error() is \"%s\"", #call, nsa_last_error());          \
-    } while (0)
 
 /* The fixture: one sequence of T tokens, every tensor dense in its own buffer. */
 enum { T = 20 };
@@ -597,6 +578,100 @@ START_TEST(misc_values)
 }
 END_TEST
 
+
+/* ------------------------------------------------------------------ sizes near the 64-bit limits */
+
+/* Item 11: the planner validates every size (the workspace's products too)
+ * before it allocates its host tables (8 bytes per token). With T = 2^40 and
+ * the largest heads and dims the workspace overflows 64 bits: that is a shape
+ * error, found before an 8 TiB table is asked for (the old planner allocated
+ * first and answered NSA_ERR_OUT_OF_MEMORY). */
+START_TEST(plan_validates_before_allocating)
+{
+    nsa_config c;
+    small_config(&c);
+    c.num_q_heads = 1 << 16;
+    c.head_dim_v = 1 << 14;
+    nsa_plan *p = NULL;
+    int64_t cu[2] = {0, INT64_C(1) << 40};
+    EXPECT(nsa_plan_create(F.ctx, &c, cu, 1, &p), NSA_ERR_INVALID_SHAPE, "workspace");
+    ck_assert_ptr_null(p);
+    int64_t cu2[3] = {0, INT64_C(1) << 39, INT64_C(1) << 40};
+    EXPECT(nsa_plan_create(F.ctx, &c, cu2, 2, &p), NSA_ERR_INVALID_SHAPE, "workspace");
+    ck_assert_ptr_null(p);
+}
+END_TEST
+
+/* Item 9: too many tokens names cu_seqlens. */
+START_TEST(too_many_tokens_names_cu_seqlens)
+{
+    nsa_plan *p = NULL;
+    int64_t cu[3] = {0, 5, (INT64_C(1) << 40) + 1};
+    EXPECT(nsa_plan_create(F.ctx, &F.cfg, cu, 2, &p), NSA_ERR_INVALID_SHAPE, "cu_seqlens[2]");
+    int64_t huge[2] = {0, INT64_MAX};
+    EXPECT(nsa_plan_create(F.ctx, &F.cfg, huge, 1, &p), NSA_ERR_INVALID_SHAPE, "cu_seqlens");
+    ck_assert_ptr_null(p);
+}
+END_TEST
+
+/* Item 7: argument checks near INT64_MAX return their status without signed
+ * overflow (the ASan/UBSan build halts on any). */
+START_TEST(tensor_extents_near_int64_max)
+{
+    nsa_tensor saved = F.args.q;
+    F.args.q.offset = INT64_MAX - 1; /* offset + Dqk overflows */
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->q");
+    F.args.q = saved;
+    saved = F.args.o;
+    F.args.o.stride_head = INT64_C(1) << 62; /* stride x extent overflows in the overlap test ... */
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->o");
+    F.args.o.stride_token = INT64_MAX; /* ... where the product is still used (not the last dimension) */
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->o");
+    F.args.o.stride_head = 3; /* = Dv */
+    F.args.o.stride_token = INT64_MAX / 3;
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->o");
+    F.args.o = saved;
+    saved = F.args.lse[2];
+    F.args.lse[2].stride_token = INT64_MAX;
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->lse[win]");
+    F.args.lse[2] = saved;
+    saved = F.args.k[1];
+    F.args.k[1].offset = INT64_MAX;
+    F.args.k[1].stride_token = INT64_MAX;
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->k[slc]");
+    F.args.k[1] = saved;
+    EXPECT_OK(nsa_forward(F.plan, &F.args, F.ws));
+}
+END_TEST
+
+START_TEST(dense_view_overflow)
+{
+    /* heads * dim overflows: the view gets stride_token = -1, which nsa_forward refuses */
+    nsa_tensor t = nsa_tensor_dense(F.args.q.buffer, 0, INT64_MAX, 2);
+    ck_assert_int_eq(t.stride_token, -1);
+    t = nsa_tensor_dense(F.args.q.buffer, 0, INT64_C(1) << 32, INT64_C(1) << 32);
+    ck_assert_int_eq(t.stride_token, -1);
+    F.args.q = t;
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_INVALID_STRIDE, "args->q");
+    t = nsa_tensor_dense(NULL, 0, 3, 5);
+    ck_assert_int_eq(t.stride_token, 15);
+    ck_assert_int_eq(t.stride_head, 5);
+}
+END_TEST
+
+START_TEST(utility_index_overflow)
+{
+    float f[4];
+    EXPECT(nsa_random_uniform(1, 2, INT64_MAX - 1, 4, 0.0f, 1.0f, f), NSA_ERR_INVALID_VALUE, "first");
+    EXPECT(nsa_random_uniform(1, 2, INT64_MAX, 1, 0.0f, 1.0f, f), NSA_ERR_INVALID_VALUE, "first");
+    EXPECT_OK(nsa_random_uniform(1, 2, INT64_MAX - 4, 4, 0.0f, 1.0f, f));
+    EXPECT_OK(nsa_random_uniform(1, 2, INT64_MAX, 0, 0.0f, 1.0f, NULL));
+    uint16_t h[4];
+    EXPECT(nsa_convert(f, NSA_DTYPE_F32, h, NSA_DTYPE_F16, INT64_C(1) << 62), NSA_ERR_INVALID_VALUE, "n");
+    EXPECT(nsa_convert(f, NSA_DTYPE_F32, f, NSA_DTYPE_F32, INT64_MAX), NSA_ERR_INVALID_VALUE, "n");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("invalid");
@@ -620,10 +695,17 @@ int main(void)
     tcase_add_test(tc, unknown_flags);
     tcase_add_test(tc, wrong_context);
     tcase_add_test(tc, misc_values);
+    tcase_add_test(tc, plan_validates_before_allocating);
+    tcase_add_test(tc, too_many_tokens_names_cu_seqlens);
+    tcase_add_test(tc, tensor_extents_near_int64_max);
+    tcase_add_test(tc, dense_view_overflow);
+    tcase_add_test(tc, utility_index_overflow);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
+    expect_counts_init();
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
+    expect_report(sr, "invalid");
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "expect.h"
 #include "nsa.h"
 
 #ifndef FAKE_UNAVAILABLE_DIR
@@ -34,6 +35,15 @@ static void clean_env(void)
 #define ASSERT_MESSAGE_HAS(needle)                                                                      \
     ck_assert_msg(strstr(nsa_last_error(), (needle)) != NULL, "message \"%s\" does not mention \"%s\"", \
                   nsa_last_error(), (needle))
+
+/* request (a backend argument, or NULL for NSA_BACKEND) must give a cpu context. */
+static void expect_cpu_context(const char *request)
+{
+    nsa_context *ctx = NULL;
+    EXPECT_OK(nsa_context_create(request, request ? 0 : -1, &ctx));
+    ck_assert_str_eq(nsa_context_backend(ctx), "cpu");
+    EXPECT_OK(nsa_context_destroy(ctx));
+}
 
 START_TEST(unknown_name_lists_available)
 {
@@ -233,6 +243,97 @@ START_TEST(backend_list_has_cpu)
 }
 END_TEST
 
+
+/* Item 4: names that are neither a known backend nor a module file take no
+ * registry slot, so no number of bad names locks out a real backend. */
+START_TEST(unknown_names_take_no_slot)
+{
+    clean_env();
+    /* 16 distinct unknown names, then cpu: the old registry had filled its 16 slots */
+    setenv("NSA_BACKEND", "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,cpu", 1);
+    expect_cpu_context(NULL);
+    char name[64], bogus[32];
+    for (int i = 0; i < 64; ++i) {
+        snprintf(bogus, sizeof bogus, "bogus%d", i);
+        EXPECT(nsa_device_name(bogus, 0, name, sizeof name), NSA_ERR_BACKEND_UNAVAILABLE, "not found");
+    }
+    EXPECT_OK(nsa_device_name("cpu", 0, name, sizeof name));
+    unsetenv("NSA_BACKEND");
+    expect_cpu_context("cpu");
+    /* a real module is still found and registered after them */
+    setenv("NSA_BACKEND_PATH", FAKE_UNAVAILABLE_DIR, 1);
+    nsa_context *ctx = NULL;
+    EXPECT(nsa_context_create("fake", 0, &ctx), NSA_ERR_BACKEND_UNAVAILABLE, "libfakert.so.1");
+}
+END_TEST
+
+/* Item 4: the message says what is wrong with a name. */
+START_TEST(name_problems_are_named)
+{
+    clean_env();
+    nsa_context *ctx = NULL;
+    const char *name32 = "abcdefghijklmnopqrstuvwxyz012345"; /* 32 characters */
+    ck_assert_uint_eq(strlen(name32), 32);
+    EXPECT(nsa_context_create(name32, 0, &ctx), NSA_ERR_BACKEND_UNAVAILABLE, "32 characters");
+    char name[16];
+    EXPECT(nsa_device_name(name32, 0, name, sizeof name), NSA_ERR_BACKEND_UNAVAILABLE, "at most 31");
+    EXPECT(nsa_context_create("Cpu", 0, &ctx), NSA_ERR_BACKEND_UNAVAILABLE, "'C'");
+    EXPECT(nsa_context_create("cpu-x", 0, &ctx), NSA_ERR_BACKEND_UNAVAILABLE, "character 4 is '-'");
+    EXPECT(nsa_context_create("nope,cp\tu", 0, &ctx), NSA_ERR_BACKEND_UNAVAILABLE, "byte 0x09");
+    /* a name that is well-formed but absent says so */
+    EXPECT(nsa_context_create("nosuchbackend", 0, &ctx), NSA_ERR_BACKEND_UNAVAILABLE,
+           "libnsa_backend_nosuchbackend.so not found");
+    ck_assert_ptr_null(ctx);
+}
+END_TEST
+
+/* Item 9: a list of empty names says so instead of "()". */
+START_TEST(empty_names_are_named)
+{
+    clean_env();
+    setenv("NSA_BACKEND", ",,,", 1);
+    nsa_context *ctx = NULL;
+    EXPECT(nsa_context_create(NULL, -1, &ctx), NSA_ERR_BACKEND_UNAVAILABLE, "(empty): an empty name");
+    ck_assert_msg(!strstr(nsa_last_error(), "()"), "message still has an empty list: %s", nsa_last_error());
+    /* an empty element next to a usable backend is harmless */
+    expect_cpu_context("cpu,");
+}
+END_TEST
+
+/* Item 9: a backend whose context creation fails is passed over for the next
+ * listed one; alone, its failure gets a message naming it even when the module
+ * gave none. */
+START_TEST(context_failure_falls_back)
+{
+    clean_env();
+    setenv("NSA_BACKEND_PATH", FAKE_FAILING_DIR, 1);
+    nsa_context *ctx = NULL;
+    EXPECT(nsa_context_create("fakectx", 0, &ctx), NSA_ERR_DEVICE, "backend fakectx failed creating a context");
+    ck_assert_ptr_null(ctx);
+    expect_cpu_context("fakectx,cpu");
+    setenv("NSA_BACKEND", "nope,fakectx,cpu", 1);
+    expect_cpu_context(NULL);
+    /* none usable: each listed name says why */
+    EXPECT(nsa_context_create("fakectx,nope", 0, &ctx), NSA_ERR_DEVICE, "fakectx: NSA_ERR_DEVICE");
+    ck_assert_msg(strstr(nsa_last_error(), "nope: module libnsa_backend_nope.so not found"), "message: %s",
+                  nsa_last_error());
+    /* one listed backend keeps its own status and message */
+    EXPECT(nsa_context_create("cpu", 3, &ctx), NSA_ERR_DEVICE_NOT_FOUND, "selects device 3, but backend cpu has 1");
+}
+END_TEST
+
+/* Item 7: a version symbol that is a function (at an odd address) is refused
+ * without reading it as an int (a misaligned load, which UBSan reports). */
+START_TEST(version_symbol_is_a_function)
+{
+    clean_env();
+    setenv("NSA_BACKEND_PATH", FAKE_FAILING_DIR, 1);
+    nsa_context *ctx = NULL;
+    EXPECT(nsa_context_create("fakefunc", 0, &ctx), NSA_ERR_VERSION_MISMATCH, "not an int variable");
+    ck_assert_ptr_null(ctx);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("loader");
@@ -250,10 +351,17 @@ int main(void)
     tcase_add_test(tc, default_backend_is_available);
     tcase_add_test(tc, device_out_of_range);
     tcase_add_test(tc, backend_list_has_cpu);
+    tcase_add_test(tc, unknown_names_take_no_slot);
+    tcase_add_test(tc, name_problems_are_named);
+    tcase_add_test(tc, empty_names_are_named);
+    tcase_add_test(tc, context_failure_falls_back);
+    tcase_add_test(tc, version_symbol_is_a_function);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
+    expect_counts_init();
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
+    expect_report(sr, "loader");
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
 }

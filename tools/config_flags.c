@@ -1,9 +1,12 @@
 /* Problem-description flags shared by nsa run and nsa bench (see config_flags.h). */
 #include "config_flags.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "checked.h"
 #include "tool.h"
 
 const char *const compress_choices = "mean|linear|external";
@@ -68,7 +71,7 @@ int config_flags_options(config_flags *f, args_opt *o, int with_T)
     OPT("--n-init", ARGS_INT64, &f->n_init, NULL, "N", "forced initial blocks (1)");
     OPT("--n-local", ARGS_INT64, &f->n_local, NULL, "N", "forced local blocks (2)");
     OPT("--w", ARGS_INT64, &f->w, NULL, "N", "sliding window w (512; 0 = branch off)");
-    OPT("--scale", ARGS_DOUBLE, &f->scale, NULL, "X", "softmax scale (0 = 1/sqrt(Dqk))");
+    OPT("--scale", ARGS_DOUBLE, &f->scale, NULL, "X", "softmax scale (0 = 1/sqrt(Dqk); else a normal float)");
     OPT("--compress", ARGS_CHOICE, &f->compress, compress_choices, NULL,
         "compression: mean | linear (random W, pe) | external (random kc, vc)");
     OPT("--dtype", ARGS_CHOICE, &f->dtype, dtype_choices, NULL, "q/k/v/o dtype (bf16)");
@@ -101,6 +104,45 @@ int config_flags_lengths(const char *cmd, const config_flags *f, int64_t T, int6
     return count;
 }
 
+/* Every tensor the tools hold for case c (as f32 on the host, and on the
+ * device) must have a byte count that fits 64 bits: checked before anything
+ * is drawn or allocated. tflags names the flags that set the token count. */
+static int check_sizes(const char *cmd, const tk_case *c, const char *tflags)
+{
+    const nsa_config *g = &c->cfg;
+    const int64_t T = tk_case_tokens(c), hq = g->num_q_heads, hkv = g->num_kv_heads;
+    const int64_t dqk = g->head_dim_qk, dv = g->head_dim_v, l = g->cmp_block, n = g->num_selected;
+    const int linear = g->compress == NSA_COMPRESS_LINEAR, external = g->compress == NSA_COMPRESS_EXTERNAL;
+    const int64_t nc = external ? tk_case_total_cmp(c) : 0;
+    const struct {
+        const char *tensor, *flags;
+        int64_t dims[4];
+        int used;
+    } t[] = {
+        {"q [T, Hq, Dqk]", "--hq, --dqk", {T, hq, dqk, 1}, 1},
+        {"k [T, Hkv, Dqk]", "--hkv, --dqk", {T, hkv, dqk, 1}, 1},
+        {"v [T, Hkv, Dv]", "--hkv, --dv", {T, hkv, dv, 1}, 1},
+        {"o [T, Hq, Dv]", "--hq, --dv", {T, hq, dv, 1}, 1},
+        {"selected [T, Hkv, n]", "--hkv, --n", {T, hkv, n, 1}, 1},
+        {"w_k [Hkv, l, Dqk, Dqk]", "--hkv, --l, --dqk", {hkv, l, dqk, dqk}, linear},
+        {"w_v [Hkv, l, Dv, Dv]", "--hkv, --l, --dv", {hkv, l, dv, dv}, linear},
+        {"kc [Nc, Hkv, Dqk]", "--hkv, --dqk, --l, --d", {nc, hkv, dqk, 1}, external},
+        {"vc [Nc, Hkv, Dv]", "--hkv, --dv, --l, --d", {nc, hkv, dv, 1}, external},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        int64_t count;
+        size_t bytes;
+        if (t[i].used && (nsa_ck_prod(t[i].dims, 4, &count) || nsa_ck_bytes(count, sizeof(float), &bytes))) {
+            fprintf(stderr,
+                    "%s: %s would need more than 2^63 bytes with %lld tokens (%s) and %s as given: "
+                    "make them smaller\n",
+                    cmd, t[i].tensor, (long long)T, tflags, t[i].flags);
+            return TOOL_EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
 int config_flags_case(const char *cmd, const config_flags *f, const int64_t *lens, int64_t batch,
                       tk_case *c)
 {
@@ -120,6 +162,15 @@ int config_flags_case(const char *cmd, const config_flags *f, const int64_t *len
     c->cfg.num_local = f->n_local;
     c->cfg.window = f->w;
     c->cfg.scale = (float)f->scale;
+    /* a positive (or negative) scale that rounds to 0 or to a subnormal float
+     * would silently become the default 1/sqrt(Dqk), or lose its precision */
+    if (f->scale != 0.0 && isfinite(c->cfg.scale) && !isnormal(c->cfg.scale)) {
+        fprintf(stderr,
+                "%s: --scale %g is not a normal float (its magnitude must be at least %g, or 0 for "
+                "1/sqrt(Dqk))\n",
+                cmd, f->scale, (double)FLT_MIN);
+        return TOOL_EXIT_USAGE;
+    }
     c->cfg.compress = (nsa_compress_mode)f->compress;
     c->cfg.dtype = config_flags_dtype(f->dtype);
     s = nsa_config_validate(&c->cfg);
@@ -136,7 +187,13 @@ int config_flags_case(const char *cmd, const config_flags *f, const int64_t *len
     c->batch = batch;
     c->cu_seqlens[0] = 0;
     for (int64_t b = 0; b < batch; b++)
-        c->cu_seqlens[b + 1] = c->cu_seqlens[b] + lens[b];
+        if (lens[b] < 0 || nsa_ck_add(c->cu_seqlens[b], lens[b], &c->cu_seqlens[b + 1])) {
+            fprintf(stderr, "%s: %s: the sequence lengths must be >= 0 and add up to at most 2^63 - 1\n", cmd,
+                    f->seqlens ? "--seqlens" : "--T x --batch");
+            return TOOL_EXIT_USAGE;
+        }
+    if (check_sizes(cmd, c, f->seqlens ? "--seqlens" : "--T x --batch"))
+        return TOOL_EXIT_USAGE;
     c->seed = (uint64_t)f->seed;
     c->fixed_indices = 0;
     c->use_pe = f->compress == NSA_COMPRESS_LINEAR;

@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "checked.h"
 
 static const char npy_magic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
 
@@ -127,54 +130,52 @@ static int parse_shape(const char *v, npy_array *a)
         v = end;
     }
     a->ndim = ndim;
-    a->count = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (a->shape[i] != 0 && a->count > INT64_MAX / a->shape[i])
-            return -1;
-        a->count *= a->shape[i];
-    }
+    if (nsa_ck_prod(a->shape, ndim, &a->count))
+        return -2; /* more elements than int64 counts */
     return 0;
 }
 
-static int read_file(const char *path, npy_array *out, int with_data, char *err, size_t err_size)
+/* The reader proper: f holds `size` bytes in all, the file `name`. Every size
+ * the header declares is checked against the bytes the file really has before
+ * anything is allocated for it. */
+int npy_read_stream(FILE *f, int64_t size, const char *name, npy_array *out, int with_data, char *err,
+                    size_t err_size)
 {
-    FILE *f = fopen(path, "rb");
     unsigned char pre[8];
     uint32_t hlen;
+    int64_t data_at;
     char *header = NULL;
     const char *v;
     size_t bytes;
+    char shp[256];
+    int rc;
     memset(out, 0, sizeof *out);
-    if (!f)
-        return fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
-    if (fread(pre, 1, 8, f) != 8 || memcmp(pre, npy_magic, 6) != 0) {
-        fclose(f);
-        return fail(err, err_size, "%s: not a .npy file (bad magic)", path);
-    }
+    if (size < 0)
+        return fail(err, err_size, "%s: the size of the file is unknown", name);
+    if (fread(pre, 1, 8, f) != 8 || memcmp(pre, npy_magic, 6) != 0)
+        return fail(err, err_size, "%s: not a .npy file (bad magic)", name);
     if (pre[6] == 1) {
         unsigned char l2[2];
         if (fread(l2, 1, 2, f) != 2)
             goto truncated;
         hlen = (uint32_t)l2[0] | ((uint32_t)l2[1] << 8);
+        data_at = 10 + (int64_t)hlen;
     } else if (pre[6] == 2 || pre[6] == 3) {
         unsigned char l4[4];
         if (fread(l4, 1, 4, f) != 4)
             goto truncated;
         hlen = (uint32_t)l4[0] | ((uint32_t)l4[1] << 8) | ((uint32_t)l4[2] << 16) |
                ((uint32_t)l4[3] << 24);
-        if (hlen > (1u << 24)) {
-            fclose(f);
-            return fail(err, err_size, "%s: header length %u is implausible", path, hlen);
-        }
+        data_at = 12 + (int64_t)hlen;
     } else {
-        fclose(f);
-        return fail(err, err_size, "%s: unsupported .npy format version %d.%d", path, pre[6], pre[7]);
+        return fail(err, err_size, "%s: unsupported .npy format version %d.%d", name, pre[6], pre[7]);
     }
+    if (data_at > size)
+        return fail(err, err_size, "%s: header length %u reaches past the end of the %lld-byte file", name, hlen,
+                    (long long)size);
     header = malloc((size_t)hlen + 1);
-    if (!header) {
-        fclose(f);
-        return fail(err, err_size, "%s: out of memory", path);
-    }
+    if (!header)
+        return fail(err, err_size, "%s: out of memory", name);
     if (fread(header, 1, hlen, f) != hlen) {
         free(header);
         goto truncated;
@@ -186,48 +187,73 @@ static int read_file(const char *path, npy_array *out, int with_data, char *err,
     v = dict_value(header, "descr");
     if (parse_descr(v, &out->type) != 0) {
         fail(err, err_size,
-             "%s: unsupported dtype in header '%s' (accepted: <f4 <f2 <u2(bf16 bits) <i4 <i8, "
+             "%s: unsupported dtype in header '%.200s' (accepted: <f4 <f2 <u2(bf16 bits) <i4 <i8, "
              "little-endian)",
-             path, header);
+             name, header);
         goto bad;
     }
     v = dict_value(header, "fortran_order");
     if (!v || strncmp(v, "False", 5) != 0) {
-        fail(err, err_size, "%s: only C-order arrays are accepted (fortran_order must be False)", path);
+        fail(err, err_size, "%s: only C-order arrays are accepted (fortran_order must be False)", name);
         goto bad;
     }
     v = dict_value(header, "shape");
-    if (parse_shape(v, out) != 0) {
-        fail(err, err_size, "%s: cannot parse the shape in header '%s'", path, header);
+    if ((rc = parse_shape(v, out)) != 0) {
+        if (rc == -2)
+            fail(err, err_size, "%s: the shape %s has more elements than 2^63 - 1", name,
+                 npy_shape_string(out->ndim, out->shape, shp, sizeof shp));
+        else
+            fail(err, err_size, "%s: cannot parse the shape in header '%.200s'", name, header);
         goto bad;
     }
     free(header);
     header = NULL;
-    if (!with_data) {
-        fclose(f);
+    /* the data must be exactly what the shape says: no more, no less */
+    if (nsa_ck_bytes(out->count, npy_type_size(out->type), &bytes) || (uint64_t)bytes > (uint64_t)(size - data_at))
+        return fail(err, err_size,
+                    "%s: the header's shape %s of %s needs %lld elements, but the file has only %lld bytes of data "
+                    "(truncated, or the header lies)",
+                    name, npy_shape_string(out->ndim, out->shape, shp, sizeof shp), npy_type_descr(out->type),
+                    (long long)out->count, (long long)(size - data_at));
+    if ((int64_t)bytes < size - data_at)
+        return fail(err, err_size, "%s: %lld bytes follow the data of shape %s of %s (trailing garbage, or the "
+                    "header understates the shape)",
+                    name, (long long)(size - data_at - (int64_t)bytes),
+                    npy_shape_string(out->ndim, out->shape, shp, sizeof shp), npy_type_descr(out->type));
+    if (!with_data)
         return 0;
-    }
 
-    bytes = (size_t)out->count * npy_type_size(out->type);
     out->data = malloc(bytes ? bytes : 1);
-    if (!out->data) {
-        fclose(f);
-        return fail(err, err_size, "%s: out of memory for %zu bytes", path, bytes);
-    }
+    if (!out->data)
+        return fail(err, err_size, "%s: out of memory for %zu bytes", name, bytes);
     if (bytes && fread(out->data, 1, bytes, f) != bytes) {
         npy_free(out);
         goto truncated;
     }
-    fclose(f);
     return 0;
 
 truncated:
-    fclose(f);
-    return fail(err, err_size, "%s: file is truncated", path);
+    return fail(err, err_size, "%s: file is truncated", name);
 bad:
     free(header);
-    fclose(f);
     return -1;
+}
+
+static int read_file(const char *path, npy_array *out, int with_data, char *err, size_t err_size)
+{
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    int rc;
+    memset(out, 0, sizeof *out);
+    if (!f)
+        return fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return fail(err, err_size, "%s: not a regular file", path);
+    }
+    rc = npy_read_stream(f, (int64_t)st.st_size, path, out, with_data, err, err_size);
+    fclose(f);
+    return rc;
 }
 
 int npy_read(const char *path, npy_array *out, char *err, size_t err_size)
@@ -254,8 +280,8 @@ int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, c
 
     if (ndim < 0 || ndim > NPY_MAX_DIMS)
         return fail(err, err_size, "%s: %d dimensions (at most %d)", path, ndim, NPY_MAX_DIMS);
-    for (int i = 0; i < ndim; i++)
-        count *= shape[i];
+    if (nsa_ck_prod(shape, ndim, &count) || nsa_ck_bytes(count, npy_type_size(type), &bytes))
+        return fail(err, err_size, "%s: the shape's byte count overflows", path);
     npy_shape_string(ndim, shape, shp, sizeof shp);
     snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
              npy_type_descr(type), shp);
@@ -278,7 +304,6 @@ int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, c
     f = fopen(path, "wb");
     if (!f)
         return fail(err, err_size, "%s: cannot create: %s", path, strerror(errno));
-    bytes = (size_t)count * npy_type_size(type);
     if (fwrite(pre, 1, pre_len, f) != pre_len || fwrite(header, 1, dlen, f) != dlen ||
         (bytes && fwrite(data, 1, bytes, f) != bytes)) {
         fclose(f);

@@ -12,12 +12,18 @@
  * Only C order (fortran_order False) and little-endian data are accepted ('|' is
  * accepted for one-byte types, '=' is taken as little-endian); anything else is
  * refused with a message naming the file.
+ *
+ * Files are untrusted input: the header's length and shape are checked against
+ * the file's real size before anything is allocated for them, and the data must
+ * be exactly what the shape says (a truncated file, or bytes after the data, is
+ * refused with a message). Only regular files are read.
  */
 #ifndef NSA_TOOLS_NPY_H
 #define NSA_TOOLS_NPY_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define NPY_MAX_DIMS 8
 
@@ -44,8 +50,15 @@ const char *npy_type_descr(npy_type type); /* "<f4" */
  * naming the file in err. */
 int npy_read(const char *path, npy_array *out, char *err, size_t err_size);
 
-/* As npy_read, but reads only the header: type, ndim, shape, count; data = NULL. */
+/* As npy_read, but reads only the header: type, ndim, shape, count; data = NULL.
+ * The shape is still checked against the file's size. */
 int npy_read_header(const char *path, npy_array *out, char *err, size_t err_size);
+
+/* The reader on an open stream positioned at the magic, which holds size bytes
+ * in all (the fuzzer reads from memory with it); name is used in messages.
+ * with_data: 0 for the header only. */
+int npy_read_stream(FILE *f, int64_t size, const char *name, npy_array *out, int with_data, char *err,
+                    size_t err_size);
 
 /* Writes ndim dims of data (C order). Returns 0, or -1 with a message in err. */
 int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data,

@@ -5,6 +5,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "checked.h"
 
 #define FILE_MAGIC "NSAPRTY1"
 #define RECORD_MAGIC 0x31524352u
@@ -60,10 +63,26 @@ static int put_f32s(FILE *f, const float *x, int64_t n)
     return 0;
 }
 
-static int get_u(FILE *f, uint64_t *v, int bytes)
+/* Reading: every count the file declares is checked against the bytes that
+ * are really left in it before anything is allocated for it (the file is
+ * untrusted input: it may come from another machine, or be crafted). */
+typedef struct reader {
+    FILE *f;
+    int64_t left; /* bytes not yet read */
+} reader;
+
+static int get_bytes(reader *r, void *p, size_t n)
+{
+    if ((uint64_t)n > (uint64_t)r->left || (n && fread(p, 1, n, r->f) != n))
+        return -1;
+    r->left -= (int64_t)n;
+    return 0;
+}
+
+static int get_u(reader *r, uint64_t *v, int bytes)
 {
     unsigned char b[8];
-    if (fread(b, 1, (size_t)bytes, f) != (size_t)bytes)
+    if (get_bytes(r, b, (size_t)bytes))
         return -1;
     *v = 0;
     for (int i = 0; i < bytes; i++)
@@ -71,57 +90,79 @@ static int get_u(FILE *f, uint64_t *v, int bytes)
     return 0;
 }
 
-static int get_i64(FILE *f, int64_t *v)
+static int get_i64(reader *r, int64_t *v)
 {
     uint64_t u;
-    if (get_u(f, &u, 8))
+    if (get_u(r, &u, 8))
         return -1;
     *v = (int64_t)u;
     return 0;
 }
 
-static int get_i32(FILE *f, int32_t *v)
+static int get_i32(reader *r, int32_t *v)
 {
     uint64_t u;
-    if (get_u(f, &u, 4))
+    if (get_u(r, &u, 4))
         return -1;
     *v = (int32_t)(uint32_t)u;
     return 0;
 }
 
-static int get_f32(FILE *f, float *x)
+static int get_f32(reader *r, float *x)
 {
     uint64_t u;
     uint32_t w;
-    if (get_u(f, &u, 4))
+    if (get_u(r, &u, 4))
         return -1;
     w = (uint32_t)u;
     memcpy(x, &w, 4);
     return 0;
 }
 
-static int get_str(FILE *f, char *s, size_t size)
+/* A string of up to 65535 bytes, kept up to size - 1 of them. */
+static int get_str(reader *r, char *s, size_t size)
 {
     uint64_t n;
-    char tmp[65536];
-    if (get_u(f, &n, 2) || (n && fread(tmp, 1, (size_t)n, f) != (size_t)n))
+    size_t keep;
+    char skip[256];
+    if (get_u(r, &n, 2))
         return -1;
-    if (n >= size)
-        n = size - 1;
-    memcpy(s, tmp, (size_t)n);
-    s[n] = '\0';
+    keep = (size_t)n < size - 1 ? (size_t)n : size - 1;
+    if (get_bytes(r, s, keep))
+        return -1;
+    s[keep] = '\0';
+    for (n -= keep; n > 0;) {
+        size_t k = n < sizeof skip ? (size_t)n : sizeof skip;
+        if (get_bytes(r, skip, k))
+            return -1;
+        n -= k;
+    }
     return 0;
 }
 
-static int get_f32s(FILE *f, float **x, int64_t n)
+/* n 4-byte elements (i32: int32, else float) into a new array, after checking
+ * that the file holds them. NULL with why set on failure. */
+static void *get_array(reader *r, int64_t n, int i32, char *why, size_t why_size, const char *what)
 {
-    *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    if (!*x)
-        return -1;
+    size_t bytes;
+    void *p;
+    if (nsa_ck_bytes(n, 4, &bytes) || (uint64_t)bytes > (uint64_t)r->left) {
+        snprintf(why, why_size, "%s needs %lld elements, but only %lld bytes are left in the file", what,
+                 (long long)n, (long long)r->left);
+        return NULL;
+    }
+    p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        snprintf(why, why_size, "out of memory for %s (%zu bytes)", what, bytes);
+        return NULL;
+    }
     for (int64_t i = 0; i < n; i++)
-        if (get_f32(f, &(*x)[i]))
-            return -1;
-    return 0;
+        if (i32 ? get_i32(r, &((int32_t *)p)[i]) : get_f32(r, &((float *)p)[i])) {
+            snprintf(why, why_size, "%s is truncated", what);
+            free(p);
+            return NULL;
+        }
+    return p;
 }
 
 /* ---- writing */
@@ -183,14 +224,16 @@ int parity_file_write(FILE *f, const char *backend, const char *device, const tk
 
 /* ---- reading */
 
-static int read_record(FILE *f, parity_record *r)
+/* Reads one record after its magic. Returns 0, or -1 with why set. */
+static int read_record(reader *f, parity_record *r, char *why, size_t why_size)
 {
     nsa_config *g = &r->c.cfg;
-    int64_t v[11], T;
+    int64_t v[11], T, n_o, n_lse, n_sel;
     int32_t compress, dtype, layout, status;
     uint64_t present, seed;
     char label[TK_LABEL_MAX];
     memset(r, 0, sizeof *r);
+    snprintf(why, why_size, "truncated");
     if (get_str(f, label, sizeof label) || get_str(f, r->backend, sizeof r->backend) ||
         get_str(f, r->device, sizeof r->device) || get_str(f, r->version, sizeof r->version))
         return -1;
@@ -215,8 +258,10 @@ static int read_record(FILE *f, parity_record *r)
         return -1;
     g->compress = (nsa_compress_mode)compress;
     g->dtype = (nsa_dtype)dtype;
-    if (r->c.batch < 0 || r->c.batch > TK_MAX_BATCH)
+    if (r->c.batch < 0 || r->c.batch > TK_MAX_BATCH) {
+        snprintf(why, why_size, "batch = %lld is not in [0, %d]", (long long)r->c.batch, TK_MAX_BATCH);
         return -1;
+    }
     for (int64_t b = 0; b <= r->c.batch; b++)
         if (get_i64(f, &r->c.cu_seqlens[b]))
             return -1;
@@ -227,23 +272,27 @@ static int read_record(FILE *f, parity_record *r)
     r->c.layout = (tk_layout)layout;
     r->status = (nsa_status)status;
     if (T < 0 || T != tk_case_tokens(&r->c) || g->num_q_heads < 0 || g->head_dim_v < 0 ||
-        g->num_kv_heads < 0 || g->num_selected < 0)
+        g->num_kv_heads < 0 || g->num_selected < 0) {
+        snprintf(why, why_size, "T = %lld, Hq = %lld, Hkv = %lld, Dv = %lld, n = %lld do not describe a case",
+                 (long long)T, (long long)g->num_q_heads, (long long)g->num_kv_heads, (long long)g->head_dim_v,
+                 (long long)g->num_selected);
         return -1;
+    }
+    {
+        const int64_t fo[3] = {T, g->num_q_heads, g->head_dim_v}, fs[3] = {T, g->num_kv_heads, g->num_selected};
+        if (nsa_ck_prod(fo, 3, &n_o) || nsa_ck_prod(fo, 2, &n_lse) || nsa_ck_prod(fs, 3, &n_sel)) {
+            snprintf(why, why_size, "the tensor sizes of T = %lld overflow 64 bits", (long long)T);
+            return -1;
+        }
+    }
     r->out.tokens = T;
-    if ((present & 1u) && get_f32s(f, &r->out.o, T * g->num_q_heads * g->head_dim_v))
+    if ((present & 1u) && !(r->out.o = get_array(f, n_o, 0, why, why_size, "o [T, Hq, Dv]")))
         return -1;
     for (int b = 0; b < 3; b++)
-        if ((present & (2u << b)) && get_f32s(f, &r->out.lse[b], T * g->num_q_heads))
+        if ((present & (2u << b)) && !(r->out.lse[b] = get_array(f, n_lse, 0, why, why_size, "lse [T, Hq]")))
             return -1;
-    if (present & 16u) {
-        int64_t n = T * g->num_kv_heads * g->num_selected;
-        r->out.sel = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
-        if (!r->out.sel)
-            return -1;
-        for (int64_t i = 0; i < n; i++)
-            if (get_i32(f, &r->out.sel[i]))
-                return -1;
-    }
+    if ((present & 16u) && !(r->out.sel = get_array(f, n_sel, 1, why, why_size, "selected [T, Hkv, n]")))
+        return -1;
     return 0;
 }
 
@@ -256,50 +305,64 @@ static void record_free(parity_record *r)
     memset(&r->out, 0, sizeof r->out);
 }
 
-int parity_file_read(const char *path, parity_record **recs, char *err, size_t err_size)
+int parity_file_read_stream(FILE *f, int64_t size, const char *name, parity_record **recs, char *err,
+                            size_t err_size)
 {
-    FILE *f = fopen(path, "rb");
-    char magic[8];
+    reader rd = {f, size};
+    char magic[8], why[256];
     parity_record *list = NULL;
     int count = 0, cap = 0;
     *recs = NULL;
-    if (!f)
-        return fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
-    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, FILE_MAGIC, 8) != 0) {
-        fclose(f);
-        return fail(err, err_size, "%s: not an nsa parity file (bad magic)", path);
-    }
-    for (;;) {
+    if (size < 0)
+        return fail(err, err_size, "%s: the size of the file is unknown", name);
+    if (get_bytes(&rd, magic, 8) || memcmp(magic, FILE_MAGIC, 8) != 0)
+        return fail(err, err_size, "%s: not an nsa parity file (bad magic)", name);
+    while (rd.left > 0) {
         uint64_t m;
-        if (get_u(f, &m, 4))
-            break; /* end of file */
-        if (m != RECORD_MAGIC) {
+        if (get_u(&rd, &m, 4) || m != RECORD_MAGIC) {
             parity_records_free(list, count);
-            fclose(f);
-            return fail(err, err_size, "%s: record %d: bad record magic", path, count);
+            return fail(err, err_size, "%s: record %d: bad record magic", name, count);
         }
         if (count == cap) {
             parity_record *grown;
+            if (cap > (1 << 24)) { /* a record is >= 120 bytes: a 2 GiB file at least */
+                parity_records_free(list, count);
+                return fail(err, err_size, "%s: more than %d records", name, cap);
+            }
             cap = cap ? 2 * cap : 64;
             grown = realloc(list, sizeof *list * (size_t)cap);
             if (!grown) {
                 parity_records_free(list, count);
-                fclose(f);
-                return fail(err, err_size, "%s: out of memory", path);
+                return fail(err, err_size, "%s: out of memory", name);
             }
             list = grown;
         }
-        if (read_record(f, &list[count]) != 0) {
+        if (read_record(&rd, &list[count], why, sizeof why) != 0) {
             record_free(&list[count]);
             parity_records_free(list, count);
-            fclose(f);
-            return fail(err, err_size, "%s: record %d is truncated or corrupt", path, count);
+            return fail(err, err_size, "%s: record %d is corrupt: %s", name, count, why);
         }
         count++;
     }
-    fclose(f);
     *recs = list;
     return count;
+}
+
+int parity_file_read(const char *path, parity_record **recs, char *err, size_t err_size)
+{
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    int n;
+    *recs = NULL;
+    if (!f)
+        return fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return fail(err, err_size, "%s: not a regular file", path);
+    }
+    n = parity_file_read_stream(f, (int64_t)st.st_size, path, recs, err, err_size);
+    fclose(f);
+    return n;
 }
 
 void parity_records_free(parity_record *recs, int count)

@@ -21,6 +21,10 @@
  *   str     := u16 length, that many bytes (no terminator)
  * The inputs are not stored: they are re-drawn from the seed with the library's
  * portable generator, which gives the same numbers on every machine.
+ *
+ * The reader treats the file as untrusted input: every count is computed with
+ * checked 64-bit arithmetic and bounded by the bytes left in the file before
+ * anything is allocated for it; a corrupt record is an error naming why.
  */
 #ifndef NSA_TOOLS_PARITY_FILE_H
 #define NSA_TOOLS_PARITY_FILE_H
@@ -49,6 +53,10 @@ int parity_file_write(FILE *f, const char *backend, const char *device, const tk
 /* Reads every record of path. Returns the count (>= 0) with *recs malloc'ed
  * (free with parity_records_free), or -1 (message in err). */
 int parity_file_read(const char *path, parity_record **recs, char *err, size_t err_size);
+/* The same on an open stream at the file's magic that holds size bytes in all
+ * (the fuzzer reads from memory with it); name is used in messages. */
+int parity_file_read_stream(FILE *f, int64_t size, const char *name, parity_record **recs, char *err,
+                            size_t err_size);
 void parity_records_free(parity_record *recs, int count);
 
 /* The record of case c (same label, dtype, config, batch and seed) made by

@@ -6,16 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "npy.h"
 #include "tool.h"
 
 static const char *const branch_name[3] = {"cmp", "slc", "win"};
 
+/* 1 when dir has an entry of that name, whatever it is: a dangling symlink or
+ * an unreadable file is there (and reading it then fails with a message), not
+ * absent, so that a broken input is never silently replaced by a drawn one. */
 static int file_exists(const char *path)
 {
-    return access(path, R_OK) == 0;
+    struct stat st;
+    return lstat(path, &st) == 0 || errno != ENOENT;
 }
 
 static void path_of(char *buf, size_t size, const char *dir, const char *name)
@@ -37,7 +40,16 @@ int run_inputs_shape(const char *cmd, const char *dir, int64_t *T, int64_t *hq, 
     npy_array a;
     const char *kname[] = {"k", "k_cmp", "k_slc", "k_win"};
     const char *vname[] = {"v", "v_cmp", "v_slc", "v_win"};
+    struct stat st;
     *T = *hq = *dqk = *hkv = *dv = -1;
+    if (stat(dir, &st) != 0) {
+        fprintf(stderr, "%s: --inputs %s: %s\n", cmd, dir, strerror(errno));
+        return TOOL_EXIT_USAGE;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "%s: --inputs %s: not a directory\n", cmd, dir);
+        return TOOL_EXIT_USAGE;
+    }
     path_of(path, sizeof path, dir, "q");
     if (file_exists(path)) {
         if (npy_read_header(path, &a, err, sizeof err) != 0) {
@@ -69,37 +81,57 @@ int run_inputs_shape(const char *cmd, const char *dir, int64_t *T, int64_t *hq, 
     return 0;
 }
 
+/* Reads path (which exists) after checking its header: the shape the flags
+ * need and, floats != 0, a float type, else an integer type. Returns 0 with *a
+ * read, or an exit code with a message. */
+static int read_checked(const char *cmd, const char *path, int ndim, const int64_t *shape, int floats,
+                        npy_array *a)
+{
+    char err[1024], want[256], got[256];
+    if (npy_read_header(path, a, err, sizeof err) != 0) {
+        fprintf(stderr, "%s: %s\n", cmd, err);
+        return TOOL_EXIT_FAIL;
+    }
+    if (a->ndim != ndim || memcmp(a->shape, shape, sizeof(int64_t) * (size_t)ndim) != 0) {
+        fprintf(stderr, "%s: %s: shape %s does not match the flags, which need %s\n", cmd, path,
+                npy_shape_string(a->ndim, a->shape, got, sizeof got),
+                npy_shape_string(ndim, shape, want, sizeof want));
+        return TOOL_EXIT_USAGE;
+    }
+    if (floats && a->type != NPY_F32 && a->type != NPY_F16 && a->type != NPY_BF16) {
+        fprintf(stderr, "%s: %s: dtype %s; a float tensor must be <f4, <f2 or <u2 (bf16 bits)\n",
+                cmd, path, npy_type_descr(a->type));
+        return TOOL_EXIT_USAGE;
+    }
+    if (!floats && a->type != NPY_I32 && a->type != NPY_I64) {
+        fprintf(stderr, "%s: %s: dtype %s; block indices must be <i4 or <i8\n", cmd, path,
+                npy_type_descr(a->type));
+        return TOOL_EXIT_USAGE;
+    }
+    if (npy_read(path, a, err, sizeof err) != 0) {
+        fprintf(stderr, "%s: %s\n", cmd, err);
+        return TOOL_EXIT_FAIL;
+    }
+    return 0;
+}
+
 /* Reads dir/name.npy as floats rounded to dtype, checking its shape. Returns 0
  * (file absent: *out untouched, *found 0), or an exit code with a message. */
 static int load_floats(const char *cmd, const char *dir, const char *name, int ndim,
                        const int64_t *shape, nsa_dtype dtype, float **out, int *found)
 {
-    char path[4096], err[1024], want[256], got[256];
+    char path[4096];
     npy_array a;
     float *f;
     void *tmp;
     nsa_status s = NSA_SUCCESS;
+    int rc;
     *found = 0;
     path_of(path, sizeof path, dir, name);
     if (!file_exists(path))
         return 0;
-    if (npy_read(path, &a, err, sizeof err) != 0) {
-        fprintf(stderr, "%s: %s\n", cmd, err);
-        return TOOL_EXIT_FAIL;
-    }
-    if (a.ndim != ndim || memcmp(a.shape, shape, sizeof(int64_t) * (size_t)ndim) != 0) {
-        fprintf(stderr, "%s: %s: shape %s does not match the flags, which need %s\n", cmd, path,
-                npy_shape_string(a.ndim, a.shape, got, sizeof got),
-                npy_shape_string(ndim, shape, want, sizeof want));
-        npy_free(&a);
-        return TOOL_EXIT_USAGE;
-    }
-    if (a.type != NPY_F32 && a.type != NPY_F16 && a.type != NPY_BF16) {
-        fprintf(stderr, "%s: %s: dtype %s; a float tensor must be <f4, <f2 or <u2 (bf16 bits)\n",
-                cmd, path, npy_type_descr(a.type));
-        npy_free(&a);
-        return TOOL_EXIT_USAGE;
-    }
+    if ((rc = read_checked(cmd, path, ndim, shape, 1, &a)) != 0)
+        return rc;
     f = malloc(sizeof(float) * (size_t)(a.count ? a.count : 1));
     tmp = malloc(4 * (size_t)(a.count ? a.count : 1));
     if (!f || !tmp) {
@@ -134,30 +166,16 @@ static int load_floats(const char *cmd, const char *dir, const char *name, int n
 static int load_indices(const char *cmd, const char *dir, const int64_t *shape, int32_t **out,
                         int *found)
 {
-    char path[4096], err[1024], want[256], got[256];
+    char path[4096];
     npy_array a;
     int32_t *idx;
+    int rc;
     *found = 0;
     path_of(path, sizeof path, dir, "block_indices");
     if (!file_exists(path))
         return 0;
-    if (npy_read(path, &a, err, sizeof err) != 0) {
-        fprintf(stderr, "%s: %s\n", cmd, err);
-        return TOOL_EXIT_FAIL;
-    }
-    if (a.ndim != 3 || memcmp(a.shape, shape, sizeof(int64_t) * 3) != 0) {
-        fprintf(stderr, "%s: %s: shape %s does not match the flags, which need %s\n", cmd, path,
-                npy_shape_string(a.ndim, a.shape, got, sizeof got),
-                npy_shape_string(3, shape, want, sizeof want));
-        npy_free(&a);
-        return TOOL_EXIT_USAGE;
-    }
-    if (a.type != NPY_I32 && a.type != NPY_I64) {
-        fprintf(stderr, "%s: %s: dtype %s; block indices must be <i4 or <i8\n", cmd, path,
-                npy_type_descr(a.type));
-        npy_free(&a);
-        return TOOL_EXIT_USAGE;
-    }
+    if ((rc = read_checked(cmd, path, 3, shape, 0, &a)) != 0)
+        return rc;
     idx = malloc(sizeof(int32_t) * (size_t)(a.count ? a.count : 1));
     if (!idx) {
         npy_free(&a);

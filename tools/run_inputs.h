@@ -1,7 +1,9 @@
 /*
  * `nsa run --inputs DIR` and `--outputs DIR`: tensors as .npy files.
  *
- * Inputs (every file optional; a tensor without a file is drawn from --seed):
+ * Inputs (every file optional; a tensor without a file is drawn from --seed; DIR
+ * itself must exist, and a name that is there but unreadable, a dangling
+ * symlink included, is an error, never "absent"):
  *   q.npy                      [T, Hq, Dqk]
  *   k.npy, v.npy               [T, Hkv, Dqk], [T, Hkv, Dv]   (all three branches)
  *   k_cmp.npy k_slc.npy k_win.npy, v_cmp.npy v_slc.npy v_win.npy
@@ -28,7 +30,8 @@
 #include "testkit.h"
 
 /* Shape hints from DIR/q.npy (T, Hq, Dqk), DIR/k*.npy (Hkv) and DIR/v*.npy (Dv);
- * a value stays -1 when no file tells it. Returns 0, or 2 with a message. */
+ * a value stays -1 when no file tells it. Returns 0, or 2 with a message (DIR
+ * is not a directory, q.npy cannot be read or its header lies about its size). */
 int run_inputs_shape(const char *cmd, const char *dir, int64_t *T, int64_t *hq, int64_t *dqk,
                      int64_t *hkv, int64_t *dv);
 

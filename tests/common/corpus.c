@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "testkit.h"
 
 typedef struct spec {
@@ -404,14 +405,21 @@ int64_t tk_num_cmp_blocks(const nsa_config *cfg, int64_t len)
 
 int64_t tk_num_slc_blocks(const nsa_config *cfg, int64_t len)
 {
-    return (len + cfg->slc_block - 1) / cfg->slc_block;
+    return len / cfg->slc_block + (len % cfg->slc_block > 0); /* ceil without len + l_s - 1 overflowing */
+}
+
+/* Length of sequence b, or -1 when cu_seqlens is not a valid batch there. */
+static int64_t seq_len(const tk_case *c, int64_t b)
+{
+    int64_t len;
+    return nsa_ck_sub(c->cu_seqlens[b + 1], c->cu_seqlens[b], &len) || len < 0 ? -1 : len;
 }
 
 int64_t tk_case_total_cmp(const tk_case *c)
 {
     int64_t total = 0;
     for (int64_t b = 0; b < c->batch; ++b)
-        total += tk_num_cmp_blocks(&c->cfg, c->cu_seqlens[b + 1] - c->cu_seqlens[b]);
+        if (nsa_ck_add(total, tk_num_cmp_blocks(&c->cfg, seq_len(c, b)), &total)) return INT64_MAX;
     return total;
 }
 
@@ -419,7 +427,7 @@ int64_t tk_case_max_slc(const tk_case *c)
 {
     int64_t m = 0;
     for (int64_t b = 0; b < c->batch; ++b) {
-        int64_t ns = tk_num_slc_blocks(&c->cfg, c->cu_seqlens[b + 1] - c->cu_seqlens[b]);
+        int64_t ns = tk_num_slc_blocks(&c->cfg, seq_len(c, b));
         if (ns > m) m = ns;
     }
     return m;
@@ -455,8 +463,7 @@ const char *tk_case_describe(const tk_case *c, char *buf, size_t size)
     size_t used = 0;
     lens[0] = '\0';
     for (int64_t b = 0; b < c->batch && used < sizeof lens; ++b)
-        used += (size_t)snprintf(lens + used, sizeof lens - used, "%s%lld", b ? "," : "",
-                                 (long long)(c->cu_seqlens[b + 1] - c->cu_seqlens[b]));
+        used += (size_t)snprintf(lens + used, sizeof lens - used, "%s%lld", b ? "," : "", (long long)seq_len(c, b));
     snprintf(buf, size,
              "%s %s B=%lld T=[%s] H=%lld/%lld D=%lld/%lld l=%lld d=%lld ls=%lld n=%lld init=%lld "
              "local=%lld w=%lld %s%s scale=%g %s%s",

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "testkit.h"
 
 enum {
@@ -28,12 +29,21 @@ enum {
     STREAM_INDICES = 17
 };
 
-/* Draws n values of stream `stream` in [lo, hi) and rounds them to dtype. */
-static float *draw(uint64_t seed, uint64_t stream, int64_t n, float lo, float hi, nsa_dtype dtype,
-                   nsa_status *st)
+/* Draws prod(dims[0..3]) values of stream `stream` in [lo, hi) and rounds them
+ * to dtype. A size whose bytes overflow is NSA_ERR_INVALID_SHAPE, found before
+ * anything is allocated. */
+static float *draw(uint64_t seed, uint64_t stream, int64_t d0, int64_t d1, int64_t d2, int64_t d3, float lo,
+                   float hi, nsa_dtype dtype, nsa_status *st)
 {
     if (*st != NSA_SUCCESS) return NULL;
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+    const int64_t dims[4] = {d0, d1, d2, d3};
+    int64_t n;
+    size_t bytes;
+    if (nsa_ck_prod(dims, 4, &n) || nsa_ck_bytes(n, sizeof(float), &bytes)) {
+        *st = NSA_ERR_INVALID_SHAPE;
+        return NULL;
+    }
+    float *p = malloc(bytes ? bytes : sizeof *p);
     if (!p) {
         *st = NSA_ERR_OUT_OF_MEMORY;
         return NULL;
@@ -42,7 +52,7 @@ static float *draw(uint64_t seed, uint64_t stream, int64_t n, float lo, float hi
     nsa_status s = nsa_random_uniform(seed, stream, 0, n, lo, hi, p);
     if (s == NSA_SUCCESS && dtype != NSA_DTYPE_F32) {
         /* round to dtype and back: 4 bytes per element is enough room for both */
-        void *tmp = malloc((size_t)n * 4);
+        void *tmp = malloc(bytes);
         if (!tmp) {
             s = NSA_ERR_OUT_OF_MEMORY;
         } else {
@@ -74,7 +84,14 @@ static int32_t *draw_indices(const tk_case *c, nsa_status *st)
     const nsa_config *g = &c->cfg;
     int64_t T = tk_case_tokens(c), Hkv = g->num_kv_heads, n = g->num_selected;
     int64_t max_ns = tk_case_max_slc(c);
-    int32_t *idx = malloc((size_t)(T * Hkv * n > 0 ? T * Hkv * n : 1) * sizeof *idx);
+    const int64_t dims[3] = {T, Hkv, n};
+    int64_t count;
+    size_t bytes;
+    if (nsa_ck_prod(dims, 3, &count) || nsa_ck_bytes(count, sizeof(int32_t), &bytes)) {
+        *st = NSA_ERR_INVALID_SHAPE;
+        return NULL;
+    }
+    int32_t *idx = malloc(bytes ? bytes : sizeof *idx);
     int32_t *pool = malloc((size_t)(max_ns > 0 ? max_ns : 1) * sizeof *pool);
     if (!idx || !pool) {
         free(idx);
@@ -124,12 +141,12 @@ nsa_status tk_inputs_make(const tk_case *c, tk_inputs *in)
     in->dtype = dt;
     in->tokens = T;
     in->total_cmp = tk_case_total_cmp(c);
-    in->q = draw(seed, STREAM_Q, T * Hq * Dqk, -2.0f, 2.0f, dt, &st);
+    in->q = draw(seed, STREAM_Q, T, Hq, Dqk, 1, -2.0f, 2.0f, dt, &st);
     int branches = c->layout == TK_LAYOUT_DISTINCT ? 3 : 1;
     for (int b = 0; b < 3; ++b) {
         if (b < branches) {
-            in->k[b] = draw(seed, STREAM_K + (uint64_t)b, T * Hkv * Dqk, -2.0f, 2.0f, dt, &st);
-            in->v[b] = draw(seed, STREAM_V + (uint64_t)b, T * Hkv * Dv, -1.0f, 1.0f, dt, &st);
+            in->k[b] = draw(seed, STREAM_K + (uint64_t)b, T, Hkv, Dqk, 1, -2.0f, 2.0f, dt, &st);
+            in->v[b] = draw(seed, STREAM_V + (uint64_t)b, T, Hkv, Dv, 1, -1.0f, 1.0f, dt, &st);
         } else {
             in->k[b] = in->k[0];
             in->v[b] = in->v[0];
@@ -137,18 +154,18 @@ nsa_status tk_inputs_make(const tk_case *c, tk_inputs *in)
     }
     int on[3] = {1, g->num_selected > 0, g->window > 0};
     for (int b = 0; b < 3; ++b)
-        if (on[b]) in->gate[b] = draw(seed, STREAM_GATE + (uint64_t)b, T * Hq, 0.05f, 0.95f, NSA_DTYPE_F32, &st);
+        if (on[b]) in->gate[b] = draw(seed, STREAM_GATE + (uint64_t)b, T, Hq, 1, 1, 0.05f, 0.95f, NSA_DTYPE_F32, &st);
     if (g->compress == NSA_COMPRESS_LINEAR) {
         float ak = (float)(1.7 / sqrt((double)(l * Dqk))), av = (float)(1.7 / sqrt((double)(l * Dv)));
-        in->w_k = draw(seed, STREAM_WK, Hkv * l * Dqk * Dqk, -ak, ak, dt, &st);
-        in->w_v = draw(seed, STREAM_WV, Hkv * l * Dv * Dv, -av, av, dt, &st);
+        in->w_k = draw(seed, STREAM_WK, Hkv, l, Dqk, Dqk, -ak, ak, dt, &st);
+        in->w_v = draw(seed, STREAM_WV, Hkv, l, Dv, Dv, -av, av, dt, &st);
         if (c->use_pe) {
-            in->pe_k = draw(seed, STREAM_PEK, Hkv * l * Dqk, -0.5f, 0.5f, dt, &st);
-            in->pe_v = draw(seed, STREAM_PEV, Hkv * l * Dv, -0.5f, 0.5f, dt, &st);
+            in->pe_k = draw(seed, STREAM_PEK, Hkv, l, Dqk, 1, -0.5f, 0.5f, dt, &st);
+            in->pe_v = draw(seed, STREAM_PEV, Hkv, l, Dv, 1, -0.5f, 0.5f, dt, &st);
         }
     } else if (g->compress == NSA_COMPRESS_EXTERNAL) {
-        in->kc = draw(seed, STREAM_KC, in->total_cmp * Hkv * Dqk, -2.0f, 2.0f, dt, &st);
-        in->vc = draw(seed, STREAM_VC, in->total_cmp * Hkv * Dv, -1.0f, 1.0f, dt, &st);
+        in->kc = draw(seed, STREAM_KC, in->total_cmp, Hkv, Dqk, 1, -2.0f, 2.0f, dt, &st);
+        in->vc = draw(seed, STREAM_VC, in->total_cmp, Hkv, Dv, 1, -1.0f, 1.0f, dt, &st);
     }
     if (c->fixed_indices && g->num_selected > 0) in->given = draw_indices(c, &st);
     if (st != NSA_SUCCESS) tk_inputs_free(in);

@@ -93,7 +93,9 @@ int64_t tk_case_tokens(const tk_case *c);
 int64_t tk_num_cmp_blocks(const nsa_config *cfg, int64_t len);
 int64_t tk_num_slc_blocks(const nsa_config *cfg, int64_t len);
 
-/* Sum of Nc over the batch (rows of EXTERNAL kc/vc); max Ns over the batch. */
+/* Sum of Nc over the batch (rows of EXTERNAL kc/vc; INT64_MAX if the sum
+ * overflows); max Ns over the batch. A sequence whose cu_seqlens difference is
+ * negative or overflows counts as empty. */
 int64_t tk_case_total_cmp(const tk_case *c);
 int64_t tk_case_max_slc(const tk_case *c);
 
@@ -132,7 +134,8 @@ typedef struct tk_inputs {
 } tk_inputs;
 
 /* Draws the inputs of case c for c->cfg.dtype. On failure returns the status
- * (NSA_ERR_OUT_OF_MEMORY) with *in zeroed. */
+ * (NSA_ERR_OUT_OF_MEMORY; NSA_ERR_INVALID_SHAPE when a tensor's byte count
+ * overflows 64 bits, found before anything is allocated) with *in zeroed. */
 nsa_status tk_inputs_make(const tk_case *c, tk_inputs *in);
 void tk_inputs_free(tk_inputs *in);
 

@@ -1,10 +1,14 @@
 /*
- * Fake backend modules for test_loader.c, one source built three ways:
+ * Fake backend modules for test_loader.c, one source built five ways:
  *   FAKE_UNAVAILABLE  a well-formed module whose probe reports its vendor
  *                     runtime missing (libnsa_backend_fake.so)
  *   FAKE_BAD_VERSION  exports a wrong nsa_backend_api_version (libnsa_backend_fakever.so)
  *   FAKE_NO_ENTRY     exports the version but not nsa_backend_entry
  *                     (libnsa_backend_fakenoentry.so)
+ *   FAKE_CTX_FAILS    probes one device, but its context_create fails and
+ *                     leaves no message (libnsa_backend_fakectx.so, in failing/)
+ *   FAKE_FUNC_VERSION its nsa_backend_api_version is a function at an odd
+ *                     address, not an int (libnsa_backend_fakefunc.so, in failing/)
  * They include core/backend.h: it is the module interface.
  */
 #include <stdio.h>
@@ -15,6 +19,18 @@
 
 #if defined(FAKE_BAD_VERSION)
 NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION + 1000;
+#elif defined(FAKE_FUNC_VERSION)
+/* A 4-byte function one byte past a 16-byte boundary: reading it as an int
+ * would be a misaligned load (and meaningless). */
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".byte 0x90\n"
+        ".globl nsa_backend_api_version\n"
+        ".type nsa_backend_api_version, @function\n"
+        "nsa_backend_api_version:\n"
+        "ret\n"
+        ".byte 0x90, 0x90, 0x90\n"
+        ".size nsa_backend_api_version, 4\n");
 #else
 NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION;
 #endif
@@ -24,9 +40,15 @@ static const nsa_host_api *host;
 
 static nsa_status probe(int *device_count, char *reason, size_t reason_size)
 {
+#if defined(FAKE_CTX_FAILS)
+    *device_count = 1;
+    snprintf(reason, reason_size, "fake device present");
+    return NSA_SUCCESS;
+#else
     *device_count = 0;
     snprintf(reason, reason_size, "%s", FAKE_REASON);
     return NSA_ERR_BACKEND_UNAVAILABLE;
+#endif
 }
 
 static nsa_status unavailable(void)
@@ -42,7 +64,11 @@ static nsa_status device_name(int index, char *name, size_t size)
 static nsa_status context_create(int device, void *native_stream, void **bctx)
 {
     (void)device, (void)native_stream, (void)bctx;
+#if defined(FAKE_CTX_FAILS)
+    return NSA_ERR_DEVICE; /* and no host->set_error: the core must name it */
+#else
     return unavailable();
+#endif
 }
 static void context_destroy(void *bctx) { (void)bctx; }
 static nsa_status synchronize(void *bctx)
