@@ -9,18 +9,29 @@
 #define MAX_DIM (1 << 14)
 #define MAX_BLOCK (1 << 20)
 
-nsa_status nsa_config_init(nsa_config *cfg)
+static const nsa_config paper_defaults = {
+    .num_q_heads = 64, .num_kv_heads = 4, .head_dim_qk = 192, .head_dim_v = 128,
+    .cmp_block = 32, .cmp_stride = 16, .slc_block = 64, .num_selected = 16,
+    .num_init = 1, .num_local = 2, .window = 512, .scale = 0.0f,
+    .compress = NSA_COMPRESS_MEAN, .dtype = NSA_DTYPE_BF16,
+};
+
+nsa_status nsa_config_init_sized(nsa_config *cfg, size_t cfg_size)
 {
     nsa_clear_error();
     if (!cfg)
         return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_config_init: cfg is NULL");
-    *cfg = (nsa_config){
-        .num_q_heads = 64, .num_kv_heads = 4, .head_dim_qk = 192, .head_dim_v = 128,
-        .cmp_block = 32, .cmp_stride = 16, .slc_block = 64, .num_selected = 16,
-        .num_init = 1, .num_local = 2, .window = 512, .scale = 0.0f,
-        .compress = NSA_COMPRESS_MEAN, .dtype = NSA_DTYPE_BF16,
-    };
-    return NSA_SUCCESS;
+    /* the caller's whole struct: defaults for what this library knows, zero past it */
+    return nsa_struct_out(cfg, cfg_size, NSA_CONFIG_SIZE_FIRST, &paper_defaults, sizeof paper_defaults,
+                          "nsa_config_init", "cfg");
+}
+
+nsa_status (nsa_config_init)(nsa_config *cfg) { return nsa_config_init_sized(cfg, NSA_CONFIG_SIZE_FIRST); }
+
+nsa_status nsa_config_take(const nsa_config *cfg, size_t cfg_size, nsa_config *out, const char *fn)
+{
+    *out = paper_defaults;
+    return nsa_struct_in(out, sizeof *out, NSA_CONFIG_SIZE_FIRST, cfg, cfg_size, fn, "cfg");
 }
 
 static nsa_status check_range(const char *what, const char *field, int64_t v, int64_t lo, int64_t hi)
@@ -85,10 +96,17 @@ nsa_status nsa_config_check(const nsa_config *c, const char *what)
     return NSA_SUCCESS;
 }
 
-nsa_status nsa_config_validate(const nsa_config *cfg)
+nsa_status (nsa_config_validate)(const nsa_config *cfg)
+{
+    return nsa_config_validate_sized(cfg, NSA_CONFIG_SIZE_FIRST);
+}
+
+nsa_status nsa_config_validate_sized(const nsa_config *cfg, size_t cfg_size)
 {
     nsa_clear_error();
     if (!cfg)
         return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_config_validate: cfg is NULL");
-    return nsa_config_check(cfg, "nsa_config_validate");
+    nsa_config c;
+    nsa_status s = nsa_config_take(cfg, cfg_size, &c, "nsa_config_validate");
+    return s != NSA_SUCCESS ? s : nsa_config_check(&c, "nsa_config_validate");
 }

@@ -149,11 +149,28 @@ static nsa_bk_tensor ws_view(nsa_buffer *ws, int64_t byte_off, int64_t heads, in
     return v;
 }
 
-nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer *workspace)
+static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer *workspace);
+
+nsa_status (nsa_forward)(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer *workspace)
+{
+    return nsa_forward_sized(plan, args, NSA_FORWARD_ARGS_SIZE_FIRST, workspace);
+}
+
+nsa_status nsa_forward_sized(nsa_plan *plan, const nsa_forward_args *args_in, size_t args_size,
+                             nsa_buffer *workspace)
 {
     nsa_clear_error();
     if (!plan) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_forward: plan is NULL");
-    if (!args) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_forward: args is NULL");
+    if (!args_in) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_forward: args is NULL");
+    nsa_forward_args args; /* the fields a caller's older header lacks are absent (zero) */
+    memset(&args, 0, sizeof args);
+    nsa_status s = nsa_struct_in(&args, sizeof args, NSA_FORWARD_ARGS_SIZE_FIRST, args_in, args_size, "nsa_forward",
+                                 "args");
+    return s != NSA_SUCCESS ? s : forward(plan, &args, workspace);
+}
+
+static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer *workspace)
+{
     const nsa_config *c = &plan->bk.cfg;
     const int64_t T = plan->bk.total_tokens, hq = c->num_q_heads, hkv = c->num_kv_heads;
     const int64_t dk = c->head_dim_qk, dv = c->head_dim_v, l = c->cmp_block, nsel = c->num_selected;

@@ -25,6 +25,27 @@ NSA_INTERNAL nsa_status nsa_backend_error(nsa_status status, const char *backend
     __attribute__((format(printf, 3, 4)));
 NSA_INTERNAL extern const nsa_host_api nsa_host;
 
+/* ---- growing structs (struct.c; the rule is in nsa.h)
+ * The first layouts, as version 0.1 defined them: a caller's struct smaller
+ * than these is refused. While no field has been added since, they are the
+ * structs' sizes; the first added field freezes them at today's values. */
+#define NSA_CONFIG_SIZE_FIRST sizeof(nsa_config)
+#define NSA_FORWARD_ARGS_SIZE_FIRST sizeof(nsa_forward_args)
+#define NSA_PLAN_INFO_SIZE_FIRST sizeof(nsa_plan_info)
+#define NSA_BACKEND_INFO_SIZE_FIRST sizeof(nsa_backend_info)
+/* A struct the caller passes in: size bytes at src (size >= first; any bytes
+ * past the library's known size must be zero) over dst, which holds the
+ * defaults of the fields the caller may not know. fn and arg name the call and
+ * argument for the message. */
+NSA_INTERNAL nsa_status nsa_struct_in(void *dst, size_t known, size_t first, const void *src, size_t size,
+                                      const char *fn, const char *arg);
+/* A struct the library fills: the first min(size, known) bytes of src into dst,
+ * zero past known (size >= first). */
+NSA_INTERNAL nsa_status nsa_struct_out(void *dst, size_t size, size_t first, const void *src, size_t known,
+                                       const char *fn, const char *arg);
+/* The caller's config (cfg_size bytes) as this library's full nsa_config. */
+NSA_INTERNAL nsa_status nsa_config_take(const nsa_config *cfg, size_t cfg_size, nsa_config *out, const char *fn);
+
 /* ---- registry (registry.c) */
 typedef struct nsa_registered {
     char name[32];

@@ -206,16 +206,26 @@ static void plan_free(nsa_plan *p)
     free(p);
 }
 
-nsa_status nsa_plan_create(nsa_context *ctx, const nsa_config *cfg, const int64_t *cu_seqlens, int64_t batch,
-                           nsa_plan **out)
+nsa_status (nsa_plan_create)(nsa_context *ctx, const nsa_config *cfg, const int64_t *cu_seqlens, int64_t batch,
+                             nsa_plan **out)
+{
+    return nsa_plan_create_sized(ctx, cfg, NSA_CONFIG_SIZE_FIRST, cu_seqlens, batch, out);
+}
+
+nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, size_t cfg_size,
+                                 const int64_t *cu_seqlens, int64_t batch, nsa_plan **out)
 {
     nsa_clear_error();
     if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: out is NULL");
     *out = NULL;
     if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: ctx is NULL");
-    if (!cfg) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: cfg is NULL");
+    if (!cfg_in) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: cfg is NULL");
     if (!cu_seqlens) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: cu_seqlens is NULL");
-    nsa_status s = nsa_config_check(cfg, "nsa_plan_create");
+    nsa_config cfg_full;
+    const nsa_config *cfg = &cfg_full;
+    nsa_status s = nsa_config_take(cfg_in, cfg_size, &cfg_full, "nsa_plan_create");
+    if (s != NSA_SUCCESS) return s;
+    s = nsa_config_check(cfg, "nsa_plan_create");
     if (s != NSA_SUCCESS) return s;
     if (batch < 0 || batch > (INT64_C(1) << 32))
         return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_plan_create: batch = %lld must be in [0, 2^32]",
@@ -269,11 +279,17 @@ nsa_status nsa_plan_destroy(nsa_plan *plan)
     return NSA_SUCCESS;
 }
 
-nsa_status nsa_plan_get_info(const nsa_plan *plan, nsa_plan_info *info)
+nsa_status (nsa_plan_get_info)(const nsa_plan *plan, nsa_plan_info *info)
+{
+    return nsa_plan_get_info_sized(plan, info, NSA_PLAN_INFO_SIZE_FIRST);
+}
+
+nsa_status nsa_plan_get_info_sized(const nsa_plan *plan, nsa_plan_info *out, size_t info_size)
 {
     nsa_clear_error();
     if (!plan) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_get_info: plan is NULL");
-    if (!info) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_get_info: info is NULL");
+    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_get_info: info is NULL");
+    nsa_plan_info full, *info = &full;
     memset(info, 0, sizeof *info);
     info->batch = plan->bk.batch;
     info->total_tokens = plan->bk.total_tokens;
@@ -288,7 +304,7 @@ nsa_status nsa_plan_get_info(const nsa_plan *plan, nsa_plan_info *info)
                          nsa_stage_name(plan->stages[i]));
         if (n > 0 && (size_t)n < sizeof info->stages - used) used += (size_t)n;
     }
-    return NSA_SUCCESS;
+    return nsa_struct_out(out, info_size, NSA_PLAN_INFO_SIZE_FIRST, info, sizeof *info, "nsa_plan_get_info", "info");
 }
 
 nsa_status nsa_plan_stage_kernel(const nsa_plan *plan, int index, char *name, size_t size)

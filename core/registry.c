@@ -253,25 +253,35 @@ const nsa_registered *nsa_registry_get(const char *name, nsa_registered *scratch
     return r;
 }
 
-nsa_status nsa_backend_list(nsa_backend_info *infos, int capacity, int *count)
+nsa_status (nsa_backend_list)(nsa_backend_info *infos, int capacity, int *count)
+{
+    return nsa_backend_list_sized(infos, NSA_BACKEND_INFO_SIZE_FIRST, capacity, count);
+}
+
+/* infos is an array of capacity entries of info_size bytes each (the caller's sizeof) */
+nsa_status nsa_backend_list_sized(nsa_backend_info *infos, size_t info_size, int capacity, int *count)
 {
     nsa_clear_error();
     if (!count) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_backend_list: count is NULL");
     if (infos && capacity < 0)
         return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_backend_list: capacity = %d is negative", capacity);
+    if (infos && info_size < NSA_BACKEND_INFO_SIZE_FIRST)
+        return nsa_struct_out(infos, info_size, NSA_BACKEND_INFO_SIZE_FIRST, NULL, 0, "nsa_backend_list", "infos[]");
     *count = NUM_KNOWN;
     if (!infos) return NSA_SUCCESS;
     for (int i = 0; i < NUM_KNOWN && i < capacity; i++) {
         nsa_registered scratch;
         const nsa_registered *r = nsa_registry_get(known[i], &scratch);
-        nsa_backend_info *o = &infos[i];
-        memset(o, 0, sizeof *o);
-        snprintf(o->name, sizeof o->name, "%s", known[i]);
+        nsa_backend_info o;
+        memset(&o, 0, sizeof o);
+        snprintf(o.name, sizeof o.name, "%s", known[i]);
         if (r) {
-            o->available = r->be && r->device_count > 0;
-            o->device_count = r->device_count;
-            snprintf(o->reason, sizeof o->reason, "%s", r->reason);
+            o.available = r->be && r->device_count > 0;
+            o.device_count = r->device_count;
+            snprintf(o.reason, sizeof o.reason, "%s", r->reason);
         }
+        nsa_struct_out((unsigned char *)infos + (size_t)i * info_size, info_size, NSA_BACKEND_INFO_SIZE_FIRST, &o,
+                       sizeof o, "nsa_backend_list", "infos[]");
     }
     nsa_clear_error();
     return NSA_SUCCESS;

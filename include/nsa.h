@@ -27,6 +27,19 @@
  * Thread safety: distinct contexts may be used from distinct threads. One context
  * (and the plans and buffers made from it) must not be used by two threads at once.
  *
+ * Growing structs (the ABI rule): nsa_config, nsa_forward_args, nsa_plan_info
+ * and nsa_backend_info gain fields only at their end. Every function that takes
+ * one is a macro here that passes the struct's size as the caller's header
+ * defines it to a *_sized entry point (nsa_plan_create -> nsa_plan_create_sized
+ * with sizeof(nsa_config)), and the library reads or writes exactly that many
+ * bytes. So a program built against an older header keeps working with a newer
+ * library: the fields it does not know take their defaults (nsa_config_init's
+ * values; zero elsewhere). A program built against a newer header than the
+ * library gets NSA_ERR_VERSION_MISMATCH, naming both sizes, if it sets any field
+ * the library does not have (those bytes must be zero), and works otherwise.
+ * The plain functions of the first layout (nsa_plan_create, ...) stay exported
+ * for binaries built against version 0.1 headers. nsa_tensor never changes.
+ *
  * Planned (not in this version, and not stubbed): the backward pass will take the
  * same plan plus the forward's LSEs and selected indices (nsa_backward(plan, args,
  * workspace)) and return dq, dk_b, dv_b, dg_b and the LINEAR weight gradients;
@@ -53,7 +66,7 @@ extern "C" {
 #endif
 
 #define NSA_VERSION_MAJOR 0
-#define NSA_VERSION_MINOR 1
+#define NSA_VERSION_MINOR 2
 #define NSA_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------ status */
@@ -88,7 +101,7 @@ NSA_API const char *nsa_status_string(nsa_status status);
  * recent call succeeded. Valid until the thread's next libnsa call. */
 NSA_API const char *nsa_last_error(void);
 
-/* "0.1.0" */
+/* "0.2.0" */
 NSA_API const char *nsa_version_string(void);
 
 /* ------------------------------------------------------------------ types */
@@ -133,10 +146,14 @@ typedef struct nsa_config {
 
 /* Paper defaults: Hq=64 Hkv=4 Dqk=192 Dv=128 l=32 d=16 l_s=64 n=16 n_init=1
  * n_local=2 w=512 scale=0 (1/sqrt(Dqk)) MEAN bf16. */
+NSA_API nsa_status nsa_config_init_sized(nsa_config *cfg, size_t cfg_size);
 NSA_API nsa_status nsa_config_init(nsa_config *cfg);
+#define nsa_config_init(cfg) nsa_config_init_sized((cfg), sizeof(nsa_config))
 
 /* Checks a config on its own (no batch); the message names the first bad field. */
+NSA_API nsa_status nsa_config_validate_sized(const nsa_config *cfg, size_t cfg_size);
 NSA_API nsa_status nsa_config_validate(const nsa_config *cfg);
+#define nsa_config_validate(cfg) nsa_config_validate_sized((cfg), sizeof(nsa_config))
 
 /* ------------------------------------------------------------------ backends */
 
@@ -157,7 +174,10 @@ typedef struct nsa_backend_info {
 /* Lists every backend libnsa knows of, loaded or not. Pass infos = NULL to get
  * the count only. *count receives the number of known backends; at most
  * capacity entries are written. */
+NSA_API nsa_status nsa_backend_list_sized(nsa_backend_info *infos, size_t info_size, int capacity, int *count);
 NSA_API nsa_status nsa_backend_list(nsa_backend_info *infos, int capacity, int *count);
+#define nsa_backend_list(infos, capacity, count) \
+    nsa_backend_list_sized((infos), sizeof(nsa_backend_info), (capacity), (count))
 
 /* Name of device `index` of backend `backend` ("NVIDIA H200", "pthreads x2"). */
 NSA_API nsa_status nsa_device_name(const char *backend, int index, char *name, size_t size);
@@ -236,8 +256,12 @@ NSA_API nsa_status nsa_buffer_free(nsa_buffer *buf);
  * after the call. Every count, table and workspace size is validated with checked
  * 64-bit arithmetic before anything is allocated: a size that overflows is
  * NSA_ERR_INVALID_SHAPE, never an attempt to allocate it. */
+NSA_API nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg, size_t cfg_size,
+                                         const int64_t *cu_seqlens, int64_t batch, nsa_plan **out);
 NSA_API nsa_status nsa_plan_create(nsa_context *ctx, const nsa_config *cfg, const int64_t *cu_seqlens,
                                    int64_t batch, nsa_plan **out);
+#define nsa_plan_create(ctx, cfg, cu_seqlens, batch, out) \
+    nsa_plan_create_sized((ctx), (cfg), sizeof(nsa_config), (cu_seqlens), (batch), (out))
 NSA_API nsa_status nsa_plan_destroy(nsa_plan *plan);
 
 /* Shape facts computed by the planner. */
@@ -253,7 +277,9 @@ typedef struct nsa_plan_info {
     char stages[256];        /* their names, space separated ("compress cmp_attn ...") */
 } nsa_plan_info;
 
+NSA_API nsa_status nsa_plan_get_info_sized(const nsa_plan *plan, nsa_plan_info *info, size_t info_size);
 NSA_API nsa_status nsa_plan_get_info(const nsa_plan *plan, nsa_plan_info *info);
+#define nsa_plan_get_info(plan, info) nsa_plan_get_info_sized((plan), (info), sizeof(nsa_plan_info))
 
 /* The kernel the plan runs for its stage `index` (0 <= index < num_stages, in
  * the order of nsa_plan_info.stages), as the backend chose it when the plan
@@ -333,7 +359,10 @@ enum {
  * outputs on the host. The exception is caller-given block_indices without
  * NSA_FORWARD_TRUST_INDICES: they are read back and checked first (blocking).
  * Results are bitwise reproducible run to run on one backend and device. */
+NSA_API nsa_status nsa_forward_sized(nsa_plan *plan, const nsa_forward_args *args, size_t args_size,
+                                     nsa_buffer *workspace);
 NSA_API nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer *workspace);
+#define nsa_forward(plan, args, workspace) nsa_forward_sized((plan), (args), sizeof(nsa_forward_args), (workspace))
 
 /* ------------------------------------------------------------------ utilities */
 
