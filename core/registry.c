@@ -344,7 +344,24 @@ nsa_status nsa_registry_choose(const char *request, nsa_status (*use)(const nsa_
     }
     char list[512];
     if (!request || !*request) {
-        snprintf(list, sizeof list, "cuda,hip,opencl,cpu");
+        /* the best available first; a backend whose device 0 is a CPU (OpenCL on PoCL or a CPU
+         * runtime) after the built-in cpu backend, which is faster on the same cores */
+        static const char *const gpu_first[] = {"cuda", "hip", "opencl"};
+        char late[64] = "";
+        list[0] = '\0';
+        for (size_t i = 0; i < sizeof gpu_first / sizeof gpu_first[0]; i++) {
+            nsa_registered scratch;
+            const nsa_registered *r = nsa_registry_get(gpu_first[i], &scratch);
+            int kind = NSA_DEVICE_KIND_GPU;
+            const int cpu_device = r && r->be && r->device_count > 0 && r->be->device_kind &&
+                                   r->be->device_kind(0, &kind) == NSA_SUCCESS && kind == NSA_DEVICE_KIND_CPU;
+            char *dst = cpu_device ? late : list;
+            const size_t cap = cpu_device ? sizeof late : sizeof list;
+            snprintf(dst + strlen(dst), cap - strlen(dst), "%s,", gpu_first[i]);
+        }
+        snprintf(list + strlen(list), sizeof list - strlen(list), "cpu%s%.*s", late[0] ? "," : "",
+                 late[0] ? (int)strlen(late) - 1 : 0, late);
+        nsa_clear_error();
         source = NULL;
     } else {
         if (strlen(request) >= sizeof list)

@@ -185,7 +185,9 @@ NSA_API nsa_status nsa_device_name(const char *backend, int index, char *name, s
 /* ------------------------------------------------------------------ contexts */
 
 /* backend: "cpu", "cuda", "hip", "opencl", a comma list in order of preference,
- * or NULL (or "") to read NSA_BACKEND (unset: the best available, cpu last).
+ * or NULL (or "") to read NSA_BACKEND (unset: the best available of cuda, hip,
+ * opencl, then cpu; an OpenCL backend whose device 0 is a CPU, such as PoCL,
+ * ranks after cpu, which is faster on the same cores).
  * device: index, or -1 to read NSA_DEVICE (unset: 0). Explicit arguments win over
  * the environment. The listed backends are tried in order: one that is
  * unavailable, lacks the device, or fails to create its context is passed over

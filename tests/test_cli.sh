@@ -140,6 +140,14 @@ head -c 5000 /dev/zero | tr '\0' 'a' > "$tmp/long.jsonl"
 expect "bench --baseline with an endless line" 2 "longer than 4096" -- "$nsa" "${bench[@]}" --baseline "$tmp/long.jsonl"
 expect "bench --plot into a missing folder" 1 "cannot write" -- "$nsa" "${bench[@]}" --plot "$tmp/no/such/dir.svg"
 
+# With no NSA_BACKEND, an OpenCL backend on a CPU device (PoCL) ranks after the cpu
+# backend (when no GPU backend is available, the default is then cpu)
+if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available" && ! "$nsa" info 2>/dev/null | grep -Eq "^ *(cuda|hip) +available" &&
+   "$nsa" info 2>/dev/null | grep -A1 -E "^ *opencl +available" | grep -Eqi "pthread|cpu"; then
+  expect "no NSA_BACKEND: an OpenCL CPU device ranks after cpu" 0 "backend: cpu" -- \
+    env -u NSA_BACKEND "$nsa" run --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --check-tokens 0
+fi
+
 # A kernel that fails to compile: the status names it and the message carries
 # the compiler's log (OpenCL compiles at run time; skipped without a device).
 if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available"; then
