@@ -308,6 +308,22 @@ static nsa_status get_tables(const nsa_bk_plan *plan, tables *t)
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* The arguments compress_mean and compress_linear share after their inputs: the
+ * output rows, the tables and the block geometry. */
+static void block_args(ocl_args *a, const nsa_bk_tensor *out, const tables *tb, const nsa_bk_plan *plan, int64_t D)
+{
+    const nsa_config *cfg = &plan->cfg;
+    ocl_arg_tensor(a, out, 4, 1);
+    ocl_arg_mem(a, tb->mem);
+    ocl_arg_long(a, tb->cu_seq);
+    ocl_arg_long(a, tb->cu_cmp);
+    ocl_arg_long(a, plan->batch);
+    ocl_arg_long(a, cfg->num_kv_heads);
+    ocl_arg_long(a, D);
+    ocl_arg_long(a, cfg->cmp_block);
+    ocl_arg_long(a, cfg->cmp_stride);
+}
+
 static nsa_status run_compress(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
 {
     const nsa_bk_plan *plan = args->plan;
@@ -326,15 +342,7 @@ static nsa_status run_compress(ocl_context *c, ocl_plan *op, const nsa_bk_args *
         if (cfg->compress == NSA_COMPRESS_MEAN) {
             ocl_args_begin(&a, op->prog->kernel[OCL_K_COMPRESS_MEAN], "compress_mean");
             ocl_arg_tensor(&a, kv ? &args->v[NSA_BRANCH_CMP] : &args->k[NSA_BRANCH_CMP], es, 1);
-            ocl_arg_tensor(&a, out, 4, 1);
-            ocl_arg_mem(&a, tb->mem);
-            ocl_arg_long(&a, tb->cu_seq);
-            ocl_arg_long(&a, tb->cu_cmp);
-            ocl_arg_long(&a, plan->batch);
-            ocl_arg_long(&a, cfg->num_kv_heads);
-            ocl_arg_long(&a, D);
-            ocl_arg_long(&a, cfg->cmp_block);
-            ocl_arg_long(&a, cfg->cmp_stride);
+            block_args(&a, out, tb, plan, D);
         } else if (cfg->compress == NSA_COMPRESS_LINEAR) { /* without CLBlast */
             const nsa_bk_tensor *w = kv ? &args->w_v : &args->w_k, *pe = kv ? &args->pe_v : &args->pe_k;
             ocl_args_begin(&a, op->prog->kernel[OCL_K_COMPRESS_LINEAR], "compress_linear");
@@ -342,15 +350,7 @@ static nsa_status run_compress(ocl_context *c, ocl_plan *op, const nsa_bk_args *
             ocl_arg_tensor(&a, w, es, 0);
             ocl_arg_tensor(&a, pe->buf ? pe : w, es, 0); /* absent: any buffer, never read */
             ocl_arg_int(&a, pe->buf != NULL);
-            ocl_arg_tensor(&a, out, 4, 1);
-            ocl_arg_mem(&a, tb->mem);
-            ocl_arg_long(&a, tb->cu_seq);
-            ocl_arg_long(&a, tb->cu_cmp);
-            ocl_arg_long(&a, plan->batch);
-            ocl_arg_long(&a, cfg->num_kv_heads);
-            ocl_arg_long(&a, D);
-            ocl_arg_long(&a, cfg->cmp_block);
-            ocl_arg_long(&a, cfg->cmp_stride);
+            block_args(&a, out, tb, plan, D);
         } else { /* EXTERNAL */
             ocl_args_begin(&a, op->prog->kernel[OCL_K_CONVERT_ROWS], "convert_rows");
             ocl_arg_tensor(&a, kv ? &args->vc_in : &args->kc_in, es, 1);

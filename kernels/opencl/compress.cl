@@ -36,6 +36,13 @@ inline long seq_of_row(const __global long *cu_cmp, long batch, long r)
     return lo;
 }
 
+/* First token of global compressed row r: cu_seqlens[b] + (r - cu_cmp[b]) * d. */
+inline long row_first_token(const __global long *tab, long cu_seq_at, long cu_cmp_at, long batch, long d, long r)
+{
+    const long b = seq_of_row(tab + cu_cmp_at, batch, r);
+    return tab[cu_seq_at + b] + (r - tab[cu_cmp_at + b]) * d;
+}
+
 /* x rounded to the storage type (nearest even) and back to f32. f16 goes through
  * vstore_half_rte / vload_half on a private ushort, as a half variable would need
  * cl_khr_fp16. */
@@ -60,8 +67,7 @@ __kernel void compress_mean(const __global nsa_t *x, long x_off, long x_st, long
     const long e = first + (long)get_global_id(0);
     if (e >= total) return;
     const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
-    const long b = seq_of_row(tab + cu_cmp_at, batch, r);
-    const long tok0 = tab[cu_seq_at + b] + (r - tab[cu_cmp_at + b]) * d;
+    const long tok0 = row_first_token(tab, cu_seq_at, cu_cmp_at, batch, d, r);
     float s = 0.0f;
     for (long j = 0; j < l; ++j)
         s += ld(x, x_off + (tok0 + j) * x_st + g * x_sh + c);
@@ -125,8 +131,7 @@ __kernel void compress_linear(const __global nsa_t *x, long x_off, long x_st, lo
     const long e = first + (long)get_global_id(0);
     if (e >= total) return;
     const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
-    const long b = seq_of_row(tab + cu_cmp_at, batch, r);
-    const long tok0 = tab[cu_seq_at + b] + (r - tab[cu_cmp_at + b]) * d;
+    const long tok0 = row_first_token(tab, cu_seq_at, cu_cmp_at, batch, d, r);
     float s = 0.0f;
     for (long j = 0; j < l; ++j) {
         const long xr = x_off + (tok0 + j) * x_st + g * x_sh, wr = w_off + (g * l + j) * D * D + c;
