@@ -178,12 +178,14 @@ static void check_paper_shape()
     expect(CLS_SM90, d128, 1024, NSA_STAGE_WIN_ATTN, "attn_sm90[bn64,2cta,tma]");
     expect(CLS_SM90, d192, 1024, NSA_STAGE_WIN_ATTN, "attn_sm90[bn32,2cta,tma]");
     expect(CLS_SM90, d128, 1024, NSA_STAGE_COMBINE, "combine_in_win");
-    expect(CLS_SM80, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn32,2cta]");
+    expect(CLS_SM80, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn32,2cta,r32]");
+    expect(CLS_SM80, d192, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn16,2cta,r32]"); /* bn32: 92 KB, one CTA */
     expect(CLS_SM80, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,1buf,rows:smem]+topn:fused");
     expect(CLS_SM80, d192, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,2buf,rows:smem]+topn:fused");
     expect(CLS_SM80, d128, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,2buf]"); /* three: 192 KB */
     expect(CLS_SM80, d128, 1024, NSA_STAGE_WIN_ATTN, "attn_sm80[bn32,2cta]");
-    expect(CLS_SM86, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn32,2cta]");
+    expect(CLS_SM80, d192, 1024, NSA_STAGE_WIN_ATTN, "attn_sm80[bn16,2cta,r32]");
+    expect(CLS_SM86, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn32,2cta]"); /* r32: one CTA of 4 warps fits */
     expect(CLS_SM86, d192, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,1buf]"); /* two: 160 KB */
     expect(CLS_SM80, d192, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,1buf]"); /* two: 160 KB + static > 163 */
     expect(CLS_SM86, d128, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,1buf]");

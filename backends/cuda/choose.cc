@@ -211,7 +211,7 @@ bool takes(Kern k, nsa_stage st, const Limits &lim, const Shape &s, StageChoice 
     case K_COMBINE: return true;
     case K_ATTN_SM80:
         if (!s.tc) return false;
-        c->attn = pick_attn_sm80(s.dqkp, s.dvp, s.limit);
+        c->attn = pick_attn_sm80(mode, s.dqkp, s.dvp, s.limit, lim.smem_sm);
         return c->attn.bn > 0;
     case K_ATTN_SM90:
         if (!s.tc || lim.cls != CLS_SM90) return false;
@@ -372,7 +372,8 @@ void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size)
     const char *n = kern_name(c.k);
     switch (c.k) {
     case K_ATTN_SM80:
-        snprintf(buf, size, "%s[bn%d,%dcta%s]", n, c.attn.bn, c.attn.minb, c.attn.qreg ? ",qreg" : "");
+        snprintf(buf, size, "%s[bn%d,%dcta%s%s]", n, c.attn.bn, c.attn.minb, c.attn.qreg ? ",qreg" : "",
+                 c.attn.rw > 1 ? ",r32" : "");
         break;
     case K_ATTN_SM90: snprintf(buf, size, "%s[bn%d,%dcta,tma]", n, c.attn.bn, c.attn.minb); break;
     case K_SCORES_SM80:

@@ -22,7 +22,7 @@
 #   baseline nsa bench of the tree in .old/ (BASE_T, default 65536; git archive of an
 #            earlier commit, built here in the background) beside this tree, alternating,
 #            BASE_ROUNDS times (default 2), for the ';'-separated nsa flags of BASE_SHAPES
-#            (default D 128, Dqk 192, and G = 4 at D 128)
+#            (default D 128, Dqk 192, and G = 4 at D 128), per class in BASE_CLASSES (sm90)
 #   sdpa     tools/dense_baseline.py: PyTorch's cuDNN and FlashAttention-2 dense causal attention, 64k
 #   ncu      stall reasons and source counters of NCU_SPEC kernels (not in the default)
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
@@ -151,16 +151,16 @@ if has baseline && [ -n "$OLD_PID" ]; then
   note "[$(el)] old tree build: $(tail -1 /tmp/old_build.log)"
   OLDP=$PWD/.old/build/backends/cuda
   IFS=';' read -ra shapes <<< "${BASE_SHAPES:---dqk 128 --dv 128;--dqk 192 --dv 128;--hq 32 --hkv 8 --dqk 128 --dv 128}"
-  for args in "${shapes[@]}"; do
+  for cls in ${BASE_CLASSES:-sm90}; do for args in "${shapes[@]}"; do
     for round in $(seq 1 ${BASE_ROUNDS:-2}); do
       for tree in old new; do
         if [ $tree = old ]; then bin=.old/build/tools/nsa; bp=$OLDP; else bin=$NSA; bp=$NSA_BACKEND_PATH; fi
-        NSA_BACKEND_PATH=$bp timeout 150 $bin bench --backend cuda --T ${BASE_T:-65536} $args --iters 7 --warmup 2 \
-          --no-stages --no-dense > /tmp/bb.log 2>&1
-        note "[$(el)] baseline $tree round $round $args: $(grep -E '^ +[0-9]+ ' /tmp/bb.log | awk '{print $1" "$2" ms"}')"
+        env $(target $cls) NSA_BACKEND_PATH=$bp timeout 150 $bin bench --backend cuda --T ${BASE_T:-65536} $args \
+          --iters 7 --warmup 2 --no-stages --no-dense > /tmp/bb.log 2>&1
+        note "[$(el)] baseline $cls $tree round $round $args: $(grep -E '^ +[0-9]+ ' /tmp/bb.log | awk '{print $1" "$2" ms"}')"
       done
     done
-  done
+  done; done
 fi
 if has sdpa; then
   for dqk in 128; do

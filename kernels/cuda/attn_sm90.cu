@@ -265,7 +265,7 @@ static cudaError_t launch_sm90(const Dev &dev, const Geom &g, const Tiles &tl, V
     const TmaKV tm = sm90_maps<DQK, DV, MODE>(g, BN, k, v);
     auto kern = tm.ok ? attn_sm90_kernel<T, DQK, DV, MODE, BN, MINB, true>
                       : attn_sm90_kernel<T, DQK, DV, MODE, BN, MINB, false>;
-    return launch_attn_tiles<T, DQK, DV, MODE>(kern, BN, attn_sm90_smem(DQK, DV, BN), dev, g, tl, q, k, v, o, lse, s,
+    return launch_attn_tiles<T, DQK, DV, MODE>(kern, BN, TC_THREADS, attn_sm90_smem(DQK, DV, BN), dev, g, tl, q, k, v, o, lse, s,
                                                fz, tm);
 }
 

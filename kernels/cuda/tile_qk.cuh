@@ -160,6 +160,30 @@ NSA_DEV void warp_qk(float (*s)[4], const uint32_t (*qf)[4], const T *sQw, const
     warp_qk_l<T, DQK, NB8, SQ, QREG, PadTile<SQ, 0>>(s, qf, sQw, sK, key0, lane);
 }
 
+/* The same for RW 16-row blocks of one warp (rows h*16 .. h*16 + 15 of sQw for
+ * block h), the K tile row-major with stride SQ: each K fragment loaded feeds
+ * RW MMAs (attn_sm80's r32 tile, RW 2). */
+template <typename T, int DQK, int NB8, int SQ, int RW>
+NSA_DEV void warp_qk_rw(float (&s)[RW][NB8][4], const T *sQw, const T *sK, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; kk++) {
+        uint32_t a[RW][4];
+#pragma unroll
+        for (int h = 0; h < RW; h++) q_frag<SQ>(a[h], sQw + h * 16 * SQ, kk, lane);
+#pragma unroll
+        for (int nb = 0; nb < NB8 / 2; nb++) {
+            uint32_t b[4];
+            ldsm_x4(b, sK + (nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * SQ + kk * 16 + (((lane >> 3) & 1) << 3));
+#pragma unroll
+            for (int h = 0; h < RW; h++) {
+                Mma<T>::run(s[h][2 * nb], a[h], b[0], b[1]);
+                Mma<T>::run(s[h][2 * nb + 1], a[h], b[2], b[3]);
+            }
+        }
+    }
+}
+
 /* o[DV/8][4] += P(16 x 16*KS) V for keys [key0, key0 + 16*KS) of the V tile
  * (row-major [key][dim] in layout L); p holds the probabilities as C fragments
  * of 2*KS n-tiles, rounded to the 16-bit type for the MMA (as FlashAttention
@@ -190,6 +214,34 @@ template <typename T, int DV, int KS, int SV>
 NSA_DEV void warp_pv(float (*o)[4], float (*p)[4], const T *sV, int key0, int lane)
 {
     warp_pv_l<T, DV, KS, PadTile<SV, 0>>(o, p, sV, key0, lane);
+}
+
+/* The same for RW 16-row blocks of one warp, the V tile row-major with
+ * stride SV: each V fragment loaded feeds RW MMAs. */
+template <typename T, int DV, int KS, int SV, int RW>
+NSA_DEV void warp_pv_rw(float (&o)[RW][DV / 8][4], float (&p)[RW][2 * KS][4], const T *sV, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t a[RW][4];
+#pragma unroll
+        for (int h = 0; h < RW; h++) {
+            a[h][0] = Mma<T>::pack(p[h][2 * kk][0], p[h][2 * kk][1]);
+            a[h][1] = Mma<T>::pack(p[h][2 * kk][2], p[h][2 * kk][3]);
+            a[h][2] = Mma<T>::pack(p[h][2 * kk + 1][0], p[h][2 * kk + 1][1]);
+            a[h][3] = Mma<T>::pack(p[h][2 * kk + 1][2], p[h][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int nb = 0; nb < DV / 16; nb++) {
+            uint32_t b[4];
+            ldsm_x4_t(b, sV + (kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * SV + nb * 16 + ((lane >> 4) << 3));
+#pragma unroll
+            for (int h = 0; h < RW; h++) {
+                Mma<T>::run(o[h][2 * nb], a[h], b[0], b[1]);
+                Mma<T>::run(o[h][2 * nb + 1], a[h], b[2], b[3]);
+            }
+        }
+    }
 }
 
 /* Is a 16-bit tensor [*, *, D] at p with strides st, sh loadable with 16-byte copies? */
@@ -332,6 +384,7 @@ template <int MODE> struct WarpRanges {
     int64_t minlo, maxhi, maxlo, minhi;
     bool any; /* the warp has rows */
 
+    WarpRanges() = default;
     NSA_DEV WarpRanges(const Geom &g, const TileCtx &c, int warp, int lane)
     {
         minlo = INT64_MAX, maxhi = INT64_MIN, maxlo = INT64_MIN, minhi = INT64_MAX;
@@ -355,6 +408,9 @@ template <int MODE> struct WarpRanges {
         minhi = warp_min64(minhi);
         any = warp * 16 < c.nrows;
     }
+
+    /* Does the tile of keys [ks, ks + bn) touch these rows? */
+    NSA_DEV bool touches(int64_t ks, int bn) const { return any && ks <= maxhi && ks + bn - 1 >= minlo; }
 
     /* Masks the keys of the tile starting at key ks (NJ * 8 keys) that lie
      * outside this thread's rows (-inf) and leaves the rows' maxima over
@@ -410,10 +466,10 @@ template <typename Kernel> static cudaError_t launch_smem(Kernel kern, const Dev
 
 /* Host side: launches a compressed / window tile kernel (attn_sm80_kernel and
  * attn_sm90_kernel take the same arguments, attn_sm90_kernel one more: extra)
- * on one CTA of TC_THREADS per tile, K/V tiles of BN keys, smem bytes of
+ * on one CTA of `threads` per tile, K/V tiles of BN keys, smem bytes of
  * dynamic shared memory. */
 template <typename T, int DQK, int DV, int MODE, typename Kernel, typename... Extra>
-static cudaError_t launch_attn_tiles(Kernel kern, int BN, size_t smem, const Dev &dev, const Geom &g, const Tiles &tl,
+static cudaError_t launch_attn_tiles(Kernel kern, int BN, int threads, size_t smem, const Dev &dev, const Geom &g, const Tiles &tl,
                                      View q, View k, View v, MView o, MView lse, cudaStream_t s,
                                      const FuseCombine &fz, const Extra &...extra)
 {
@@ -426,9 +482,9 @@ static cudaError_t launch_attn_tiles(Kernel kern, int BN, size_t smem, const Dev
                        rs32_ok(k.st, BN) && rs32_ok(v.st, BN);
     const int64_t kd = MODE == 0 ? DQK : g.Dqk, vd = MODE == 0 ? DV : g.Dv;
     const dim3 grid((unsigned)tl.count, (unsigned)(g.Hkv * tl.nchunk));
-    kern<<<grid, TC_THREADS, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh,
-                                        (const T *)v.p, v.st, v.sh, kd, vd, qvec, kvvec, (float *)o.p, o.st, o.sh,
-                                        (float *)lse.p, lse.st, lse.sh, fz, extra...);
+    kern<<<grid, threads, smem, s>>>(g, tl, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh,
+                                    (const T *)v.p, v.st, v.sh, kd, vd, qvec, kvvec, (float *)o.p, o.st, o.sh,
+                                    (float *)lse.p, lse.st, lse.sh, fz, extra...);
     return cudaGetLastError();
 }
 

@@ -50,9 +50,11 @@ inline int tile_tokens(int64_t G) { return TC_BM / tile_heads(G); }
  * attn_sm80 (mma.sync, cp.async; every sm_80+ device) and attn_sm90 (wgmma, TMA). */
 struct AttnTile {
     int bn;    /* keys per K/V tile; 0: no tile fits */
-    int minb;  /* CTAs per SM the kernel is compiled for: 2 caps registers at 128 */
+    int minb;  /* CTAs per SM the kernel is compiled for: 2 caps registers at 65536 / (2 x threads) */
     bool qreg; /* attn_sm80: Q fragments held in registers (else re-read from shared memory) */
+    int rw;    /* attn_sm80: 16-row blocks per warp (1: 8 warps of 16 rows; 2: 4 warps of 32 rows) */
 };
+inline int attn_threads(const AttnTile &t) { return TC_THREADS / (t.rw > 1 ? t.rw : 1); }
 
 constexpr size_t attn_sm80_smem(int dqk, int dv, int bn)
 {
@@ -61,21 +63,42 @@ constexpr size_t attn_sm80_smem(int dqk, int dv, int bn)
 /* 1 KB for the swizzle atoms' 1024-byte alignment; two K/V buffers */
 constexpr size_t attn_sm90_smem(int dqk, int dv, int bn) { return 1024 + 2 * (size_t)(TC_BM * dqk + 2 * bn * (dqk + dv)); }
 
-/* The two attn_sm80 tiles: "one" (BN 64, 32 for Dqk 256; Q in registers,
- * one CTA per SM, ~230 registers) and "two" (BN 32, Q from shared memory,
- * 128 registers, two CTAs per SM), the latter compiled for 128/128 and
- * 192/128. mode: 0 compressed, 2 window. Two where it fits: H200, D 128,
- * cmp 19.7 -> 19.4 ms, window 10.6 -> 7.9 (v4). */
-constexpr AttnTile ATTN_SM80_ONE_64 = {64, 1, true}, ATTN_SM80_ONE_32 = {32, 1, false}, ATTN_SM80_TWO = {32, 2, false};
+/* The attn_sm80 tiles, compiled for Dv 128 (D 128 and Dqk 192) unless said:
+ * "r32" (4 warps of 32 rows, BN 32 at D 128 and 16 at Dqk 192, Q from shared
+ * memory, two CTAs per SM): every K and V fragment a warp loads feeds two
+ * MMA row blocks, half the shared-memory reads per MMA of the 16-row warps
+ * (FlashAttention-2's layout); taken for the compressed branch, and the
+ * window at Dqk 192, where two CTAs fit per SM (A100: 68 KB at D 128, 71 KB
+ * at Dqk 192).
+ * "two" (8 warps of 16 rows, BN 32, Q from shared memory, 128 registers, two
+ * CTAs per SM where they fit: the sm86 class runs one).
+ * "one" (every padded dims; BN 64, 32 for Dqk 256; Q in registers, one CTA
+ * per SM, ~230 registers). Two against one, H200, D 128: cmp 19.7 -> 19.4 ms,
+ * window 10.6 -> 7.9 (v4). */
+constexpr AttnTile ATTN_SM80_ONE_64 = {64, 1, true, 1}, ATTN_SM80_ONE_32 = {32, 1, false, 1},
+                   ATTN_SM80_TWO = {32, 2, false, 1}, ATTN_SM80_R32_32 = {32, 2, false, 2},
+                   ATTN_SM80_R32_16 = {16, 2, false, 2};
 inline AttnTile attn_sm80_one(int dqkp) { return dqkp > 192 ? ATTN_SM80_ONE_32 : ATTN_SM80_ONE_64; }
+inline AttnTile attn_sm80_r32(int dqkp) { return dqkp > 128 ? ATTN_SM80_R32_16 : ATTN_SM80_R32_32; }
 inline bool attn_sm80_takes(int dqkp, int dvp)
 {
     return (dqkp == dvp && (dqkp == 32 || dqkp == 64 || dqkp == 128 || dqkp == 256)) || (dqkp == 192 && dvp == 128);
 }
-inline AttnTile pick_attn_sm80(int dqkp, int dvp, int64_t limit)
+/* mode: 0 compressed, 2 window; per_sm: the class's shared memory per SM (0:
+ * do not ask for two CTAs); each CTA also holds its static shared memory and
+ * the runtime's 1 KB. r32 against two as the sm80 class, T = 64k: compressed
+ * 18.86 -> 17.13 ms at D 128, 32.64 -> 27.24 at Dqk 192 (two fits one CTA
+ * there); window 11.32 -> 9.20 at Dqk 192 but 6.17 -> 6.56 at D 128, where
+ * two keeps its 16 warps per SM. */
+inline AttnTile pick_attn_sm80(int mode, int dqkp, int dvp, int64_t limit, int64_t per_sm)
 {
-    const AttnTile none = {0, 0, false};
+    const AttnTile none = {0, 0, false, 1};
     if (!attn_sm80_takes(dqkp, dvp)) return none;
+    if (dvp == 128 && per_sm > 0 && (mode == 0 || dqkp > 128)) {
+        const AttnTile r32 = attn_sm80_r32(dqkp);
+        const int64_t b = (int64_t)attn_sm80_smem(dqkp, dvp, r32.bn);
+        if (b <= limit && 2 * (b + SMEM_STATIC_MARGIN + 1024) <= per_sm) return r32;
+    }
     if (dvp == 128 && (int64_t)attn_sm80_smem(dqkp, dvp, ATTN_SM80_TWO.bn) <= limit) return ATTN_SM80_TWO;
     const AttnTile one = attn_sm80_one(dqkp);
     return (int64_t)attn_sm80_smem(dqkp, dvp, one.bn) <= limit ? one : none;
@@ -98,9 +121,9 @@ inline bool attn_sm90_takes(int dqkp, int dvp)
 }
 inline AttnTile pick_attn_sm90(int mode, int dqkp, int dvp, int64_t limit)
 {
-    const AttnTile none = {0, 0, false};
+    const AttnTile none = {0, 0, false, 1};
     if (!attn_sm90_takes(dqkp, dvp)) return none;
-    const AttnTile t = mode == 0 ? AttnTile{128, 1, false} : AttnTile{dqkp > 128 ? 32 : 64, 2, false};
+    const AttnTile t = mode == 0 ? AttnTile{128, 1, false, 1} : AttnTile{dqkp > 128 ? 32 : 64, 2, false, 1};
     return (int64_t)attn_sm90_smem(dqkp, dvp, t.bn) <= limit ? t : none;
 }
 
