@@ -131,6 +131,7 @@ static nsa_status new_buffer(nsa_context *ctx, void *bbuf, size_t bytes, nsa_buf
     b->ctx = ctx;
     b->bbuf = bbuf;
     b->size = bytes;
+    b->root = b;
     ctx->live_buffers++;
     *out = b;
     return NSA_SUCCESS;
@@ -167,7 +168,10 @@ nsa_status nsa_buffer_wrap(nsa_context *ctx, void *handle, size_t offset, size_t
     void *bbuf = NULL;
     nsa_status s = ctx->be->buffer_wrap(ctx->bctx, handle, offset, bytes, &bbuf);
     if (s != NSA_SUCCESS) return nsa_backend_error(s, ctx->backend_name, "wrapping %zu bytes", bytes);
-    return new_buffer(ctx, bbuf, bytes, out);
+    if ((s = new_buffer(ctx, bbuf, bytes, out)) != NSA_SUCCESS) return s;
+    (*out)->root = handle; /* buffers wrapping one handle are one allocation (aliasing checks) */
+    (*out)->base = (int64_t)offset;
+    return NSA_SUCCESS;
 }
 
 static nsa_status check_range(const nsa_buffer *buf, size_t offset, size_t bytes, const char *fn)

@@ -190,10 +190,14 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
     } while (0)
 
     nsa_bk_tensor q_out, o_out, wk_out, wv_out, pek_out, pev_out, kc_out, vc_out, given_out, selected_out;
+    nsa_alias_set al; /* the tensors this call reads or writes, for the aliasing rules */
+    al.n = 0;
     nsa_tensor q = args->q, o = args->o, wk = args->w_k, wv = args->w_v, pek = args->pe_k, pev = args->pe_v;
     nsa_tensor kc = args->kc, vc = args->vc, given = args->block_indices, selected = args->selected;
     CHECK(q, "args->q", T, hq, dk, dt, 1, 0, 0);
     CHECK(o, "args->o", T, hq, dv, dt, 1, 1, 0);
+    nsa_alias_add(&al, "args->q", &q, &q_out, T, hq, dk, 0);
+    nsa_alias_add(&al, "args->o", &o, &o_out, T, hq, dv, 1);
     for (int b = 0; b < 3; b++) {
         /* the k/v of a disabled branch are not read; the compressed branch reads
          * k/v only when it compresses them itself (MEAN, LINEAR) */
@@ -211,10 +215,18 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
         if (need_kv) {
             a.k[b] = kb_out;
             a.v[b] = vb_out;
+            snprintf(nm, sizeof nm, "args->k[%s]", branch_name[b]);
+            nsa_alias_add(&al, nm, &kb, &kb_out, T, hkv, dk, 0);
+            snprintf(nm, sizeof nm, "args->v[%s]", branch_name[b]);
+            nsa_alias_add(&al, nm, &vb, &vb_out, T, hkv, dv, 0);
         }
+        snprintf(nm, sizeof nm, "args->lse[%s]", branch_name[b]);
         if (on[b]) {
             a.gate[b] = gb_out;
             a.lse[b] = lb_out;
+            nsa_alias_add(&al, nm, &lb, &lb_out, T, hq, 1, 1);
+            snprintf(nm, sizeof nm, "args->gate[%s]", branch_name[b]);
+            nsa_alias_add(&al, nm, &gb, &gb_out, T, hq, 1, 0);
         } else if (lb_out.buf) {
             return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_forward: %s is given, but the %s branch is off", nm,
                                  branch_name[b]);
@@ -233,11 +245,19 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
         a.w_v = wv_out;
         a.pe_k = pek_out;
         a.pe_v = pev_out;
+        nsa_alias_add(&al, "args->w_k", &wk, &wk_out, hkv, l, dk * dk, 0);
+        nsa_alias_add(&al, "args->w_v", &wv, &wv_out, hkv, l, dv * dv, 0);
+        nsa_alias_add(&al, "args->pe_k", &pek, &pek_out, hkv, l, dk, 0);
+        nsa_alias_add(&al, "args->pe_v", &pev, &pev_out, hkv, l, dv, 0);
     }
     if (external) {
         a.kc_in = kc_out;
         a.vc_in = vc_out;
+        nsa_alias_add(&al, "args->kc", &kc, &kc_out, plan->bk.total_cmp, hkv, dk, 0);
+        nsa_alias_add(&al, "args->vc", &vc, &vc_out, plan->bk.total_cmp, hkv, dv, 0);
     }
+    nsa_alias_add(&al, "args->block_indices", &given, &given_out, T, hkv, nsel, 0);
+    nsa_alias_add(&al, "args->selected", &selected, &selected_out, T, hkv, nsel, 1);
     if ((given_out.buf || selected_out.buf) && nsel == 0)
         return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_forward: args->%s is given, but cfg.num_selected = 0 turns "
                              "the selected branch off", given_out.buf ? "block_indices" : "selected");
@@ -255,6 +275,7 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
             return nsa_set_error(NSA_ERR_BUFFER_TOO_SMALL, "nsa_forward: workspace has %zu bytes, the plan needs %zu",
                                  workspace->size, plan->ws.bytes);
     }
+    if ((s = nsa_alias_check(&al, workspace, (int64_t)plan->ws.bytes, "nsa_forward")) != NSA_SUCCESS) return s;
     if (T == 0) return NSA_SUCCESS;
     if (given_out.buf && !(args->flags & NSA_FORWARD_TRUST_INDICES) && (s = check_given_indices(plan, &given)))
         return s;

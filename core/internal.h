@@ -84,7 +84,31 @@ struct nsa_buffer {
     void *bbuf;
     size_t size;
     int internal;  /* owned by a plan (tables, workspace): not counted as the user's */
+    const void *root; /* the allocation it lies in: itself, or the handle it wraps */
+    int64_t base;     /* its first byte's offset in root (nsa_buffer_wrap's offset) */
 };
+
+/* Aliasing checks of nsa_forward (core/alias.c): the views of one call. */
+#define NSA_ALIAS_MAX 32
+typedef struct nsa_alias_view {
+    char name[32];
+    const void *root;
+    int64_t b0, b1;      /* first byte, one past the last */
+    int64_t st, sh, w;   /* strides and row width in bytes */
+    int64_t rows, heads;
+    int output;
+} nsa_alias_view;
+typedef struct nsa_alias_set {
+    int n;
+    nsa_alias_view v[NSA_ALIAS_MAX];
+} nsa_alias_set;
+/* Adds a checked, present tensor (t its caller view, bk its converted strides). */
+NSA_INTERNAL void nsa_alias_add(nsa_alias_set *set, const char *name, const nsa_tensor *t, const nsa_bk_tensor *bk,
+                                int64_t rows, int64_t heads, int64_t dim, int output);
+/* NSA_ERR_INVALID_VALUE naming the pair when an output overlaps another view or
+ * any view overlaps the first ws_bytes of ws (ws NULL: none). */
+NSA_INTERNAL nsa_status nsa_alias_check(const nsa_alias_set *set, const nsa_buffer *ws, int64_t ws_bytes,
+                                        const char *fn);
 
 /* Marks a buffer as a plan's own, so that nsa_context_destroy's count of live
  * buffers names only the caller's. */

@@ -352,6 +352,17 @@ enum {
     NSA_FORWARD_TRUST_INDICES = 1u << 0
 };
 
+/* Aliasing. Inputs may share memory with each other (one k for several
+ * branches; q, k, v packed in one buffer). An output shares no byte with an
+ * input, another output or the workspace, and the workspace shares none with
+ * any tensor. nsa_forward refuses an overlap it can see with
+ * NSA_ERR_INVALID_VALUE naming both tensors: views in one nsa_buffer, or in
+ * buffers that wrap the same handle (their offsets from it are known). It cannot
+ * compare device addresses behind different handles; keeping those apart is the
+ * caller's part. Interleaved views that share no byte are allowed (three LSEs
+ * in one [T, Hq, 3] tensor: offsets 0, 1, 2, stride_token 3 Hq, stride_head 3).
+ */
+
 /* Runs the forward pass. workspace: a buffer of at least
  * nsa_plan_info.workspace_bytes from the plan's context, or NULL to use one that
  * the plan allocates on first use and keeps until nsa_plan_destroy. With a

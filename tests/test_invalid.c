@@ -396,6 +396,96 @@ START_TEST(overlapping_output)
 }
 END_TEST
 
+/* Aliasing (include/nsa.h, "Aliasing"): outputs share no byte with inputs,
+ * other outputs or the workspace; the workspace none with any tensor. */
+START_TEST(aliasing)
+{
+    const int64_t hq = F.cfg.num_q_heads, hkv = F.cfg.num_kv_heads, dk = F.cfg.head_dim_qk;
+    const int64_t dv = F.cfg.head_dim_v;
+    const nsa_forward_args saved = F.args;
+    /* issue 17's reproducers: an LSE output over a gate input, the workspace over k */
+    F.args.lse[0] = F.args.gate[1];
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_INVALID_VALUE, "args->lse[cmp]");
+    F.args = saved;
+    nsa_buffer *big = buffer(F.ctx, (int64_t)(F.info.workspace_bytes / 4) + T * hkv * dk + 1);
+    for (int b = 0; b < 3; b++) F.args.k[b] = nsa_tensor_dense(big, 0, hkv, dk);
+    EXPECT(nsa_forward(F.plan, &F.args, big), NSA_ERR_INVALID_VALUE, "workspace");
+    /* k past the workspace's bytes in the same buffer: allowed */
+    for (int b = 0; b < 3; b++) F.args.k[b] = nsa_tensor_dense(big, (int64_t)(F.info.workspace_bytes / 4) + 1, hkv, dk);
+    EXPECT_OK(nsa_forward(F.plan, &F.args, big));
+    F.args = saved;
+    /* o in place over q (same buffer, overlapping bytes) */
+    nsa_buffer *qo = buffer(F.ctx, T * hq * (dk > dv ? dk : dv));
+    F.args.q = nsa_tensor_dense(qo, 0, hq, dk);
+    F.args.o = nsa_tensor_dense(qo, 0, hq, dv);
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_INVALID_VALUE, "args->o");
+    F.args = saved;
+    /* two outputs on one tensor */
+    F.args.lse[2] = F.args.lse[1];
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_INVALID_VALUE, "args->lse[slc]");
+    F.args = saved;
+    /* the selected indices written over o */
+    F.args.selected = nsa_tensor_dense(F.args.o.buffer, 0, hkv, F.cfg.num_selected);
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_INVALID_VALUE, "args->selected");
+    F.args = saved;
+    /* two buffers wrapping one host allocation (cpu handles are host pointers):
+     * o's bytes over q's through different nsa_buffers */
+    float *host = calloc((size_t)(T * hq * (dk + dv)), sizeof *host);
+    ck_assert_ptr_nonnull(host);
+    nsa_buffer *w1 = NULL, *w2 = NULL;
+    const size_t qbytes = (size_t)(T * hq * dk) * 4, obytes = (size_t)(T * hq * dv) * 4;
+    ck_assert_int_eq(nsa_buffer_wrap(F.ctx, host, 0, qbytes, &w1), NSA_SUCCESS);
+    ck_assert_int_eq(nsa_buffer_wrap(F.ctx, host, 4, obytes, &w2), NSA_SUCCESS);
+    F.args.q = nsa_tensor_dense(w1, 0, hq, dk);
+    F.args.o = nsa_tensor_dense(w2, 0, hq, dv);
+    EXPECT(nsa_forward(F.plan, &F.args, F.ws), NSA_ERR_INVALID_VALUE, "args->o");
+    nsa_buffer_free(w2);
+    w2 = NULL;
+    ck_assert_int_eq(nsa_buffer_wrap(F.ctx, host, qbytes, obytes, &w2), NSA_SUCCESS); /* right after q */
+    F.args.o = nsa_tensor_dense(w2, 0, hq, dv);
+    EXPECT_OK(nsa_forward(F.plan, &F.args, F.ws));
+    nsa_buffer_free(w1);
+    nsa_buffer_free(w2);
+    free(host);
+    F.args = saved;
+}
+END_TEST
+
+/* Interleaved outputs that share no element pass: three LSEs in one
+ * [T, Hq, 3] tensor, and o with the heads of q between its rows' halves,
+ * and give the outputs of separate tensors. */
+START_TEST(aliasing_interleaved_ok)
+{
+    const int64_t hq = F.cfg.num_q_heads;
+    float ref[3][T * 2], got[T * 2 * 3];
+    ck_assert_int_eq(hq, 2);
+    EXPECT_OK(nsa_forward(F.plan, &F.args, F.ws));
+    for (int b = 0; b < 3; b++) EXPECT_OK(nsa_buffer_read(F.args.lse[b].buffer, 0, ref[b], sizeof ref[b]));
+    nsa_buffer *l3 = buffer(F.ctx, T * hq * 3);
+    for (int b = 0; b < 3; b++) F.args.lse[b] = (nsa_tensor){l3, b, hq * 3, 3};
+    EXPECT_OK(nsa_forward(F.plan, &F.args, F.ws));
+    EXPECT_OK(nsa_buffer_read(l3, 0, got, sizeof got));
+    for (int64_t i = 0; i < T * hq; i++)
+        for (int b = 0; b < 3; b++)
+            ck_assert_msg(memcmp(&got[i * 3 + b], &ref[b][i], 4) == 0, "lse[%d] row %lld differs", b, (long long)i);
+    /* an output overlapping the range of an input but none of its bytes:
+     * q's rows padded by dv elements that o fills */
+    const int64_t dk = F.cfg.head_dim_qk, dv = F.cfg.head_dim_v;
+    nsa_buffer *qo = buffer(F.ctx, T * hq * (dk + dv));
+    float *qh = malloc((size_t)(T * hq * dk) * 4), *qd = calloc((size_t)(T * hq * (dk + dv)), 4);
+    ck_assert_ptr_nonnull(qh);
+    ck_assert_ptr_nonnull(qd);
+    EXPECT_OK(nsa_buffer_read(F.args.q.buffer, 0, qh, (size_t)(T * hq * dk) * 4));
+    for (int64_t r = 0; r < T * hq; r++) memcpy(qd + r * (dk + dv), qh + r * dk, (size_t)dk * 4);
+    EXPECT_OK(nsa_buffer_write(qo, 0, qd, (size_t)(T * hq * (dk + dv)) * 4));
+    F.args.q = (nsa_tensor){qo, 0, hq * (dk + dv), dk + dv};
+    F.args.o = (nsa_tensor){qo, dk, hq * (dk + dv), dk + dv};
+    EXPECT_OK(nsa_forward(F.plan, &F.args, F.ws));
+    free(qh);
+    free(qd);
+}
+END_TEST
+
 START_TEST(negative_offset)
 {
     F.args.v[0].offset = -1;
@@ -686,6 +776,8 @@ int main(void)
     tcase_add_test(tc, cu_seqlens_and_batch);
     tcase_add_test(tc, negative_strides);
     tcase_add_test(tc, overlapping_output);
+    tcase_add_test(tc, aliasing);
+    tcase_add_test(tc, aliasing_interleaved_ok);
     tcase_add_test(tc, negative_offset);
     tcase_add_test(tc, buffers_too_small);
     tcase_add_test(tc, workspace_too_small);
