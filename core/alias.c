@@ -7,11 +7,10 @@
  * nsa_buffer, or buffers that wrap the same caller handle (their offsets from
  * it are known). Views in different allocations are taken as disjoint: the
  * core cannot see device addresses. Within one allocation two views are
- * disjoint when their byte ranges are, or when both repeat on one period P
- * (every element of each lies in a cell k*P + [0, w) of its own phase) and
- * their phases leave the cells' bytes apart: interleaved layouts such as
- * three LSEs in one [T, Hq, 3] tensor pass, anything else that overlaps is
- * refused with NSA_ERR_INVALID_VALUE.
+ * disjoint when their byte ranges are, or when they share a token stride and
+ * their heads' cells do not meet modulo it: interleaved layouts such as three
+ * LSEs in one [T, Hq, 3] tensor with padded rows pass; anything else that
+ * overlaps is refused with NSA_ERR_INVALID_VALUE.
  */
 #include <stdio.h>
 #include <string.h>
@@ -39,24 +38,57 @@ void nsa_alias_add(nsa_alias_set *set, const char *name, const nsa_tensor *t, co
     v->b1 = v->b0 + (rows - 1) * v->st + (heads - 1) * v->sh + v->w;
 }
 
-/* The period of a view's cells (0: none; the view is one interval or its
- * cells would overlap). */
-static int64_t period(const nsa_alias_view *v)
+/* Head h's bytes of one token row of v, reduced modulo p (p == 0: not reduced):
+ * one or two intervals [lo, hi) in iv; returns how many (0: the row is wider
+ * than p, so it overlaps itself modulo p). */
+static int row_cells(const nsa_alias_view *v, int64_t h, int64_t p, int64_t iv[2][2])
 {
-    int64_t p = 0;
-    if (v->heads > 1 && (v->rows == 1 || (v->sh > 0 && v->st % v->sh == 0))) p = v->sh;
-    else if (v->heads == 1 && v->rows > 1) p = v->st;
-    return p >= v->w ? p : 0;
+    int64_t lo = v->b0 + h * v->sh;
+    if (p == 0) {
+        iv[0][0] = lo;
+        iv[0][1] = lo + v->w;
+        return 1;
+    }
+    if (v->w > p) return 0;
+    lo %= p;
+    if (lo + v->w <= p) {
+        iv[0][0] = lo;
+        iv[0][1] = lo + v->w;
+        return 1;
+    }
+    iv[0][0] = lo;
+    iv[0][1] = p;
+    iv[1][0] = 0;
+    iv[1][1] = lo + v->w - p;
+    return 2;
 }
 
+/* 1 when a and b share no byte (or cannot be compared: different
+ * allocations), 0 when they may. Past disjoint byte ranges: when the views
+ * repeat on one token stride p (or are single rows), every byte of a view lies
+ * at a row start plus one of its heads' cells, so cells that do not meet
+ * modulo p prove the views disjoint (interleaved layouts). */
 static int disjoint(const nsa_alias_view *a, const nsa_alias_view *b)
 {
     if (a->root != b->root || a->b1 <= b->b0 || b->b1 <= a->b0) return 1;
-    const int64_t p = period(a);
-    if (p == 0 || p != period(b)) return 0;
-    int64_t d = (b->b0 - a->b0) % p;
-    if (d < 0) d += p;
-    return d >= a->w && d + b->w <= p;
+    int64_t p;
+    if (a->rows > 1 && b->rows > 1) p = a->st == b->st ? a->st : -1;
+    else p = a->rows > 1 ? a->st : b->rows > 1 ? b->st : 0;
+    if (p < 0 || (p == 0 && (a->rows > 1 || b->rows > 1))) return 0;
+    if (a->heads > 4096 || b->heads > 4096) return 0; /* too many cells to compare: refuse */
+    for (int64_t h = 0; h < a->heads; h++) {
+        int64_t ia[2][2], ib[2][2];
+        const int na = row_cells(a, h, p, ia);
+        if (na == 0) return 0;
+        for (int64_t g = 0; g < b->heads; g++) {
+            const int nb = row_cells(b, g, p, ib);
+            if (nb == 0) return 0;
+            for (int i = 0; i < na; i++)
+                for (int j = 0; j < nb; j++)
+                    if (ia[i][0] < ib[j][1] && ib[j][0] < ia[i][1]) return 0;
+        }
+    }
+    return 1;
 }
 
 nsa_status nsa_alias_check(const nsa_alias_set *set, const nsa_buffer *ws, int64_t ws_bytes, const char *fn)

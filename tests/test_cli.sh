@@ -157,6 +157,24 @@ if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available"; then
     "$nsa" parity --backends opencl,cpu --corpus small --dtypes f32,bf16
   expect "opencl build failure shows the compiler log" nonzero "NSA_ERR_KERNEL_BUILD.*compiler log" -- \
     env NSA_OPENCL_BUILD_OPTIONS=-DNSA_DTYPE=9 NSA_CACHE_DIR=off "$nsa" run --backend opencl --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16
+  # The kernel cache as untrusted input (issue 17, item 3): a flipped byte in a
+  # cached binary, then a FIFO in its place, are rebuilt and replaced; no crash, no hang.
+  cdir=$tmp/clcache
+  crun() { env NSA_CACHE_DIR="$cdir" timeout 300 "$nsa" run --backend opencl --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16 \
+      --dtype f32 --iters 1 --warmup 0; }
+  expect "opencl kernel cache written" 0 "PASS" -- crun
+  entry=$(ls "$cdir"/opencl-*.bin 2>/dev/null | head -1)
+  if [ -n "$entry" ]; then
+    cp "$entry" "$tmp/good.bin"
+    "$python" -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[len(b) // 2] ^= 0xff; open(p, 'wb').write(b)" "$entry"
+    expect "a corrupt cache entry is rebuilt" 0 "PASS" -- crun
+    if cmp -s "$entry" "$tmp/good.bin"; then ok "the corrupt entry was replaced"; else bad "the corrupt entry was replaced"; fi
+    rm -f "$entry" && mkfifo "$entry"
+    expect "a FIFO in place of a cache entry neither hangs nor fails" 0 "PASS" -- crun
+    if [ -f "$entry" ] && [ ! -p "$entry" ]; then ok "the FIFO was replaced by a file"; else bad "the FIFO was replaced by a file"; fi
+  else
+    bad "opencl kernel cache written (no opencl-*.bin in $cdir)"
+  fi
 fi
 
 echo "$passes passed, $fails failed"

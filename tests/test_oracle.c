@@ -17,6 +17,7 @@
  * context is shared by all the tests of the run.
  */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,110 @@ START_TEST(test_determinism)
 }
 END_TEST
 
+/* The NaN rule (docs/nsa-semantics.md, "Non-finite inputs"): a NaN in an input
+ * makes NaN every output row its arithmetic reaches, and no other. A NaN in
+ * q(t, h) reaches row (t, h) of o only (and of the LSE of each branch that
+ * sees a key there: the LSEs' NaN pattern must be the cpu backend's); a NaN
+ * in k(s, g) reaches whole rows of KV group g only, row (s, h in g) always
+ * (the window), others as the selection has it. */
+static int row_nan(const float *x, int64_t row, int64_t n)
+{
+    int any = 0, all = 1;
+    for (int64_t e = 0; e < n; e++) {
+        const int isn = x[row * n + e] != x[row * n + e];
+        any |= isn;
+        all &= isn;
+    }
+    return any ? (all ? 1 : 2) : 0; /* 2: a partly NaN row */
+}
+
+static int nonfinite_case(const tk_case *c0, nsa_dtype dt, int where_k, nsa_context *cpu, char *msg, size_t size)
+{
+    tk_case c = *c0;
+    tk_case_set_dtype(&c, dt);
+    const int64_t T = c.cu_seqlens[c.batch], Hq = c.cfg.num_q_heads, Hkv = c.cfg.num_kv_heads;
+    const int64_t G = Hq / Hkv, Dqk = c.cfg.head_dim_qk, Dv = c.cfg.head_dim_v;
+    const int64_t t = T / 2, h = Hq - 1, gk = Hkv - 1;
+    tk_inputs in;
+    tk_output out, ref;
+    memset(&out, 0, sizeof out);
+    memset(&ref, 0, sizeof ref);
+    int ok = 0;
+    if (tk_inputs_make(&c, &in) != NSA_SUCCESS) return snprintf(msg, size, "inputs"), 0;
+    if (where_k) {
+        for (int b = 0; b < 3; b++)
+            if (in.k[b]) in.k[b][(t * Hkv + gk) * Dqk] = NAN;
+    } else {
+        in.q[(t * Hq + h) * Dqk] = NAN;
+    }
+    char m2[TK_MSG_MAX];
+    if (tk_run(g_ctx, &c, &in, &out, m2, sizeof m2) != NSA_SUCCESS) {
+        snprintf(msg, size, "%.900s", m2);
+        goto done;
+    }
+    if (tk_run(cpu, &c, &in, &ref, m2, sizeof m2) != NSA_SUCCESS) {
+        snprintf(msg, size, "cpu: %.900s", m2);
+        goto done;
+    }
+    int64_t nan_rows = 0;
+    for (int64_t r = 0; r < T * Hq; r++) {
+        const int64_t rt = r / Hq, rh = r % Hq;
+        const int got = row_nan(out.o, r, Dv);
+        /* k: rows of group gk may be NaN (which ones depends on the selection, where
+         * the ranking of NaN scores is unspecified); the token's own row is (window) */
+        const int want = where_k ? (rh / G == gk && (got != 0 || rt == t)) : (rt == t && rh == h);
+        nan_rows += got != 0;
+        if (got != want || (!where_k && row_nan(ref.o, r, Dv) != want)) {
+            snprintf(msg, size, "o row (token %lld, head %lld): %s, expected %s", (long long)rt, (long long)rh,
+                     got == 2 ? "partly NaN" : got ? "NaN" : "finite", want == 2 ? "partly NaN" : want ? "NaN" : "finite");
+            goto done;
+        }
+        for (int b = 0; b < 3; b++) {
+            if (!out.lse[b]) continue;
+            const int lg = out.lse[b][r] != out.lse[b][r];
+            const int lw = where_k ? lg : ref.lse[b][r] != ref.lse[b][r];
+            if (lg != lw) {
+                snprintf(msg, size, "lse[%d] row (token %lld, head %lld): %s, expected %s", b, (long long)rt,
+                         (long long)rh, lg ? "NaN" : "not NaN", lw ? "NaN" : "not NaN");
+                goto done;
+            }
+        }
+    }
+    if (nan_rows == 0) {
+        snprintf(msg, size, "no NaN row at all");
+        goto done;
+    }
+    ok = 1;
+done:
+    tk_output_free(&out);
+    tk_output_free(&ref);
+    tk_inputs_free(&in);
+    return ok;
+}
+
+START_TEST(test_nonfinite)
+{
+    nsa_context *cpu = NULL;
+    ck_assert_int_eq(nsa_context_create("cpu", 0, &cpu), NSA_SUCCESS);
+    int checked = 0;
+    for (int i = 0; i < g_ncases && checked < 12; ++i) {
+        const tk_case *c = &g_cases[i];
+        if (c->cfg.num_selected == 0 || c->cfg.window == 0 || c->cu_seqlens[c->batch] < 16) continue;
+        static const nsa_dtype dts[2] = {NSA_DTYPE_F32, NSA_DTYPE_BF16};
+        for (int d = 0; d < 2; d++)
+            for (int wk = 0; wk < 2; wk++) {
+                char msg[TK_MSG_MAX];
+                ck_assert_msg(nonfinite_case(c, dts[d], wk, cpu, msg, sizeof msg), "%s, %s, NaN in %s: %s", c->label,
+                              nsa_dtype_name(dts[d]), wk ? "k" : "q", msg);
+                ++checked;
+            }
+    }
+    nsa_context_destroy(cpu);
+    printf("parity-%s NaN rule: %d runs (NaN in q, NaN in k; f32, bf16)\n", g_backend, checked);
+    ck_assert_msg(checked > 0, "no case with all three branches in the corpus");
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -146,6 +251,7 @@ int main(int argc, char **argv)
     TCase *tc = tcase_create(g_backend);
     tcase_set_timeout(tc, 0);
     tcase_add_test(tc, test_determinism);
+    tcase_add_test(tc, test_nonfinite);
     char buf[128];
     snprintf(buf, sizeof buf, ",%s,", modes);
     if (strstr(buf, ",f32,")) tcase_add_test(tc, test_f32);

@@ -10,11 +10,15 @@
  * with NSA_CACHE_DIR defaulting to $XDG_CACHE_HOME/libnsa, else ~/.cache/libnsa.
  * The cache is off when NSA_CACHE_DIR=off or NSA_OPENCL_NO_CACHE=1. Writes are atomic
  * (a temporary file in the same folder, then rename), so concurrent processes never
- * read half a file; a cache that cannot be read or written is simply not used, and a
- * binary the driver refuses is rebuilt from source (and rewritten).
+ * read half a file. Each file carries its payload's size and 128-bit hash, and is read
+ * only if it is a regular file (opened without blocking) whose size and hash match:
+ * a corrupt, truncated or foreign entry never reaches the driver. A cache that cannot
+ * be read or written is simply not used, and an entry that fails these checks or that
+ * the driver refuses is rebuilt from source and replaced.
  * A failed source build returns NSA_ERR_KERNEL_BUILD with the compiler log.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +49,9 @@ static const char *const kernel_names[OCL_K_COUNT] = {
     [OCL_K_BLOCK_SCORES_V2] = "block_scores_v2",
 };
 
-static const char cache_magic[8] = {'N', 'S', 'A', 'C', 'L', 'B', 'I', '1'};
+/* A cache file: this magic, the payload's size (uint64), its 128-bit hash (two
+ * uint64, payload_hash), the payload (the program binary). */
+static const char cache_magic[8] = {'N', 'S', 'A', 'C', 'L', 'B', 'I', '2'};
 
 /* ------------------------------------------------------------------ key */
 
@@ -72,6 +78,14 @@ static void cache_key(const ocl_context *c, const char *options, char out[33])
         h2 = fnv1a(fnv1a(h2, &n, sizeof n), fields[i], n);
     }
     snprintf(out, 33, "%016llx%016llx", (unsigned long long)h1, (unsigned long long)h2);
+}
+
+/* The payload's hash in a cache file: a flipped byte is caught before the
+ * driver sees the binary (drivers may crash on a corrupt one). */
+static void payload_hash(const unsigned char *bin, size_t n, uint64_t h[2])
+{
+    h[0] = fnv1a(0xcbf29ce484222325ULL, bin, n);
+    h[1] = fnv1a(0x84222325cbf29ce4ULL ^ (uint64_t)n, bin, n);
 }
 
 /* ------------------------------------------------------------------ cache files */
@@ -110,18 +124,39 @@ static int make_dirs(const char *path)
     return mkdir(tmp, 0755) == 0 || errno == EEXIST;
 }
 
+/* The payload of the cache file at path, or NULL: absent, not a regular file
+ * (opened without blocking, so a FIFO cannot hang us), wrong magic, a size that
+ * is not the file's, or a payload whose hash differs. The caller then builds
+ * from source and replaces the file (cache_write: a new file renamed over it). */
 static unsigned char *cache_read(const char *path, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 32 || sb.st_size > ((off_t)1 << 31)) {
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return NULL;
+    }
     char magic[8];
-    uint64_t n = 0;
+    uint64_t n = 0, want[2], got[2];
     unsigned char *bin = NULL;
     if (fread(magic, 1, 8, f) == 8 && memcmp(magic, cache_magic, 8) == 0 && fread(&n, sizeof n, 1, f) == 1 &&
-        n > 0 && n < ((uint64_t)1 << 31) && (bin = malloc((size_t)n)) != NULL) {
+        fread(want, sizeof want, 1, f) == 1 && n > 0 && n == (uint64_t)sb.st_size - 32 &&
+        (bin = malloc((size_t)n)) != NULL) {
         if (fread(bin, 1, (size_t)n, f) != (size_t)n || fgetc(f) != EOF) {
             free(bin);
             bin = NULL;
+        } else {
+            payload_hash(bin, (size_t)n, got);
+            if (got[0] != want[0] || got[1] != want[1]) {
+                free(bin);
+                bin = NULL;
+            }
         }
     }
     fclose(f);
@@ -139,7 +174,10 @@ static void cache_write(const char *dir, const char *path, const unsigned char *
     FILE *f = fopen(tmp, "wb");
     if (!f) return;
     const uint64_t n = size;
-    int ok = fwrite(cache_magic, 1, 8, f) == 8 && fwrite(&n, sizeof n, 1, f) == 1 && fwrite(bin, 1, size, f) == size;
+    uint64_t h[2];
+    payload_hash(bin, size, h);
+    int ok = fwrite(cache_magic, 1, 8, f) == 8 && fwrite(&n, sizeof n, 1, f) == 1 && fwrite(h, sizeof h, 1, f) == 1 &&
+             fwrite(bin, 1, size, f) == size;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) remove(tmp);
 }

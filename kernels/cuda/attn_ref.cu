@@ -82,9 +82,9 @@ __global__ void __launch_bounds__(REF_WARPS * 32)
                 segment(j * g.ls, nsa_min64((j + 1) * g.ls, tl + 1), s0);
             }
         }
-        const float inv = lsum > 0.f ? 1.0f / lsum : 0.f;
+        const float inv = lsum != 0.f ? 1.0f / lsum : 0.f;
         for (int64_t e = lane; e < g.Dv; e += 32) o[t * ost + h * osh + e] = so[e] * inv;
-        if (lse && lane == 0) lse[t * lst + h * lsh] = lsum > 0.f ? m + logf(lsum) : -INFINITY;
+        if (lse && lane == 0) lse[t * lst + h * lsh] = lsum != 0.f ? m + logf(lsum) : -INFINITY;
         __syncwarp();
     }
 }

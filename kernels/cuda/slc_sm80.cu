@@ -159,9 +159,9 @@ __global__ void __launch_bounds__(SLC_THREADS)
         const float Mu = M == -INFINITY ? 0.f : M;
         float L = 0.f;
         for (int w = 0; w < 4; w++) L += sL[w * 16 + row] * exp2f(sM[w * 16 + row] - Mu);
-        const float inv = L > 0.f ? 1.0f / L : 0.f;
+        const float inv = L != 0.f ? 1.0f / L : 0.f;
         for (int w = 0; w < 4; w++) sF[w * 16 + row] = exp2f(sM[w * 16 + row] - Mu) * inv;
-        if (lse && row < hca) lse[t * lst + (h0 + row) * lsh] = L > 0.f ? (M + log2f(L)) * NSA_LN2 : -INFINITY;
+        if (lse && row < hca) lse[t * lst + (h0 + row) * lsh] = L != 0.f ? (M + log2f(L)) * NSA_LN2 : -INFINITY;
     }
     __syncthreads();
 #pragma unroll

@@ -302,7 +302,7 @@ NSA_DEV void warp_store_rows(const float (&oacc)[NO][4], const float (&m)[2], fl
         ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
         float *row = orow(i);
         if (!row) continue;
-        const float inv = ls[i] > 0.f ? 1.0f / ls[i] : 0.f;
+        const float inv = ls[i] != 0.f ? 1.0f / ls[i] : 0.f;
 #pragma unroll
         for (int j = 0; j < NO; j++) {
             const int col = j * 8 + 2 * (lane & 3);
@@ -310,7 +310,7 @@ NSA_DEV void warp_store_rows(const float (&oacc)[NO][4], const float (&m)[2], fl
             if (col + 1 < dv) row[col + 1] = oacc[j][2 * i + 1] * inv;
         }
         float *lp = lsep(i);
-        if (lp && (lane & 3) == 0) *lp = ls[i] > 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
+        if (lp && (lane & 3) == 0) *lp = ls[i] != 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
     }
 }
 
@@ -573,7 +573,7 @@ NSA_DEV void attn_epilogue(const Geom &g, const TileCtx &c, int warp, int lane, 
             ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
             int64_t t, h;
             if (!row_th(i, t, h)) continue;
-            const float inv = ls[i] > 0.f ? 1.0f / ls[i] : 0.f;
+            const float inv = ls[i] != 0.f ? 1.0f / ls[i] : 0.f;
             const float *oc = (const float *)fz.ob[0].p, *os = (const float *)fz.ob[1].p;
             const float gc = oc ? ((const float *)fz.gate[0].p)[t * fz.gate[0].st + h * fz.gate[0].sh] : 0.f;
             const float gs = os ? ((const float *)fz.gate[1].p)[t * fz.gate[1].st + h * fz.gate[1].sh] : 0.f;
@@ -625,7 +625,7 @@ NSA_DEV void attn_epilogue(const Geom &g, const TileCtx &c, int warp, int lane, 
                 }
             }
             if (lse && (lane & 3) == 0)
-                lse[t * lst + h * lsh] = ls[i] > 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
+                lse[t * lst + h * lsh] = ls[i] != 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
         }
     } else {
         warp_store_rows(

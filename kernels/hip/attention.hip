@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(NSA_HIP_THREADS)
                 const int i = 4 * kq + r; /* D[i][col] */
                 if (i < rows && c < dvc) {
                     float l = l_r[i];
-                    out[i * o.sh + c] = l > 0.0f ? acc4[j][r] / l : 0.0f;
+                    out[i * o.sh + c] = l != 0.0f ? acc4[j][r] / l : 0.0f;
                 }
             }
         }
@@ -194,14 +194,14 @@ __global__ void __launch_bounds__(NSA_HIP_THREADS)
             int r = e / DVC, c = e - r * DVC;
             if (r < rows && c < dvc) {
                 float l = l_r[r];
-                out[r * o.sh + c] = l > 0.0f ? acc[j] / l : 0.0f;
+                out[r * o.sh + c] = l != 0.0f ? acc[j] / l : 0.0f;
             }
         }
     }
     if (lse.ptr && blockIdx.z == 0 && tid < rows) {
         float l = l_r[tid];
         ((float *)lse.ptr)[t * lse.st + (h0 + tid) * lse.sh] =
-            l > 0.0f ? (m_r[tid] + log2f(l)) * NSA_LN2 : nsa_neg_inf();
+            l != 0.0f ? (m_r[tid] + log2f(l)) * NSA_LN2 : nsa_neg_inf();
     }
 }
 

@@ -140,12 +140,12 @@ inline void ga_finish(const float *acc, __local const float *m, __local const fl
         const int e = lid + k * nl;
         if (e < G * Dv) {
             const int h = e / Dv, c = e - h * Dv;
-            o[orow0 + h * o_sh + c] = (l[h] > 0.0f) ? acc[k] / l[h] : 0.0f;
+            o[orow0 + h * o_sh + c] = (l[h] != 0.0f) ? acc[k] / l[h] : 0.0f;
         }
     }
     if (has_lse)
         for (int h = lid; h < G; h += nl)
-            lse[lse_at0 + h * lse_sh] = (l[h] > 0.0f) ? m[h] + log(l[h]) : -INFINITY;
+            lse[lse_at0 + h * lse_sh] = (l[h] != 0.0f) ? m[h] + log(l[h]) : -INFINITY;
 }
 
 /* Carves the kernel's local float array into its parts. */

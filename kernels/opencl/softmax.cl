@@ -136,7 +136,7 @@ inline void softmax_finish(__local const float *acc, float m, float l, __global 
                            long dv, __global float *lse, long lse_at, int has_lse)
 {
     for (long c = get_local_id(0); c < dv; c += get_local_size(0))
-        o[o_row + c] = (l > 0.0f) ? acc[c] / l : 0.0f;
+        o[o_row + c] = (l != 0.0f) ? acc[c] / l : 0.0f;
     if (has_lse && get_local_id(0) == 0)
-        lse[lse_at] = (l > 0.0f) ? m + log(l) : -INFINITY;
+        lse[lse_at] = (l != 0.0f) ? m + log(l) : -INFINITY;
 }
