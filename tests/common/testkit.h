@@ -165,6 +165,49 @@ nsa_status tk_oracle_run(const tk_case *c, const tk_inputs *in, const int32_t *i
                          tk_oracle *out);
 void tk_oracle_free(tk_oracle *r);
 
+/* ------------------------------------------------------------------ gradients (grad.c) */
+
+/* Every tensor of a case in fp64, dense in the oracle's layouts: the forward's
+ * inputs, or their gradients. t[i] is NULL (n[i] = 0) where the case has no
+ * such tensor (a branch that is off; k_cmp / v_cmp for EXTERNAL; LINEAR's
+ * weights for other modes; kc / vc unless EXTERNAL). */
+enum {
+    TK_G_Q = 0,
+    TK_G_K = 1,    /* + branch */
+    TK_G_V = 4,    /* + branch */
+    TK_G_GATE = 7, /* + branch */
+    TK_G_WK = 10,
+    TK_G_WV,
+    TK_G_PEK,
+    TK_G_PEV,
+    TK_G_KC,
+    TK_G_VC,
+    TK_G_COUNT
+};
+typedef struct tk_ref64 {
+    double *t[TK_G_COUNT];
+    int64_t n[TK_G_COUNT];
+} tk_ref64;
+
+/* Zeroed tensors of case c's shapes. */
+nsa_status tk_ref64_alloc(const tk_case *c, tk_ref64 *x);
+/* The inputs as doubles. */
+nsa_status tk_ref64_from_inputs(const tk_case *c, const tk_inputs *in, tk_ref64 *x);
+void tk_ref64_free(tk_ref64 *x);
+const char *tk_ref64_name(int i);
+
+/* The forward of semantics sections 1-6 in fp64 over x with the selection sel
+ * [T, Hkv, n] given; o [T, Hq, Dv] and lse[b] [T, Hq] (lse[b] may be NULL).
+ * round: round MEAN / LINEAR kc, vc to the case dtype (semantics 7, as the
+ * oracle does); 0 for finite differences. */
+nsa_status tk_ref64_forward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round, double *o,
+                            double *lse[3]);
+/* Section 9: the gradients of L = sum dO . o with respect to every tensor of x,
+ * the selection sel held fixed and the rounding of kc, vc passed straight
+ * through, into grad (allocated here; tk_ref64_free it). */
+nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, const double *dO,
+                             tk_ref64 *grad);
+
 /* ------------------------------------------------------------------ runner */
 
 /* What a backend returned, converted to host floats, dense logical layouts. */
