@@ -18,6 +18,7 @@
 #   det      20 processes, one o.npy hash expected
 #   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles)
 #   opencl   the small corpus on NVIDIA's OpenCL (needs the module: OPENCL=1 builds it)
+#   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus
 #   bench    nsa bench at BENCH_T per class in BENCH_CLASSES (default sm90)
 #   baseline nsa bench of the tree in .old/ (BASE_T, default 65536; git archive of an
 #            earlier commit, built here in the background) beside this tree, alternating,
@@ -137,6 +138,13 @@ if has opencl; then
   NSA_OPENCL_PLATFORM=NVIDIA timeout 200 $B/tests/test_oracle opencl f32,f16,bf16,fixed small > /tmp/ocl.log 2>&1
   note "[$(el)] parity-opencl (NVIDIA OpenCL, small corpus) rc=$?"
   grep -E "^parity-opencl|^FAIL" /tmp/ocl.log | head -6 | tee -a "$SUM"
+fi
+if has hip; then # the HIP backend's sources on CUDA (tests/hip_on_cuda): its parity on the H200
+  bash tests/hip_on_cuda/build.sh /tmp/hipcu 90 > "$OUT/hip_build.log" 2>&1
+  note "[$(el)] hip module on CUDA rc=$? ($(tail -1 "$OUT/hip_build.log"))"
+  NSA_HIP_NO_MFMA=1 NSA_BACKEND_PATH=/tmp/hipcu timeout 300 $B/tests/test_oracle hip ${HIP_MODES:-f32,f16,bf16,fixed} > "$OUT/parity_hip.log" 2>&1
+  note "[$(el)] parity-hip (HIP sources on CUDA, full corpus): rc=$? $(grep -cE '^FAIL' "$OUT/parity_hip.log") failures"
+  grep -E "^parity-hip|^FAIL|F:" "$OUT/parity_hip.log" | head -10 | tee -a "$SUM"
 fi
 if has bench; then
   for cls in ${BENCH_CLASSES:-sm90}; do for dqk in 128 192; do
