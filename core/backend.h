@@ -26,7 +26,7 @@ extern "C" {
 
 /* Bumped whenever any struct or function below changes. The loader refuses a
  * module whose nsa_backend_api_version differs (NSA_ERR_VERSION_MISMATCH). */
-#define NSA_BACKEND_API_VERSION 3
+#define NSA_BACKEND_API_VERSION 4
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -149,7 +149,24 @@ typedef struct nsa_host_api {
         __attribute__((format(printf, 2, 3)))
 #endif
         ;
+    /* (added in API version 4) A log message at an nsa_log_level (include/nsa.h):
+     * delivered to the caller's callback or, without one, as NSA_LOG asks. */
+    void (*log)(int level, const char *fmt, ...)
+#if defined(__GNUC__)
+        __attribute__((format(printf, 2, 3)))
+#endif
+        ;
+    /* (added in API version 4) The value of setting `name` (NSA_SETTING_*): the
+     * one set through the API, else its environment variable's; returns 1 and
+     * fills buf when there is one, 0 when unset (or too long for buf). */
+    int (*setting)(const char *name, char *buf, size_t size);
 } nsa_host_api;
+
+/* Settings a backend may read through nsa_host_api.setting. */
+#define NSA_SETTING_CACHE_DIR "cache_dir"       /* nsa_set_cache_dir, NSA_CACHE_DIR */
+#define NSA_SETTING_BACKEND_PATH "backend_path" /* nsa_set_backend_path, NSA_BACKEND_PATH */
+#define NSA_SETTING_CPU_THREADS "cpu_threads"   /* nsa_set_cpu_threads, NSA_CPU_THREADS */
+#define NSA_CPU_THREADS_MAX 1024
 
 typedef struct nsa_backend {
     int api_version;           /* NSA_BACKEND_API_VERSION */

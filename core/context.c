@@ -78,6 +78,8 @@ nsa_status nsa_context_create_with_stream(const char *backend, int device, void 
     if (s != NSA_SUCCESS) return s;
     if ((s = nsa_registry_choose(backend, create_on, &q)) != NSA_SUCCESS) return s;
     nsa_clear_error();
+    nsa_log(NSA_LOG_INFO, "context: backend %s, device %d (%s)%s", q.ctx->backend_name, q.device,
+            q.ctx->device_name, native_stream ? ", on the caller's stream" : "");
     *out = q.ctx;
     return NSA_SUCCESS;
 }

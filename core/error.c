@@ -59,4 +59,6 @@ const char *nsa_status_string(nsa_status status)
 const nsa_host_api nsa_host = {
     .api_version = NSA_BACKEND_API_VERSION,
     .set_error = nsa_set_error,
+    .log = nsa_log,
+    .setting = nsa_setting,
 };

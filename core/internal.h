@@ -88,6 +88,14 @@ struct nsa_buffer {
     int64_t base;     /* its first byte's offset in root (nsa_buffer_wrap's offset) */
 };
 
+/* Settings and logging (core/settings.c); the host API hands both to backends. */
+NSA_INTERNAL void nsa_log(int level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+NSA_INTERNAL int nsa_setting(const char *name, char *buf, size_t size);
+
 /* Aliasing checks of nsa_forward (core/alias.c): the views of one call. */
 #define NSA_ALIAS_MAX 32
 typedef struct nsa_alias_view {

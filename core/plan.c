@@ -212,6 +212,8 @@ nsa_status (nsa_plan_create)(nsa_context *ctx, const nsa_config *cfg, const int6
     return nsa_plan_create_sized(ctx, cfg, NSA_CONFIG_SIZE_FIRST, cu_seqlens, batch, out);
 }
 
+static void log_plan(const nsa_plan *p);
+
 nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, size_t cfg_size,
                                  const int64_t *cu_seqlens, int64_t batch, nsa_plan **out)
 {
@@ -265,9 +267,31 @@ nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, siz
         p->prepared = 1;
     }
     ctx->live_plans++;
+    log_plan(p);
     nsa_clear_error();
     *out = p;
     return NSA_SUCCESS;
+}
+
+/* INFO: the plan's size, stages and workspace; DEBUG: each stage's kernel */
+static void log_plan(const nsa_plan *p)
+{
+    char stages[512];
+    size_t used = 0;
+    stages[0] = '\0';
+    for (int i = 0; i < p->num_stages; i++) {
+        int n = snprintf(stages + used, sizeof stages - used, "%s%s", i ? " " : "", nsa_stage_name(p->stages[i]));
+        if (n > 0 && (size_t)n < sizeof stages - used) used += (size_t)n;
+    }
+    nsa_log(NSA_LOG_INFO, "plan on %s: %lld tokens in %lld sequences, stages %s, workspace %zu bytes",
+            p->ctx->backend_name, (long long)p->bk.total_tokens, (long long)p->bk.batch, stages, p->ws.bytes);
+    for (int i = 0; i < p->num_stages && p->prepared && p->ctx->be->stage_kernel; i++) {
+        char k[128];
+        if (p->ctx->be->stage_kernel(p->ctx->bctx, &p->bk, p->stages[i], k, sizeof k) == NSA_SUCCESS) {
+            k[sizeof k - 1] = '\0';
+            nsa_log(NSA_LOG_DEBUG, "plan: stage %s runs %s", nsa_stage_name(p->stages[i]), k);
+        }
+    }
 }
 
 nsa_status nsa_plan_destroy(nsa_plan *plan)

@@ -108,19 +108,19 @@ static void load_module(nsa_registered *r, int *found)
     void *h = NULL;
     int exists = 0;
 
-    const char *env = getenv("NSA_BACKEND_PATH");
-    if (env && *env) {
+    char env[4096]; /* nsa_set_backend_path, else NSA_BACKEND_PATH */
+    if (nsa_setting(NSA_SETTING_BACKEND_PATH, env, sizeof env)) {
         char *copy = strdup(env);
         if (!copy) {
             r->load_status = NSA_ERR_OUT_OF_MEMORY;
-            snprintf(r->reason, sizeof r->reason, "out of memory while reading NSA_BACKEND_PATH");
+            snprintf(r->reason, sizeof r->reason, "out of memory while reading the backend path");
             return;
         }
         char *save = NULL;
         for (char *dir = strtok_r(copy, ":", &save); dir && !h && !exists; dir = strtok_r(NULL, ":", &save))
             h = try_open(dir, r->name, &exists, why, sizeof why);
         free(copy);
-        snprintf(searched, sizeof searched, "NSA_BACKEND_PATH=%s, ", env);
+        snprintf(searched, sizeof searched, "backend path %s, ", env);
     }
     char beside[2048];
     int have_beside = beside_library(beside, sizeof beside);
@@ -216,6 +216,8 @@ const nsa_registered *nsa_registry_get(const char *name, nsa_registered *scratch
                       strlen(name) > 40 ? "..." : "", why);
         return NULL;
     }
+    int log_level = -1;
+    char log_msg[NSA_REASON_MAX + 1200];
     pthread_mutex_lock(&lock);
     nsa_registered *r = NULL;
     for (int i = 0; i < num_entries; i++)
@@ -235,9 +237,21 @@ const nsa_registered *nsa_registry_get(const char *name, nsa_registered *scratch
         } else {
             int found = 0;
             load_module(scratch, &found);
+            /* logged once the lock is released (a log callback may call libnsa) */
+            if (scratch->load_status == NSA_SUCCESS) {
+                log_level = NSA_LOG_DEBUG;
+                snprintf(log_msg, sizeof log_msg, "backend %s: module loaded", name);
+            } else if (found) {
+                log_level = NSA_LOG_WARN;
+                snprintf(log_msg, sizeof log_msg, "backend %s: %s", name, scratch->reason);
+            } else {
+                log_level = NSA_LOG_DEBUG;
+                snprintf(log_msg, sizeof log_msg, "backend %s: %s (searched %s)", name, scratch->reason, search_path);
+            }
             if (!found && !is_known(name)) {
                 /* no such module anywhere: answered from scratch, not kept */
                 pthread_mutex_unlock(&lock);
+                nsa_log(log_level, "%s", log_msg);
                 return scratch;
             }
         }
@@ -250,6 +264,7 @@ const nsa_registered *nsa_registry_get(const char *name, nsa_registered *scratch
         }
     }
     pthread_mutex_unlock(&lock);
+    if (log_level >= 0) nsa_log(log_level, "%s", log_msg);
     return r;
 }
 
@@ -395,8 +410,10 @@ nsa_status nsa_registry_choose(const char *request, nsa_status (*use)(const nsa_
             if (first_failure == NSA_SUCCESS) first_failure = s;
             snprintf(why, sizeof why, "%s: %s", nsa_status_string(s), nsa_last_error());
             snprintf(only_message, sizeof only_message, "%s", nsa_last_error());
+            if (next) nsa_log(NSA_LOG_WARN, "backend %s passed over: %s", name, why);
         } else if (r) {
             snprintf(why, sizeof why, "%s", r->reason);
+            if (next) nsa_log(NSA_LOG_INFO, "backend %s not used: %s", name, why);
             if (r->load_status == NSA_ERR_VERSION_MISMATCH) mismatch = 1;
         }
         int k = snprintf(tried + used, sizeof tried - used, "%s%s: %s", used ? "; " : "", n ? name : "(empty)", why);

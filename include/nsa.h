@@ -377,6 +377,48 @@ NSA_API nsa_status nsa_forward_sized(nsa_plan *plan, const nsa_forward_args *arg
 NSA_API nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer *workspace);
 #define nsa_forward(plan, args, workspace) nsa_forward_sized((plan), (args), sizeof(nsa_forward_args), (workspace))
 
+/* ------------------------------------------------------------------ settings */
+
+/* Process-wide settings. Each has an environment variable as its default: a
+ * value set here wins, and NULL (0 for the thread count) goes back to the
+ * variable. Safe to call from any thread at any time; a setting takes effect
+ * for what is created after the call (a context's CPU threads, an OpenCL
+ * program's first build, a backend module's first load: modules already loaded
+ * stay loaded). Bad values return NSA_ERR_INVALID_VALUE and change nothing. */
+
+typedef enum nsa_log_level {
+    NSA_LOG_ERROR = 0, /* something failed and the library could not carry on as asked */
+    NSA_LOG_WARN = 1,  /* it carried on in a lesser way (a module there that would not load,
+                        * a listed backend whose context failed, so the next was tried, a
+                        * corrupt kernel cache entry rebuilt) */
+    NSA_LOG_INFO = 2,  /* what it chose (the backend and device of a context, listed backends
+                        * not used and why, a plan's stages and workspace, kernels built or
+                        * taken from the cache) */
+    NSA_LOG_DEBUG = 3  /* details (where modules were searched, each stage's kernel) */
+} nsa_log_level;
+typedef void (*nsa_log_fn)(nsa_log_level level, const char *message, void *user);
+
+/* Sends the library's messages up to max_level to fn(level, message, user), from
+ * whichever thread the library is working in (fn must be thread-safe; it may call
+ * libnsa). fn NULL: no callback; the environment variable NSA_LOG =
+ * error|warn|info|debug then prints messages up to that level to stderr (unset:
+ * nothing is printed). Messages never replace nsa_last_error(). */
+NSA_API nsa_status nsa_set_log(nsa_log_fn fn, nsa_log_level max_level, void *user);
+NSA_API const char *nsa_log_level_name(nsa_log_level level); /* "error" .. "debug" */
+
+/* The folder of run-time compiled kernels (OpenCL program binaries); "off"
+ * disables the cache. Default: NSA_CACHE_DIR, else $XDG_CACHE_HOME/libnsa, else
+ * ~/.cache/libnsa. At most 4095 characters; "" is refused. */
+NSA_API nsa_status nsa_set_cache_dir(const char *dir);
+
+/* Threads of the cpu backend's contexts, 1 .. 1024. Default (0): NSA_CPU_THREADS,
+ * else every online CPU. */
+NSA_API nsa_status nsa_set_cpu_threads(int threads);
+
+/* Colon list of folders searched for backend modules before the install folder
+ * and the folder nsa/ beside libnsa. Default: NSA_BACKEND_PATH. */
+NSA_API nsa_status nsa_set_backend_path(const char *dirs);
+
 /* ------------------------------------------------------------------ utilities */
 
 /* Converts n elements between f32, f16 and bf16 on the host (round to nearest even).

@@ -16,8 +16,8 @@
 #define CMD "nsa info"
 
 static const char *const env_vars[] = {"NSA_BACKEND",      "NSA_DEVICE",      "NSA_BACKEND_PATH",
-                                       "NSA_CACHE_DIR",    "NSA_CUDA_TARGET", "NSA_CUDA_FORCE",
-                                       "NSA_CUDA_PROFILE"};
+                                       "NSA_CACHE_DIR",    "NSA_CPU_THREADS", "NSA_LOG",
+                                       "NSA_CUDA_TARGET",  "NSA_CUDA_FORCE",  "NSA_CUDA_PROFILE"};
 #define NUM_ENV ((int)(sizeof env_vars / sizeof env_vars[0]))
 #define MAX_DEVICES 64
 
@@ -27,7 +27,7 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "usage: nsa info [--json] [--kernels [--T N] [--dqk N] [--dv N] [--hq N] [--hkv N]]\n\n"
             "Prints the library version, each backend libnsa knows of (available, or why\n"
             "not; where it was loaded from; its devices) and the environment variables\n"
-            "NSA_BACKEND, NSA_DEVICE, NSA_BACKEND_PATH, NSA_CACHE_DIR, NSA_CUDA_TARGET,\n"
+            "NSA_BACKEND, NSA_DEVICE, NSA_BACKEND_PATH, NSA_CACHE_DIR, NSA_CPU_THREADS, NSA_LOG, NSA_CUDA_TARGET,\n"
             "NSA_CUDA_FORCE, NSA_CUDA_PROFILE as currently set.\n\n"
             "--kernels: on device 0 of every available backend, plans one sequence of T\n"
             "tokens (default 65536) of the paper's configuration in bf16 (Hq 64, Hkv 4,\n"

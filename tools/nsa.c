@@ -34,7 +34,7 @@ static void usage(FILE *f)
             "\n"
             "environment: NSA_BACKEND (backend or comma list), NSA_DEVICE (index),\n"
             "             NSA_BACKEND_PATH (where backend modules are looked for first),\n"
-            "             NSA_CACHE_DIR (kernel caches)\n"
+            "             NSA_CACHE_DIR (kernel caches), NSA_LOG (error|warn|info|debug: messages on stderr)\n"
             "exit codes: 0 ok, 1 failure (check or libnsa error), 2 bad usage,\n"
             "            77 nothing could run (no listed backend available)\n",
             nsa_version_string());

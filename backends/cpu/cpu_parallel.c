@@ -18,7 +18,6 @@
 #include <unistd.h>
 #endif
 
-#define NSA_CPU_MAX_THREADS 1024
 
 nsa_status nsa_cpu_thread_count(int *threads)
 {
@@ -26,8 +25,8 @@ nsa_status nsa_cpu_thread_count(int *threads)
     *threads = 1;
     return NSA_SUCCESS;
 #else
-    const char *env = getenv("NSA_CPU_THREADS");
-    if (env && *env) {
+    char env[64]; /* nsa_set_cpu_threads, else NSA_CPU_THREADS */
+    if (nsa_cpu_host()->setting(NSA_SETTING_CPU_THREADS, env, sizeof env)) {
         char *end = NULL;
         errno = 0;
         long v = strtol(env, &end, 10);
@@ -35,11 +34,11 @@ nsa_status nsa_cpu_thread_count(int *threads)
             return nsa_cpu_host()->set_error(NSA_ERR_INVALID_VALUE,
                                              "cpu backend: NSA_CPU_THREADS='%s' is not a positive integer",
                                              env);
-        *threads = v > NSA_CPU_MAX_THREADS ? NSA_CPU_MAX_THREADS : (int)v;
+        *threads = v > NSA_CPU_THREADS_MAX ? NSA_CPU_THREADS_MAX : (int)v;
         return NSA_SUCCESS;
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    *threads = n < 1 ? 1 : n > NSA_CPU_MAX_THREADS ? NSA_CPU_MAX_THREADS : (int)n;
+    *threads = n < 1 ? 1 : n > NSA_CPU_THREADS_MAX ? NSA_CPU_THREADS_MAX : (int)n;
     return NSA_SUCCESS;
 #endif
 }

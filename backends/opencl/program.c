@@ -7,8 +7,9 @@
  * and for testing the failure path, e.g. "-DNSA_DTYPE=9"). Its cache key is a 128-bit hash of (source,
  * build options, device name, driver version, platform version); the binary lives in
  *     $NSA_CACHE_DIR/opencl-<key>.bin
- * with NSA_CACHE_DIR defaulting to $XDG_CACHE_HOME/libnsa, else ~/.cache/libnsa.
- * The cache is off when NSA_CACHE_DIR=off or NSA_OPENCL_NO_CACHE=1. Writes are atomic
+ * with the folder from nsa_set_cache_dir, else NSA_CACHE_DIR, else $XDG_CACHE_HOME/libnsa,
+ * else ~/.cache/libnsa.
+ * The cache is off when the folder is "off" or NSA_OPENCL_NO_CACHE=1. Writes are atomic
  * (a temporary file in the same folder, then rename), so concurrent processes never
  * read half a file. Each file carries its payload's size and 128-bit hash, and is read
  * only if it is a regular file (opened without blocking) whose size and hash match:
@@ -95,11 +96,12 @@ static int cache_dir(char *dir, size_t size)
 {
     const char *off = getenv("NSA_OPENCL_NO_CACHE");
     if (off && *off && strcmp(off, "0") != 0) return 0;
-    const char *d = getenv("NSA_CACHE_DIR");
+    char set[4096]; /* nsa_set_cache_dir, else NSA_CACHE_DIR */
+    const char *d;
     int n;
-    if (d && *d) {
-        if (strcmp(d, "off") == 0) return 0;
-        n = snprintf(dir, size, "%s", d);
+    if (ocl_host->setting(NSA_SETTING_CACHE_DIR, set, sizeof set)) {
+        if (strcmp(set, "off") == 0) return 0;
+        n = snprintf(dir, size, "%s", set);
     } else if ((d = getenv("XDG_CACHE_HOME")) && *d) {
         n = snprintf(dir, size, "%s/libnsa", d);
     } else if ((d = getenv("HOME")) && *d) {
@@ -264,6 +266,7 @@ void ocl_program_release(ocl_program *p)
 
 nsa_status ocl_program_get(ocl_context *c, nsa_dtype dtype, ocl_program **out)
 {
+    static const char *const dtype_names[] = {"f32", "f16", "bf16"};
     if ((int)dtype < 0 || dtype > NSA_DTYPE_BF16)
         return OCL_ERR(NSA_ERR_INVALID_DTYPE, "opencl: no kernels for dtype %d", (int)dtype);
     ocl_program *p = &c->programs[dtype];
@@ -282,12 +285,20 @@ nsa_status ocl_program_get(ocl_context *c, nsa_dtype dtype, ocl_program **out)
         cache_key(c, options, key);
         snprintf(path, sizeof path, "%s/opencl-%s.bin", dir, key);
         size_t size = 0;
+        struct stat sb;
+        const int present = lstat(path, &sb) == 0;
         unsigned char *bin = cache_read(path, &size);
         if (bin) {
             p->program = build_from_binary(c, bin, size, options);
             p->from_cache = p->program != NULL;
             free(bin);
         }
+        if (p->from_cache)
+            ocl_host->log(NSA_LOG_INFO, "opencl: %s kernels for %s from the cache (%s)", dtype_names[dtype],
+                          c->device_name, path);
+        else if (present)
+            ocl_host->log(NSA_LOG_WARN, "opencl: cache entry %s is unreadable, corrupt or refused by the driver: "
+                          "rebuilding it", path);
     }
     if (!p->program) {
         cl_int err;
@@ -304,6 +315,8 @@ nsa_status ocl_program_get(ocl_context *c, nsa_dtype dtype, ocl_program **out)
             ocl_program_release(p);
             return s;
         }
+        ocl_host->log(NSA_LOG_INFO, "opencl: %s kernels for %s built from source%s%s", dtype_names[dtype],
+                      c->device_name, use_cache ? ", cached at " : " (cache off)", use_cache ? path : "");
         if (use_cache) {
             size_t size = 0;
             unsigned char *bin = program_binary(c, p->program, &size);
