@@ -51,6 +51,7 @@ enum ocl_kernel_id {
     OCL_K_SLC_ATTN_V2,
     OCL_K_WIN_ATTN_V2,
     OCL_K_BLOCK_SCORES_V2,
+    OCL_K_SCORES_TOPN,
     OCL_K_COUNT
 };
 
@@ -91,6 +92,8 @@ typedef struct ocl_plan {
     int scores_v2;       /* 1: block_scores_v2 (rows scored once, tiles in local memory) */
     size_t wg_scores_v2;
     int64_t kt_scores, jc_scores; /* its row tile and chunk of selection blocks */
+    size_t wg_fused;              /* scores_topn (the fused SCORES_TOPN) */
+    int64_t kt_fused, jc_fused;
     /* LINEAR compression scratch (NULL otherwise), f32 */
     cl_mem stage_x;   /* [Hkv, T, maxD] head-major copy of k or v */
     cl_mem stage_w;   /* [Hkv, l, maxD, maxD] */

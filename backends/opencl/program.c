@@ -48,6 +48,7 @@ static const char *const kernel_names[OCL_K_COUNT] = {
     [OCL_K_SLC_ATTN_V2] = "slc_attn_v2",
     [OCL_K_WIN_ATTN_V2] = "win_attn_v2",
     [OCL_K_BLOCK_SCORES_V2] = "block_scores_v2",
+    [OCL_K_SCORES_TOPN] = "scores_topn",
 };
 
 /* A cache file: this magic, the payload's size (uint64), its 128-bit hash (two

@@ -10,6 +10,9 @@
  *   BLOCK_SCORES  one work-group per (t, g) (T * Hkv groups); v1: lane per block j;
  *                 v2: rows scored once by all lanes, tiles in local memory
  *   SELECT_TOPN   one work-group per (t, g)
+ *   SCORES_TOPN   (fused; the default where the v2 tile fits) one work-group per (t, g):
+ *                 BLOCK_SCORES v2's chunks ranked as they are made, no scores row in the
+ *                 workspace; NSA_OPENCL_NO_FUSED=1 refuses it (the plain stages run)
  *   SLC_ATTN      as CMP_ATTN (v1 or v2)
  *   WIN_ATTN      as CMP_ATTN (v1 or v2)
  *   COMBINE       element-wise over T * Hq * Dv
@@ -193,22 +196,51 @@ static size_t scores_v2_local_bytes(const nsa_config *cfg, size_t kt, size_t jc)
     return 4 * (G * Dqk + G + kt * (Dqk + 1) + G * kt + pc);
 }
 
-static void choose_scores_v2(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
+/* The row tile kt and chunk jc of block_scores_v2 (fused: scores_topn, which
+ * also keeps a chunk's jc scores and n candidates) that fit the device's local
+ * memory; 0 when none does. */
+static size_t scores_tile_bytes(const nsa_config *cfg, size_t kt, size_t jc, int fused)
 {
-    op->scores_v2 = 0;
+    return scores_v2_local_bytes(cfg, kt, jc) + (fused ? 4 * jc + 8 * (size_t)cfg->num_selected : 0);
+}
+static int scores_tile(const ocl_context *c, const nsa_config *cfg, int fused, size_t *kt_out, size_t *jc_out)
+{
     const char *env = getenv("NSA_OPENCL_KERNELS");
-    if (env && strcmp(env, "v1") == 0) return;
-    const size_t lim = kernel_limit(c, op->prog, OCL_K_BLOCK_SCORES_V2);
+    if (env && strcmp(env, "v1") == 0) return 0;
     size_t kt = 32, jc = 64;
-    while (scores_v2_local_bytes(cfg, kt, jc) > c->local_mem && (kt > 1 || jc > 1)) {
+    while (scores_tile_bytes(cfg, kt, jc, fused) > c->local_mem && (kt > 1 || jc > 1)) {
         if (kt > 4 || jc == 1) kt = kt > 1 ? kt / 2 : 1;
         else jc /= 2;
     }
-    if (scores_v2_local_bytes(cfg, kt, jc) > c->local_mem) return;
-    op->scores_v2 = 1;
-    op->wg_scores_v2 = floor_pow2(lim < 256 ? lim : 256);
-    op->kt_scores = (int64_t)kt;
-    op->jc_scores = (int64_t)jc;
+    if (scores_tile_bytes(cfg, kt, jc, fused) > c->local_mem) return 0;
+    *kt_out = kt;
+    *jc_out = jc;
+    return 1;
+}
+
+/* NSA_OPENCL_NO_FUSED=1: refuse SCORES_TOPN, so plans take BLOCK_SCORES + SELECT_TOPN (testing both) */
+static int fused_off(void)
+{
+    const char *e = getenv("NSA_OPENCL_NO_FUSED");
+    return e && strcmp(e, "1") == 0;
+}
+
+static void choose_scores_v2(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
+{
+    size_t kt, jc;
+    op->scores_v2 = scores_tile(c, cfg, 0, &kt, &jc);
+    if (op->scores_v2) {
+        const size_t lim = kernel_limit(c, op->prog, OCL_K_BLOCK_SCORES_V2);
+        op->wg_scores_v2 = floor_pow2(lim < 256 ? lim : 256);
+        op->kt_scores = (int64_t)kt;
+        op->jc_scores = (int64_t)jc;
+    }
+    if (cfg->num_selected > 0 && !fused_off() && scores_tile(c, cfg, 1, &kt, &jc)) {
+        const size_t lim = kernel_limit(c, op->prog, OCL_K_SCORES_TOPN);
+        op->wg_fused = floor_pow2(lim < 256 ? lim : 256);
+        op->kt_fused = (int64_t)kt;
+        op->jc_fused = (int64_t)jc;
+    }
 }
 
 int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
@@ -226,8 +258,12 @@ int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
         return attn_wg(c, NULL, cfg) > 0;
     case NSA_STAGE_BLOCK_SCORES:
         return scores_local_bytes(cfg, 0) <= c->local_mem;
+    case NSA_STAGE_SCORES_TOPN: {
+        size_t kt, jc;
+        return !fused_off() && scores_tile(c, cfg, 1, &kt, &jc);
+    }
     default:
-        return 0; /* SCORES_TOPN: not fused in this version */
+        return 0;
     }
 }
 
@@ -464,6 +500,46 @@ static nsa_status run_block_scores(ocl_context *c, ocl_plan *op, const nsa_bk_ar
     return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_scores, 1);
 }
 
+/* SCORES_TOPN: block_scores_v2's chunks merged into a ranked list per (t, g), no scores row */
+static nsa_status run_scores_topn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    if (op->wg_fused == 0)
+        return OCL_ERR(NSA_ERR_INTERNAL, "opencl: scores_topn planned for a config whose tile does not fit");
+    const size_t kt = (size_t)op->kt_fused, jc = (size_t)op->jc_fused;
+    const int64_t pc = (int64_t)((jc * (size_t)cfg->slc_block + (size_t)cfg->cmp_block) / (size_t)cfg->cmp_stride + 2);
+    ocl_args a;
+    ocl_args_begin(&a, op->prog->kernel[OCL_K_SCORES_TOPN], "scores_topn");
+    ocl_arg_tensor(&a, &args->q, dtype_size(cfg->dtype), 1);
+    ocl_arg_tensor(&a, &args->kc, 4, 1);
+    ocl_arg_tensor(&a, &args->lse[NSA_BRANCH_CMP], 4, 1);
+    ocl_arg_tensor(&a, &args->indices, 4, 1);
+    ocl_arg_mem(&a, tb->mem);
+    ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->cu_cmp);
+    ocl_arg_long(&a, tb->tok_seq);
+    ocl_arg_long(&a, cfg->num_q_heads);
+    ocl_arg_long(&a, cfg->num_kv_heads);
+    ocl_arg_long(&a, cfg->head_dim_qk);
+    ocl_arg_long(&a, cfg->cmp_block);
+    ocl_arg_long(&a, cfg->cmp_stride);
+    ocl_arg_long(&a, cfg->slc_block);
+    ocl_arg_float(&a, cfg->scale);
+    ocl_arg_long(&a, cfg->num_selected);
+    ocl_arg_long(&a, cfg->num_init);
+    ocl_arg_long(&a, cfg->num_local);
+    const cl_uint first = a.next;
+    ocl_arg_long(&a, 0);
+    ocl_arg_long(&a, (int64_t)kt);
+    ocl_arg_long(&a, (int64_t)jc);
+    ocl_arg_long(&a, pc);
+    ocl_arg_local(&a, scores_tile_bytes(cfg, kt, jc, 1));
+    nsa_status s = ocl_args_end(&a);
+    if (s != NSA_SUCCESS) return s;
+    return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_fused, 1);
+}
+
 static nsa_status run_select_topn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
 {
     const nsa_bk_plan *plan = args->plan;
@@ -598,6 +674,7 @@ static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const
     case NSA_STAGE_CMP_ATTN: return run_cmp_attn(c, op, args, &tb);
     case NSA_STAGE_BLOCK_SCORES: return run_block_scores(c, op, args, &tb);
     case NSA_STAGE_SELECT_TOPN: return run_select_topn(c, op, args, &tb);
+    case NSA_STAGE_SCORES_TOPN: return run_scores_topn(c, op, args, &tb);
     case NSA_STAGE_SLC_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_SLC);
     case NSA_STAGE_WIN_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_WIN);
     case NSA_STAGE_COMBINE: return run_combine(c, op, args);
