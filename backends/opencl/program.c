@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "opencl_internal.h"
@@ -310,14 +311,18 @@ nsa_status ocl_program_get(ocl_context *c, nsa_dtype dtype, ocl_program **out)
             p->program = NULL;
             return ocl_fail(err, "clCreateProgramWithSource");
         }
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         err = clBuildProgram(p->program, 1, &c->device, options, NULL, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double build_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
         if (err != CL_SUCCESS) {
             nsa_status s = build_failed(c, p->program, err, options);
             ocl_program_release(p);
             return s;
         }
-        ocl_host->log(NSA_LOG_INFO, "opencl: %s kernels for %s built from source%s%s", dtype_names[dtype],
-                      c->device_name, use_cache ? ", cached at " : " (cache off)", use_cache ? path : "");
+        ocl_host->log(NSA_LOG_INFO, "opencl: %s kernels for %s built from source in %.0f ms%s%s", dtype_names[dtype],
+                      c->device_name, build_ms, use_cache ? ", cached at " : " (cache off)", use_cache ? path : "");
         if (use_cache) {
             size_t size = 0;
             unsigned char *bin = program_binary(c, p->program, &size);
