@@ -458,6 +458,28 @@ static nsa_status run_cmp_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *
     return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);
 }
 
+/* The arguments block_scores, block_scores_v2 and scores_topn share: q, kc, lse_cmp,
+ * their output (scores or indices), the tables and the shape. */
+static void scores_args(ocl_args *a, const nsa_bk_args *args, const nsa_bk_tensor *out, const tables *tb)
+{
+    const nsa_config *cfg = &args->plan->cfg;
+    ocl_arg_tensor(a, &args->q, dtype_size(cfg->dtype), 1);
+    ocl_arg_tensor(a, &args->kc, 4, 1);
+    ocl_arg_tensor(a, &args->lse[NSA_BRANCH_CMP], 4, 1);
+    ocl_arg_tensor(a, out, 4, 1);
+    ocl_arg_mem(a, tb->mem);
+    ocl_arg_long(a, tb->cu_seq);
+    ocl_arg_long(a, tb->cu_cmp);
+    ocl_arg_long(a, tb->tok_seq);
+    ocl_arg_long(a, cfg->num_q_heads);
+    ocl_arg_long(a, cfg->num_kv_heads);
+    ocl_arg_long(a, cfg->head_dim_qk);
+    ocl_arg_long(a, cfg->cmp_block);
+    ocl_arg_long(a, cfg->cmp_stride);
+    ocl_arg_long(a, cfg->slc_block);
+    ocl_arg_float(a, cfg->scale);
+}
+
 static nsa_status run_block_scores(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
 {
     const nsa_bk_plan *plan = args->plan;
@@ -467,21 +489,7 @@ static nsa_status run_block_scores(ocl_context *c, ocl_plan *op, const nsa_bk_ar
     ocl_args a;
     ocl_args_begin(&a, op->prog->kernel[v2 ? OCL_K_BLOCK_SCORES_V2 : OCL_K_BLOCK_SCORES],
                    v2 ? "block_scores_v2" : "block_scores");
-    ocl_arg_tensor(&a, &args->q, dtype_size(cfg->dtype), 1);
-    ocl_arg_tensor(&a, &args->kc, 4, 1);
-    ocl_arg_tensor(&a, &args->lse[NSA_BRANCH_CMP], 4, 1);
-    ocl_arg_tensor(&a, &args->scores, 4, 1);
-    ocl_arg_mem(&a, tb->mem);
-    ocl_arg_long(&a, tb->cu_seq);
-    ocl_arg_long(&a, tb->cu_cmp);
-    ocl_arg_long(&a, tb->tok_seq);
-    ocl_arg_long(&a, cfg->num_q_heads);
-    ocl_arg_long(&a, cfg->num_kv_heads);
-    ocl_arg_long(&a, cfg->head_dim_qk);
-    ocl_arg_long(&a, cfg->cmp_block);
-    ocl_arg_long(&a, cfg->cmp_stride);
-    ocl_arg_long(&a, cfg->slc_block);
-    ocl_arg_float(&a, cfg->scale);
+    scores_args(&a, args, &args->scores, tb);
     const cl_uint first = a.next;
     ocl_arg_long(&a, 0);
     if (v2) {
@@ -511,21 +519,7 @@ static nsa_status run_scores_topn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     const int64_t pc = (int64_t)((jc * (size_t)cfg->slc_block + (size_t)cfg->cmp_block) / (size_t)cfg->cmp_stride + 2);
     ocl_args a;
     ocl_args_begin(&a, op->prog->kernel[OCL_K_SCORES_TOPN], "scores_topn");
-    ocl_arg_tensor(&a, &args->q, dtype_size(cfg->dtype), 1);
-    ocl_arg_tensor(&a, &args->kc, 4, 1);
-    ocl_arg_tensor(&a, &args->lse[NSA_BRANCH_CMP], 4, 1);
-    ocl_arg_tensor(&a, &args->indices, 4, 1);
-    ocl_arg_mem(&a, tb->mem);
-    ocl_arg_long(&a, tb->cu_seq);
-    ocl_arg_long(&a, tb->cu_cmp);
-    ocl_arg_long(&a, tb->tok_seq);
-    ocl_arg_long(&a, cfg->num_q_heads);
-    ocl_arg_long(&a, cfg->num_kv_heads);
-    ocl_arg_long(&a, cfg->head_dim_qk);
-    ocl_arg_long(&a, cfg->cmp_block);
-    ocl_arg_long(&a, cfg->cmp_stride);
-    ocl_arg_long(&a, cfg->slc_block);
-    ocl_arg_float(&a, cfg->scale);
+    scores_args(&a, args, &args->indices, tb);
     ocl_arg_long(&a, cfg->num_selected);
     ocl_arg_long(&a, cfg->num_init);
     ocl_arg_long(&a, cfg->num_local);

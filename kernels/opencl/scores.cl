@@ -284,12 +284,6 @@ __kernel void scores_topn(const __global nsa_t *q, long q_off, long q_st, long q
         for (long j = 0; j < f1; ++j) idx[orow + k++] = (int)j;
         for (long j = f2; j <= jmax; ++j) idx[orow + k++] = (int)j;
         for (long c = 0; c < m; ++c) idx[orow + k++] = cand_j[c];
-        for (long a = 1; a < k; ++a) { /* insertion sort, ascending */
-            const int x = idx[orow + a];
-            long c = a - 1;
-            while (c >= 0 && idx[orow + c] > x) { idx[orow + c + 1] = idx[orow + c]; --c; }
-            idx[orow + c + 1] = x;
-        }
-        for (long a = k; a < n; ++a) idx[orow + a] = -1;
+        topn_finish_row(idx, orow, k, n);
     }
 }

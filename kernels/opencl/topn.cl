@@ -13,6 +13,19 @@
  * and the lanes' bests meet in a fixed-order tree (deterministic). Lane 0 writes the
  * forced blocks and the winners into the output row and sorts it at the end.
  */
+/* The end of a selection row (lane 0): its first k entries sorted ascending, the
+ * rest of the n slots -1 (scores_topn in scores.cl ends the same way). */
+inline void topn_finish_row(__global int *idx, long orow, long k, long n)
+{
+    for (long a = 1; a < k; ++a) { /* insertion sort, ascending */
+        const int x = idx[orow + a];
+        long c = a - 1;
+        while (c >= 0 && idx[orow + c] > x) { idx[orow + c + 1] = idx[orow + c]; --c; }
+        idx[orow + c + 1] = x;
+    }
+    for (long a = k; a < n; ++a) idx[orow + a] = -1;
+}
+
 inline int topn_better(float sa, int ja, float sb, int jb)
 {
     if (ja < 0) return 0;
@@ -74,13 +87,5 @@ __kernel void select_topn(const __global float *sc, long sc_off, long sc_st, lon
         if (lid == 0) idx[orow + k] = pj;
     }
 
-    if (lid == 0) {
-        for (long a = 1; a < k; ++a) { /* insertion sort, ascending */
-            const int x = idx[orow + a];
-            long c = a - 1;
-            while (c >= 0 && idx[orow + c] > x) { idx[orow + c + 1] = idx[orow + c]; --c; }
-            idx[orow + c + 1] = x;
-        }
-        for (long a = k; a < n; ++a) idx[orow + a] = -1;
-    }
+    if (lid == 0) topn_finish_row(idx, orow, k, n);
 }
