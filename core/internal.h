@@ -95,6 +95,8 @@ NSA_INTERNAL void nsa_log(int level, const char *fmt, ...)
 #endif
     ;
 NSA_INTERNAL int nsa_setting(const char *name, char *buf, size_t size);
+/* Would a message at level reach anyone? (to skip building one that would not) */
+NSA_INTERNAL int nsa_log_enabled(int level);
 
 /* Aliasing checks of nsa_forward (core/alias.c): the views of one call. */
 #define NSA_ALIAS_MAX 32

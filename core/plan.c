@@ -214,6 +214,17 @@ nsa_status (nsa_plan_create)(nsa_context *ctx, const nsa_config *cfg, const int6
 
 static void log_plan(const nsa_plan *p);
 
+/* The plan's stage names, space-separated (nsa_plan_info.stages, the log) */
+static void stage_list(const nsa_plan *p, char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < p->num_stages; i++) {
+        int n = snprintf(buf + used, size - used, "%s%s", i ? " " : "", nsa_stage_name(p->stages[i]));
+        if (n > 0 && (size_t)n < size - used) used += (size_t)n;
+    }
+}
+
 nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, size_t cfg_size,
                                  const int64_t *cu_seqlens, int64_t batch, nsa_plan **out)
 {
@@ -276,16 +287,13 @@ nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, siz
 /* INFO: the plan's size, stages and workspace; DEBUG: each stage's kernel */
 static void log_plan(const nsa_plan *p)
 {
-    char stages[512];
-    size_t used = 0;
-    stages[0] = '\0';
-    for (int i = 0; i < p->num_stages; i++) {
-        int n = snprintf(stages + used, sizeof stages - used, "%s%s", i ? " " : "", nsa_stage_name(p->stages[i]));
-        if (n > 0 && (size_t)n < sizeof stages - used) used += (size_t)n;
-    }
+    if (!nsa_log_enabled(NSA_LOG_INFO)) return;
+    char stages[sizeof ((nsa_plan_info *)0)->stages];
+    stage_list(p, stages, sizeof stages);
     nsa_log(NSA_LOG_INFO, "plan on %s: %lld tokens in %lld sequences, stages %s, workspace %zu bytes",
             p->ctx->backend_name, (long long)p->bk.total_tokens, (long long)p->bk.batch, stages, p->ws.bytes);
-    for (int i = 0; i < p->num_stages && p->prepared && p->ctx->be->stage_kernel; i++) {
+    for (int i = 0; i < p->num_stages && p->prepared && p->ctx->be->stage_kernel && nsa_log_enabled(NSA_LOG_DEBUG);
+         i++) {
         char k[128];
         if (p->ctx->be->stage_kernel(p->ctx->bctx, &p->bk, p->stages[i], k, sizeof k) == NSA_SUCCESS) {
             k[sizeof k - 1] = '\0';
@@ -322,12 +330,7 @@ nsa_status nsa_plan_get_info_sized(const nsa_plan *plan, nsa_plan_info *out, siz
     info->max_slc_blocks = plan->bk.max_ns;
     info->workspace_bytes = plan->ws.bytes;
     info->num_stages = plan->num_stages;
-    size_t used = 0;
-    for (int i = 0; i < plan->num_stages; i++) {
-        int n = snprintf(info->stages + used, sizeof info->stages - used, "%s%s", i ? " " : "",
-                         nsa_stage_name(plan->stages[i]));
-        if (n > 0 && (size_t)n < sizeof info->stages - used) used += (size_t)n;
-    }
+    stage_list(plan, info->stages, sizeof info->stages);
     return nsa_struct_out(out, info_size, NSA_PLAN_INFO_SIZE_FIRST, info, sizeof *info, "nsa_plan_get_info", "info");
 }
 

@@ -90,14 +90,29 @@ static int env_log_level(void)
     return NSA_LOG_WARN; /* a value we do not know still asks for something */
 }
 
-void nsa_log(int level, const char *fmt, ...)
+/* the callback and the level messages reach (-1: none) */
+static int log_target(nsa_log_fn *fn, void **user)
 {
     pthread_mutex_lock(&mu);
-    nsa_log_fn fn = s_log_fn;
-    void *user = s_log_user;
+    *fn = s_log_fn;
+    *user = s_log_user;
     int max = s_log_level;
     pthread_mutex_unlock(&mu);
-    if (!fn) max = env_log_level();
+    return *fn ? max : env_log_level();
+}
+
+int nsa_log_enabled(int level)
+{
+    nsa_log_fn fn;
+    void *user;
+    return level >= NSA_LOG_ERROR && level <= log_target(&fn, &user);
+}
+
+void nsa_log(int level, const char *fmt, ...)
+{
+    nsa_log_fn fn;
+    void *user;
+    const int max = log_target(&fn, &user);
     if (level < NSA_LOG_ERROR || level > max) return;
     char msg[1024];
     va_list ap;

@@ -131,10 +131,12 @@ static int make_dirs(const char *path)
 /* The payload of the cache file at path, or NULL: absent, not a regular file
  * (opened without blocking, so a FIFO cannot hang us), wrong magic, a size that
  * is not the file's, or a payload whose hash differs. The caller then builds
- * from source and replaces the file (cache_write: a new file renamed over it). */
-static unsigned char *cache_read(const char *path, size_t *size)
+ * from source and replaces the file (cache_write: a new file renamed over it).
+ * *present: whether anything is at path. */
+static unsigned char *cache_read(const char *path, size_t *size, int *present)
 {
     const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    *present = fd >= 0 || errno != ENOENT; /* something is there, readable or not */
     if (fd < 0) return NULL;
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 32 || sb.st_size > ((off_t)1 << 31)) {
@@ -287,9 +289,8 @@ nsa_status ocl_program_get(ocl_context *c, nsa_dtype dtype, ocl_program **out)
         cache_key(c, options, key);
         snprintf(path, sizeof path, "%s/opencl-%s.bin", dir, key);
         size_t size = 0;
-        struct stat sb;
-        const int present = lstat(path, &sb) == 0;
-        unsigned char *bin = cache_read(path, &size);
+        int present = 0;
+        unsigned char *bin = cache_read(path, &size, &present);
         if (bin) {
             p->program = build_from_binary(c, bin, size, options);
             p->from_cache = p->program != NULL;
