@@ -26,7 +26,7 @@ extern "C" {
 
 /* Bumped whenever any struct or function below changes. The loader refuses a
  * module whose nsa_backend_api_version differs (NSA_ERR_VERSION_MISMATCH). */
-#define NSA_BACKEND_API_VERSION 4
+#define NSA_BACKEND_API_VERSION 5
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -61,7 +61,26 @@ typedef enum nsa_stage {
     /* fused BLOCK_SCORES + SELECT_TOPN: reads q, kc, lse[CMP]; writes indices;
      * no scores buffer exists. */
     NSA_STAGE_SCORES_TOPN = 7,
-    NSA_STAGE_COUNT = 8
+    /* Backward stages (section 9), run in this order after COMPRESS (which
+     * recomputes kc, vc as the forward did). Every *_acc tensor is f32 workspace
+     * that the core zero-fills before the first of them; each stage ADDS its
+     * part, so branches that share an accumulator (one dk for several branches)
+     * sum in stage order. delta is scratch of the stage that uses it. */
+    /* reads q, kc, vc, lse[CMP], gate[CMP], dout; adds to dq_acc, dkc_acc,
+     * dvc_acc; writes dgate[CMP] if given (uses delta) */
+    NSA_STAGE_BWD_CMP_ATTN = 8,
+    /* reads dkc_acc, dvc_acc, (LINEAR) k[CMP], v[CMP], w_k, w_v, pe_k, pe_v;
+     * adds to dk_acc[CMP], dv_acc[CMP] and (LINEAR) dw_k_acc ... dpe_v_acc, each
+     * only if given. EXTERNAL: nothing to do (dkc_acc is the result). */
+    NSA_STAGE_BWD_COMPRESS = 9,
+    /* reads q, k[SLC], v[SLC], indices, lse[SLC], gate[SLC], dout; adds to
+     * dq_acc, dk_acc[SLC], dv_acc[SLC]; writes dgate[SLC] if given */
+    NSA_STAGE_BWD_SLC_ATTN = 10,
+    /* the same for the window branch */
+    NSA_STAGE_BWD_WIN_ATTN = 11,
+    /* converts each store[i].acc (f32) to store[i].out (cfg dtype) */
+    NSA_STAGE_BWD_STORE = 12,
+    NSA_STAGE_COUNT = 13
 } nsa_stage;
 
 /* Stage name for messages and plan info ("cmp_attn"). Inline, so that modules
@@ -77,6 +96,11 @@ static inline const char *nsa_stage_name(nsa_stage stage)
     case NSA_STAGE_WIN_ATTN: return "win_attn";
     case NSA_STAGE_COMBINE: return "combine";
     case NSA_STAGE_SCORES_TOPN: return "scores_topn";
+    case NSA_STAGE_BWD_CMP_ATTN: return "bwd_cmp_attn";
+    case NSA_STAGE_BWD_COMPRESS: return "bwd_compress";
+    case NSA_STAGE_BWD_SLC_ATTN: return "bwd_slc_attn";
+    case NSA_STAGE_BWD_WIN_ATTN: return "bwd_win_attn";
+    case NSA_STAGE_BWD_STORE: return "bwd_store";
     case NSA_STAGE_COUNT: break;
     }
     return "unknown";
@@ -137,6 +161,22 @@ typedef struct nsa_bk_args {
     nsa_bk_tensor scores;      /* f32 [T, Hkv, max_ns], dense (workspace) */
     nsa_bk_tensor indices;     /* i32 [T, Hkv, n] */
     nsa_bk_tensor o;           /* [T, Hq, Dv] cfg dtype */
+
+    /* backward stages only (NULL buf: not wanted) */
+    nsa_bk_tensor dout;        /* [T, Hq, Dv] cfg dtype */
+    nsa_bk_tensor dq_acc;      /* f32 [T, Hq, Dqk] */
+    nsa_bk_tensor dk_acc[3], dv_acc[3]; /* f32 [T, Hkv, D]; two branches may share one
+                                * (same buf and offset): the sum is wanted */
+    nsa_bk_tensor dkc_acc, dvc_acc; /* f32 [total_cmp, Hkv, D] (always given with cmp) */
+    nsa_bk_tensor dw_k_acc, dw_v_acc;   /* f32 [Hkv, l, D * D], dense */
+    nsa_bk_tensor dpe_k_acc, dpe_v_acc; /* f32 [Hkv, l, D], dense */
+    nsa_bk_tensor delta;       /* f32 [T, Hq] scratch */
+    nsa_bk_tensor dgate[3];    /* f32 [T, Hq] outputs */
+    int num_store;             /* BWD_STORE: out = acc, rows x heads x dim elements */
+    struct nsa_bk_store {
+        nsa_bk_tensor acc, out;
+        int64_t rows, heads, dim;
+    } store[12];
 } nsa_bk_args;
 
 /* Services the core offers a backend (passed to the module's entry). */

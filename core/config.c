@@ -88,6 +88,9 @@ nsa_status nsa_config_check(const nsa_config *c, const char *what)
         return nsa_set_error(NSA_ERR_INVALID_CONFIG,
                              "%s: cfg->cmp_block = %lld exceeds cfg->slc_block = %lld (l <= l_s is required)",
                              what, (long long)c->cmp_block, (long long)c->slc_block);
+    if (c->flags & ~NSA_CONFIG_TRAINING)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "%s: cfg->flags = 0x%llx has unknown bits (known: "
+                             "NSA_CONFIG_TRAINING = 0x1)", what, (unsigned long long)c->flags);
     if (c->num_selected > 0 && c->num_selected < c->num_init + c->num_local)
         return nsa_set_error(NSA_ERR_INVALID_CONFIG,
                              "%s: cfg->num_selected = %lld is less than cfg->num_init + cfg->num_local = %lld + %lld "

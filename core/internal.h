@@ -7,6 +7,7 @@
 #define NSA_CORE_INTERNAL_H
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -29,10 +30,11 @@ NSA_INTERNAL extern const nsa_host_api nsa_host;
  * The first layouts, as version 0.1 defined them: a caller's struct smaller
  * than these is refused. While no field has been added since, they are the
  * structs' sizes; the first added field freezes them at today's values. */
-#define NSA_CONFIG_SIZE_FIRST sizeof(nsa_config)
+#define NSA_CONFIG_SIZE_FIRST offsetof(nsa_config, flags) /* flags: added in 0.3 */
 #define NSA_FORWARD_ARGS_SIZE_FIRST sizeof(nsa_forward_args)
 #define NSA_PLAN_INFO_SIZE_FIRST sizeof(nsa_plan_info)
 #define NSA_BACKEND_INFO_SIZE_FIRST sizeof(nsa_backend_info)
+#define NSA_BACKWARD_ARGS_SIZE_FIRST sizeof(nsa_backward_args) /* added in 0.3 */
 /* A struct the caller passes in: size bytes at src (size >= first; any bytes
  * past the library's known size must be zero) over dst, which holds the
  * defaults of the fields the caller may not know. fn and arg name the call and
@@ -99,7 +101,7 @@ NSA_INTERNAL int nsa_setting(const char *name, char *buf, size_t size);
 NSA_INTERNAL int nsa_log_enabled(int level);
 
 /* Aliasing checks of nsa_forward (core/alias.c): the views of one call. */
-#define NSA_ALIAS_MAX 32
+#define NSA_ALIAS_MAX 48
 typedef struct nsa_alias_view {
     char name[32];
     const void *root;
@@ -130,6 +132,9 @@ NSA_INTERNAL void nsa_buffer_release(nsa_buffer *buf);
 /* Workspace layout: byte offsets into the workspace buffer (-1: not used). */
 typedef struct nsa_ws_layout {
     int64_t kc, vc, lse_cmp, scores, indices, o_b[3];
+    /* training plans: the backward's f32 accumulators lie in [acc_begin, acc_end) */
+    int64_t acc_begin, acc_end;
+    int64_t dq_acc, dk_acc[3], dv_acc[3], dkc_acc, dvc_acc, dw_k_acc, dw_v_acc, dpe_k_acc, dpe_v_acc, delta;
     size_t bytes;
 } nsa_ws_layout;
 
@@ -147,8 +152,31 @@ struct nsa_plan {
     nsa_ws_layout ws;
     int num_stages;
     nsa_stage stages[NSA_MAX_STAGES];
+    int num_bwd_stages;        /* training plans; 0 otherwise */
+    nsa_stage bwd_stages[NSA_MAX_STAGES];
     int prepared;              /* backend plan_prepare succeeded */
 };
+
+/* ---- tensor checks (tensor.c), shared by nsa_forward and nsa_backward */
+NSA_INTERNAL extern const char *const nsa_branch_name[3]; /* "cmp", "slc", "win" */
+/* A [rows, heads, dim] view (dim contiguous) as a call expects it. */
+typedef struct nsa_tspec {
+    const char *name;  /* "args->q" */
+    int64_t rows, heads, dim;
+    nsa_dtype dtype;
+    int required;
+    int output;        /* outputs must not overlap themselves */
+    int contiguous;    /* strides ignored: rows*heads*dim dense elements */
+} nsa_tspec;
+/* Checks a caller's tensor t against sp and converts it to *out (zeroed and
+ * absent when t has no buffer and is not required); fn names the call. */
+NSA_INTERNAL nsa_status nsa_check_tensor(const nsa_plan *p, const char *fn, const nsa_tensor *t,
+                                         const nsa_tspec *sp, nsa_bk_tensor *out);
+/* Caller-given indices: ascending, -1 only as trailing padding, each eligible
+ * (reads them back: blocking). name: "args->block_indices". */
+NSA_INTERNAL nsa_status nsa_check_indices(const nsa_plan *p, const nsa_tensor *t, const char *fn, const char *name);
+/* A dense f32/i32 view of the workspace at byte_off (absent when byte_off < 0). */
+NSA_INTERNAL nsa_bk_tensor nsa_ws_view(nsa_buffer *ws, int64_t byte_off, int64_t heads, int64_t dim, nsa_dtype dt);
 
 /* ---- shared helpers */
 NSA_INTERNAL nsa_status nsa_config_check(const nsa_config *cfg, const char *what);

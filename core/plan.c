@@ -24,7 +24,7 @@ int64_t nsa_num_slc_blocks(int64_t len, int64_t ls) { return (len + ls - 1) / ls
 
 static int supports(const nsa_context *ctx, nsa_stage st, const nsa_config *cfg)
 {
-    if (!ctx->be->supports) return st != NSA_STAGE_SCORES_TOPN;
+    if (!ctx->be->supports) return st != NSA_STAGE_SCORES_TOPN && st <= NSA_STAGE_COMBINE;
     return ctx->be->supports(ctx->bctx, st, cfg);
 }
 
@@ -73,6 +73,28 @@ static nsa_status plan_stages(nsa_plan *p)
         p->stages[i] = want[i];
     }
     p->num_stages = n;
+    p->num_bwd_stages = 0;
+    if (!(c->flags & NSA_CONFIG_TRAINING)) return NSA_SUCCESS;
+    /* backward (section 9): the compressed K/V again, then each branch's gradients */
+    n = 0;
+    if (p->bk.total_cmp > 0) want[n++] = NSA_STAGE_COMPRESS;
+    want[n++] = NSA_STAGE_BWD_CMP_ATTN;
+    if (p->bk.total_cmp > 0 && c->compress != NSA_COMPRESS_EXTERNAL) want[n++] = NSA_STAGE_BWD_COMPRESS;
+    if (c->num_selected > 0) want[n++] = NSA_STAGE_BWD_SLC_ATTN;
+    if (c->window > 0) want[n++] = NSA_STAGE_BWD_WIN_ATTN;
+    want[n++] = NSA_STAGE_BWD_STORE;
+    for (int i = 0; i < n; i++) {
+        if (!supports(p->ctx, want[i], c))
+            return nsa_set_error(NSA_ERR_UNSUPPORTED,
+                                 "nsa_plan_create: cfg->flags has NSA_CONFIG_TRAINING, but backend %s has no backward "
+                                 "stage %s for dtype %s, Dqk = %lld, Dv = %lld, G = %lld (the cpu backend has the "
+                                 "backward)",
+                                 p->ctx->backend_name, nsa_stage_name(want[i]), nsa_dtype_name(c->dtype),
+                                 (long long)c->head_dim_qk, (long long)c->head_dim_v,
+                                 (long long)(c->num_q_heads / c->num_kv_heads));
+        p->bwd_stages[i] = want[i];
+    }
+    p->num_bwd_stages = n;
     return NSA_SUCCESS;
 }
 
@@ -82,7 +104,10 @@ static nsa_status plan_workspace(nsa_plan *p)
     const int64_t T = p->bk.total_tokens, hq = c->num_q_heads, hkv = c->num_kv_heads;
     nsa_ws_layout *ws = &p->ws;
     nsa_status s;
-    *ws = (nsa_ws_layout){.kc = -1, .vc = -1, .lse_cmp = -1, .scores = -1, .indices = -1, .o_b = {-1, -1, -1}};
+    *ws = (nsa_ws_layout){.kc = -1, .vc = -1, .lse_cmp = -1, .scores = -1, .indices = -1, .o_b = {-1, -1, -1},
+                          .dq_acc = -1, .dk_acc = {-1, -1, -1}, .dv_acc = {-1, -1, -1}, .dkc_acc = -1,
+                          .dvc_acc = -1, .dw_k_acc = -1, .dw_v_acc = -1, .dpe_k_acc = -1, .dpe_v_acc = -1,
+                          .delta = -1};
     if (T == 0) return NSA_SUCCESS;
     int64_t nk, nv, nt, ns, ni, no, ck, tk;
     if (nsa_ck_mul(p->bk.total_cmp, hkv, &ck) || nsa_ck_mul(ck, c->head_dim_qk, &nk) ||
@@ -100,7 +125,31 @@ static nsa_status plan_workspace(nsa_plan *p)
         if ((s = reserve(ws, ni, 4, &ws->indices)) || (s = reserve(ws, no, 4, &ws->o_b[NSA_BRANCH_SLC]))) return s;
     }
     if (c->window > 0 && (s = reserve(ws, no, 4, &ws->o_b[NSA_BRANCH_WIN]))) return s;
-    return NSA_SUCCESS;
+    if (!(c->flags & NSA_CONFIG_TRAINING)) return NSA_SUCCESS;
+    /* backward: the f32 accumulators (zero-filled as one range), then delta */
+    const int64_t l = c->cmp_block, dk = c->head_dim_qk, dv = c->head_dim_v;
+    int64_t nq, tkk, tkv, wk, wv, pk, pv;
+    if (nsa_ck_mul(nt, dk, &nq) || nsa_ck_mul(tk, dk, &tkk) || nsa_ck_mul(tk, dv, &tkv) ||
+        nsa_ck_mul(hkv * l, dk * dk, &wk) || nsa_ck_mul(hkv * l, dv * dv, &wv) || nsa_ck_mul(hkv * l, dk, &pk) ||
+        nsa_ck_mul(hkv * l, dv, &pv))
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the backward workspace size overflows 64 bits");
+    ws->acc_begin = (int64_t)ws->bytes;
+    if ((s = reserve(ws, nq, 4, &ws->dq_acc)) || (s = reserve(ws, nk, 4, &ws->dkc_acc)) ||
+        (s = reserve(ws, nv, 4, &ws->dvc_acc)))
+        return s;
+    const int on[3] = {1, c->num_selected > 0, c->window > 0};
+    for (int b = 0; b < 3; b++) {
+        ws->dk_acc[b] = ws->dv_acc[b] = -1;
+        if (!on[b] || (b == NSA_BRANCH_CMP && c->compress == NSA_COMPRESS_EXTERNAL)) continue;
+        if ((s = reserve(ws, tkk, 4, &ws->dk_acc[b])) || (s = reserve(ws, tkv, 4, &ws->dv_acc[b]))) return s;
+    }
+    ws->dw_k_acc = ws->dw_v_acc = ws->dpe_k_acc = ws->dpe_v_acc = -1;
+    if (c->compress == NSA_COMPRESS_LINEAR &&
+        ((s = reserve(ws, wk, 4, &ws->dw_k_acc)) || (s = reserve(ws, wv, 4, &ws->dw_v_acc)) ||
+         (s = reserve(ws, pk, 4, &ws->dpe_k_acc)) || (s = reserve(ws, pv, 4, &ws->dpe_v_acc))))
+        return s;
+    ws->acc_end = (int64_t)ws->bytes;
+    return reserve(ws, nt, 4, &ws->delta);
 }
 
 /* Every count the plan needs, from cu_seqlens alone: allocates nothing, so that

@@ -27,8 +27,9 @@
  * Thread safety: distinct contexts may be used from distinct threads. One context
  * (and the plans and buffers made from it) must not be used by two threads at once.
  *
- * Growing structs (the ABI rule): nsa_config, nsa_forward_args, nsa_plan_info
- * and nsa_backend_info gain fields only at their end. Every function that takes
+ * Growing structs (the ABI rule): nsa_config, nsa_forward_args,
+ * nsa_backward_args, nsa_plan_info and nsa_backend_info gain fields only at
+ * their end (nsa_config.flags was added in 0.3). Every function that takes
  * one is a macro here that passes the struct's size as the caller's header
  * defines it to a *_sized entry point (nsa_plan_create -> nsa_plan_create_sized
  * with sizeof(nsa_config)), and the library reads or writes exactly that many
@@ -40,12 +41,15 @@
  * The plain functions of the first layout (nsa_plan_create, ...) stay exported
  * for binaries built against version 0.1 headers. nsa_tensor never changes.
  *
- * Planned (not in this version, and not stubbed): the backward pass will take the
- * same plan plus the forward's LSEs and selected indices (nsa_backward(plan, args,
- * workspace)) and return dq, dk_b, dv_b, dg_b and the LINEAR weight gradients;
- * decoding will use a plan made with nsa_plan_create_decode(ctx, cfg, cache
- * lengths, TQ) over a per-sequence KV cache. Both attach to nsa_plan so that a
- * training or serving loop plans once per shape.
+ * Training: a plan made with NSA_CONFIG_TRAINING in cfg.flags also runs
+ * nsa_backward (the gradients of docs/nsa-semantics.md section 9) from what the
+ * forward returned (the per-branch LSEs and the selected indices) and dO.
+ * Backends: cpu (the fp64 reference); the GPU backends do not have it yet and
+ * refuse a training plan with NSA_ERR_UNSUPPORTED.
+ *
+ * Planned (not in this version, and not stubbed): decoding will use a plan made
+ * with nsa_plan_create_decode(ctx, cfg, cache lengths, TQ) over a paged KV
+ * cache, attached to nsa_plan so that a serving loop plans once per shape.
  */
 #ifndef NSA_H
 #define NSA_H
@@ -66,7 +70,7 @@ extern "C" {
 #endif
 
 #define NSA_VERSION_MAJOR 0
-#define NSA_VERSION_MINOR 2
+#define NSA_VERSION_MINOR 3
 #define NSA_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------ status */
@@ -101,7 +105,7 @@ NSA_API const char *nsa_status_string(nsa_status status);
  * recent call succeeded. Valid until the thread's next libnsa call. */
 NSA_API const char *nsa_last_error(void);
 
-/* "0.2.0" */
+/* "0.3.0" */
 NSA_API const char *nsa_version_string(void);
 
 /* ------------------------------------------------------------------ types */
@@ -142,10 +146,18 @@ typedef struct nsa_config {
     float scale;             /* softmax scale, finite and >= 0; 0 means 1/sqrt(Dqk) */
     nsa_compress_mode compress;
     nsa_dtype dtype;         /* F32, F16 or BF16: q, k, v, kc, vc, W, pe and o */
+    /* (added in 0.3) NSA_CONFIG_* bits, 0 by default */
+    uint64_t flags;
 } nsa_config;
 
+/* nsa_config.flags */
+#define NSA_CONFIG_TRAINING (UINT64_C(1) << 0) /* the plan will also run nsa_backward: the backend
+                                                * must have it (else nsa_plan_create says
+                                                * NSA_ERR_UNSUPPORTED) and the plan's workspace
+                                                * covers both passes */
+
 /* Paper defaults: Hq=64 Hkv=4 Dqk=192 Dv=128 l=32 d=16 l_s=64 n=16 n_init=1
- * n_local=2 w=512 scale=0 (1/sqrt(Dqk)) MEAN bf16. */
+ * n_local=2 w=512 scale=0 (1/sqrt(Dqk)) MEAN bf16, flags 0 (forward only). */
 NSA_API nsa_status nsa_config_init_sized(nsa_config *cfg, size_t cfg_size);
 NSA_API nsa_status nsa_config_init(nsa_config *cfg);
 #define nsa_config_init(cfg) nsa_config_init_sized((cfg), sizeof(nsa_config))
@@ -273,7 +285,8 @@ typedef struct nsa_plan_info {
     int64_t total_cmp_blocks;/* sum over sequences of Nc; rows of EXTERNAL kc/vc */
     int64_t max_cmp_blocks;  /* max Nc */
     int64_t max_slc_blocks;  /* max Ns */
-    size_t workspace_bytes;  /* what nsa_forward needs in its workspace buffer */
+    size_t workspace_bytes;  /* what nsa_forward (and, with NSA_CONFIG_TRAINING,
+                              * nsa_backward) needs in its workspace buffer */
     int num_stages;          /* stages the forward runs (with caller-given block_indices
                               * it skips the selection stages listed here) */
     char stages[256];        /* their names, space separated ("compress cmp_attn ...") */
@@ -376,6 +389,71 @@ NSA_API nsa_status nsa_forward_sized(nsa_plan *plan, const nsa_forward_args *arg
                                      nsa_buffer *workspace);
 NSA_API nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer *workspace);
 #define nsa_forward(plan, args, workspace) nsa_forward_sized((plan), (args), sizeof(nsa_forward_args), (workspace))
+
+/* ------------------------------------------------------------------ backward */
+
+/* The backward pass of a training plan (NSA_CONFIG_TRAINING): the gradients of a
+ * loss L given dO = dL/do, docs/nsa-semantics.md section 9. The inputs are the
+ * forward's, given as they were to nsa_forward (same rules), plus what the
+ * forward returned: the LSE of every enabled branch and, when n > 0, the
+ * selected indices (its `selected` output, or the block_indices it was given).
+ * The selection is a constant of the backward; the LSEs fix the softmax
+ * weights (the forward's probabilities are recomputed from them, not stored).
+ *
+ * Every gradient is optional: a NULL buffer means "not wanted" and its work is
+ * skipped where it is not needed by another. Gradients have the dtype of their
+ * input (cfg.dtype; dgate fp32) and the shape and layout rules of the input's
+ * view (dw_k ... dpe_v contiguous).
+ *
+ * Shared inputs: when one k (or v) tensor serves several branches, pass the same
+ * view in k[a] and k[b] (same buffer, offset and strides) and the same view in
+ * dk[a] and dk[b]: that tensor then receives the sum of the branches'
+ * gradients, rounded once. Giving one dk view to branches whose k views differ
+ * is NSA_ERR_INVALID_VALUE; distinct dk views for one shared k get each branch's
+ * own part. For EXTERNAL the compressed branch's gradients are dkc and dvc (dk[cmp]
+ * and dv[cmp] are refused); for LINEAR dw_k, dw_v (and dpe_k, dpe_v when pe is
+ * given) are its weights' gradients and dk[cmp], dv[cmp] its rows'. */
+typedef struct nsa_backward_args {
+    /* the forward's inputs (as given to nsa_forward) */
+    nsa_tensor q;            /* [T, Hq, Dqk] */
+    nsa_tensor k[3];         /* per branch [T, Hkv, Dqk] */
+    nsa_tensor v[3];         /* per branch [T, Hkv, Dv] */
+    nsa_tensor gate[3];      /* fp32 [T, Hq] */
+    nsa_tensor w_k, w_v, pe_k, pe_v; /* LINEAR */
+    nsa_tensor kc, vc;       /* EXTERNAL */
+    /* what the forward returned */
+    nsa_tensor lse[3];       /* fp32 [T, Hq]: required for every enabled branch, not
+                              * allowed for a disabled one */
+    nsa_tensor block_indices;/* int32 [T, Hkv, n]: required when n > 0 */
+    nsa_tensor dout;         /* [T, Hq, Dv], cfg.dtype: dL/do */
+    /* gradients (outputs, each optional) */
+    nsa_tensor dq;           /* [T, Hq, Dqk] */
+    nsa_tensor dk[3];        /* per branch [T, Hkv, Dqk] (see "Shared inputs") */
+    nsa_tensor dv[3];        /* per branch [T, Hkv, Dv] */
+    nsa_tensor dgate[3];     /* fp32 [T, Hq]: dL/dg_b = dO . o_b */
+    nsa_tensor dw_k, dw_v;   /* LINEAR: [Hkv, l, D, D] */
+    nsa_tensor dpe_k, dpe_v; /* LINEAR with pe: [Hkv, l, D] */
+    nsa_tensor dkc, dvc;     /* EXTERNAL: [total_cmp_blocks, Hkv, D] */
+    unsigned flags;          /* NSA_BACKWARD_* bits, 0 by default */
+} nsa_backward_args;
+
+/* nsa_backward_args.flags */
+enum {
+    /* Skip the host-side check of block_indices (as NSA_FORWARD_TRUST_INDICES):
+     * nsa_backward then never reads device memory. */
+    NSA_BACKWARD_TRUST_INDICES = 1u << 0
+};
+
+/* Runs the backward pass on a plan made with NSA_CONFIG_TRAINING. workspace as
+ * for nsa_forward (the same size serves both). The aliasing rules of the
+ * forward apply, with the gradients as outputs (the shared-gradient case above
+ * excepted). The call queues its work and returns as nsa_forward does; its
+ * results are bitwise reproducible run to run on one backend and device (the
+ * reductions over queries run in a fixed order, no atomics). */
+NSA_API nsa_status nsa_backward_sized(nsa_plan *plan, const nsa_backward_args *args, size_t args_size,
+                                      nsa_buffer *workspace);
+#define nsa_backward(plan, args, workspace) \
+    nsa_backward_sized((plan), (args), sizeof(nsa_backward_args), (workspace))
 
 /* ------------------------------------------------------------------ settings */
 

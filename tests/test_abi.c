@@ -9,6 +9,7 @@
  * Exit status 0 pass, 1 fail.
  */
 #include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "nsa.h"
@@ -96,7 +97,21 @@ int main(void)
     s = nsa_plan_create_sized(ctx, &c9.cfg, sizeof c9, cu, 1, &plan);
     CHECK(s == NSA_ERR_VERSION_MISMATCH && plan == NULL && strstr(nsa_last_error(), "newer libnsa header"),
           "a newer header's config that sets a new field: status %s", nsa_status_string(s));
-    s = nsa_plan_create_sized(ctx, &base, sizeof base - 8, cu, 1, &plan);
+    /* a 0.2 header's config ends before flags (added in 0.3): flags take their default, 0 */
+    {
+        unsigned char old[offsetof(nsa_config, flags)];
+        memcpy(old, &base, sizeof old);
+        CHECK(nsa_plan_create_sized(ctx, (const nsa_config *)(const void *)old, sizeof old, cu, 1, &plan) ==
+                  NSA_SUCCESS, "a 0.2 header's config (%zu bytes, no flags)", sizeof old);
+        nsa_plan_destroy(plan);
+        plan = NULL;
+        nsa_config got;
+        memset(&got, 0xAB, sizeof got);
+        CHECK(nsa_config_init_sized(&got, sizeof old) == NSA_SUCCESS && all((unsigned char *)&got + sizeof old,
+                                                                               sizeof got - sizeof old, 0xAB),
+              "config_init of a 0.2 header's config writes only its %zu bytes", sizeof old);
+    }
+    s = nsa_plan_create_sized(ctx, &base, offsetof(nsa_config, flags) - 8, cu, 1, &plan);
     CHECK(s == NSA_ERR_VERSION_MISMATCH && strstr(nsa_last_error(), "smaller than its first layout"),
           "a config smaller than the first layout");
     CHECK(nsa_config_validate_sized(&c9.cfg, sizeof c9) == NSA_ERR_VERSION_MISMATCH, "validate: same rule");

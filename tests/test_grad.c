@@ -78,7 +78,7 @@ static void check_case(const tk_case *c0)
     ck_assert_int_eq(nsa_random_uniform(c.seed ^ 0x5eedULL, 900, 0, no, -1.0f, 1.0f, tmp), NSA_SUCCESS);
     for (int64_t e = 0; e < no; e++) dO[e] = tmp[e];
     free(tmp);
-    ck_assert_int_eq(tk_ref64_backward(&c, &x, orc.sel, dO, &grad), NSA_SUCCESS);
+    ck_assert_int_eq(tk_ref64_backward(&c, &x, orc.sel, 0, dO, &grad), NSA_SUCCESS);
     double *u[TK_G_COUNT] = {NULL};
     unsigned all = 0;
     for (int i = 0; i < TK_G_COUNT; i++) {

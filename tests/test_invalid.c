@@ -454,6 +454,110 @@ END_TEST
 /* Interleaved outputs that share no element pass: three LSEs in one
  * [T, Hq, 3] tensor, and o with the heads of q between its rows' halves,
  * and give the outputs of separate tensors. */
+/* The backward's argument checks: the forward's args turned into a backward
+ * call (the fixture's k, v serve every branch, so dk / dv are one view each). */
+static nsa_backward_args backward_args(void)
+{
+    const nsa_config *c = &F.cfg;
+    const int64_t hq = c->num_q_heads, hkv = c->num_kv_heads, dk = c->head_dim_qk, dv = c->head_dim_v;
+    nsa_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.q = F.args.q;
+    nsa_tensor dkt = dense(buffer(F.ctx, T * hkv * dk), hkv, dk), dvt = dense(buffer(F.ctx, T * hkv * dv), hkv, dv);
+    for (int i = 0; i < 3; i++) {
+        b.k[i] = F.args.k[i];
+        b.v[i] = F.args.v[i];
+        b.gate[i] = F.args.gate[i];
+        b.lse[i] = F.args.lse[i];
+        if (F.args.gate[i].buffer) {
+            b.dk[i] = dkt;
+            b.dv[i] = dvt;
+            b.dgate[i] = dense(buffer(F.ctx, T * hq), hq, 1);
+        }
+    }
+    b.block_indices = F.args.selected;
+    b.dout = dense(buffer(F.ctx, T * hq * dv), hq, dv);
+    b.dq = dense(buffer(F.ctx, T * hq * dk), hq, dk);
+    return b;
+}
+
+START_TEST(backward_arguments)
+{
+    /* a forward-only plan has no backward */
+    nsa_backward_args b = backward_args();
+    EXPECT(nsa_backward(F.plan, &b, NULL), NSA_ERR_INVALID_VALUE, "NSA_CONFIG_TRAINING");
+    F.cfg.flags = NSA_CONFIG_TRAINING;
+    build();
+    EXPECT_OK(nsa_forward(F.plan, &F.args, F.ws));
+    b = backward_args();
+    EXPECT_OK(nsa_backward(F.plan, &b, F.ws));
+    EXPECT_OK(nsa_backward(F.plan, &b, NULL));
+    EXPECT(nsa_backward(NULL, &b, F.ws), NSA_ERR_NULL_POINTER, "plan");
+    EXPECT(nsa_backward(F.plan, NULL, F.ws), NSA_ERR_NULL_POINTER, "args");
+    nsa_backward_args x = b;
+    x.lse[NSA_BRANCH_SLC].buffer = NULL;
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_MISSING_TENSOR, "args->lse[slc]");
+    x = b;
+    x.dout.buffer = NULL;
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_MISSING_TENSOR, "args->dout");
+    x = b;
+    x.block_indices.buffer = NULL;
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_MISSING_TENSOR, "args->block_indices");
+    x = b;
+    x.dq.stride_token = 1;
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_INVALID_STRIDE, "args->dq");
+    x = b;
+    x.dq = b.q; /* a gradient over its input */
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_INVALID_VALUE, "args->dq");
+    x = b;
+    x.dk[NSA_BRANCH_WIN] = x.dq; /* one view for dq and a dk */
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_INVALID_VALUE, "args->dk[win]");
+    x = b;
+    x.k[NSA_BRANCH_WIN].offset = 4; /* another k view, but the same dk view */
+    x.k[NSA_BRANCH_WIN].buffer = b.dout.buffer;
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_INVALID_VALUE, "same view");
+    x = b;
+    x.dw_k = x.dq;
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_INVALID_VALUE, "args->dw_k");
+    x = b;
+    x.dkc = x.dq;
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_INVALID_VALUE, "args->dkc");
+    x = b;
+    x.flags = 0x80;
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_INVALID_VALUE, "flags");
+    EXPECT(nsa_backward(F.plan, &b, F.bufs[0]), NSA_ERR_BUFFER_TOO_SMALL, "workspace");
+    /* indices the forward could not have selected */
+    int32_t bad[T * 2];
+    for (int i = 0; i < T * 2; i++) bad[i] = i % 2 ? 5 : 0;
+    nsa_buffer *ib = buffer(F.ctx, T * 2);
+    ck_assert_int_eq(nsa_buffer_write(ib, 0, bad, sizeof bad), NSA_SUCCESS);
+    x = b;
+    x.block_indices = dense(ib, 1, 2);
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_INVALID_VALUE, "args->block_indices[token");
+    /* disabled branches take no gradients */
+    F.cfg.window = 0;
+    build();
+    b = backward_args();
+    x = b;
+    x.dgate[NSA_BRANCH_WIN] = x.dgate[NSA_BRANCH_SLC];
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_INVALID_VALUE, "args->dgate[win]");
+    /* EXTERNAL: the compressed branch's gradients are dkc, dvc */
+    F.cfg.window = 8;
+    F.cfg.compress = NSA_COMPRESS_EXTERNAL;
+    build();
+    EXPECT_OK(nsa_forward(F.plan, &F.args, F.ws));
+    b = backward_args();
+    b.kc = F.args.kc;
+    b.vc = F.args.vc;
+    EXPECT(nsa_backward(F.plan, &b, F.ws), NSA_ERR_INVALID_VALUE, "args->dk[cmp]");
+    b.dk[NSA_BRANCH_CMP].buffer = b.dv[NSA_BRANCH_CMP].buffer = NULL;
+    EXPECT_OK(nsa_backward(F.plan, &b, F.ws));
+    /* unknown config flags */
+    F.cfg.flags = 0x10;
+    EXPECT(nsa_config_validate(&F.cfg), NSA_ERR_INVALID_VALUE, "cfg->flags");
+}
+END_TEST
+
 START_TEST(aliasing_interleaved_ok)
 {
     const int64_t hq = F.cfg.num_q_heads;
@@ -778,6 +882,7 @@ int main(void)
     tcase_add_test(tc, overlapping_output);
     tcase_add_test(tc, aliasing);
     tcase_add_test(tc, aliasing_interleaved_ok);
+    tcase_add_test(tc, backward_arguments);
     tcase_add_test(tc, negative_offset);
     tcase_add_test(tc, buffers_too_small);
     tcase_add_test(tc, workspace_too_small);

@@ -219,6 +219,16 @@ static nsa_status cpu_run(void *bctx, nsa_stage stage, const nsa_bk_args *args)
         return nsa_cpu_combine(ctx, args);
     case NSA_STAGE_SCORES_TOPN:
         return nsa_cpu_scores_topn(ctx, args);
+    case NSA_STAGE_BWD_CMP_ATTN:
+        return nsa_cpu_bwd_cmp_attn(ctx, args);
+    case NSA_STAGE_BWD_COMPRESS:
+        return nsa_cpu_bwd_compress(ctx, args);
+    case NSA_STAGE_BWD_SLC_ATTN:
+        return nsa_cpu_bwd_slc_attn(ctx, args);
+    case NSA_STAGE_BWD_WIN_ATTN:
+        return nsa_cpu_bwd_win_attn(ctx, args);
+    case NSA_STAGE_BWD_STORE:
+        return nsa_cpu_bwd_store(ctx, args);
     default:
         return g_host->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: unknown stage %d", (int)stage);
     }

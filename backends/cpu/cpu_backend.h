@@ -13,6 +13,7 @@
  *   cpu_attention.c  sections 2, 4, 5: compressed, selected, window attention
  *   cpu_select.c     section 3: block scores and top-n selection
  *   cpu_combine.c    section 6: the gated sum
+ *   cpu_backward.c   section 9: the gradients (backward stages)
  */
 #ifndef NSA_CPU_BACKEND_H
 #define NSA_CPU_BACKEND_H
@@ -90,5 +91,11 @@ NSA_CPU_INTERNAL nsa_status nsa_cpu_scores_topn(const nsa_cpu_context *ctx, cons
 NSA_CPU_INTERNAL nsa_status nsa_cpu_slc_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
 NSA_CPU_INTERNAL nsa_status nsa_cpu_win_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
 NSA_CPU_INTERNAL nsa_status nsa_cpu_combine(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+/* The backward stages (section 9, cpu_backward.c). */
+NSA_CPU_INTERNAL nsa_status nsa_cpu_bwd_cmp_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_bwd_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_bwd_slc_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_bwd_win_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_bwd_store(const nsa_cpu_context *ctx, const nsa_bk_args *a);
 
 #endif

@@ -65,15 +65,15 @@ target() { [ "$1" = sm90 ] && echo "X_UNUSED=1" || echo "NSA_CUDA_TARGET=$1"; }
 if has tests; then
   for t in test_cuda_choose test_wgmma test_topn; do
     timeout 60 $B/tests/$t > /tmp/$t.log 2>&1
-    note "[$(el)] $t rc=$? $(tail -1 /tmp/$t.log)"
-    grep -E "^FAIL" /tmp/$t.log | head -4 | tee -a "$SUM"
+    rc=$?; note "[$(el)] $t rc=$rc $(tail -1 /tmp/$t.log)"
+    grep -E "^FAIL|:F:" /tmp/$t.log | head -4 | tee -a "$SUM"
   done
 fi
 if has classes; then
   for cls in ${CLASSES:-sm90 sm80 sm86}; do
     env $(target $cls) timeout 300 $B/tests/test_oracle cuda > "$OUT/parity_$cls.log" 2>&1
-    note "[$(el)] parity-cuda full corpus, class $cls: rc=$? $(grep -cE '^FAIL' "$OUT/parity_$cls.log") failures"
-    grep -E "^parity-cuda|^FAIL" "$OUT/parity_$cls.log" | head -8 | tee -a "$SUM"
+    rc=$?; note "[$(el)] parity-cuda full corpus, class $cls: rc=$rc $(grep -cE '^FAIL|:F:' "$OUT/parity_$cls.log") failures"
+    grep -E "^parity-cuda|^FAIL|:F:" "$OUT/parity_$cls.log" | head -8 | tee -a "$SUM"
     env $(target $cls) $NSA run --backend cuda --T 4096 --iters 1 --warmup 0 --check-tokens 0 2>&1 \
       | sed -n '/^kernels:/,/^time:/p' | grep -v '^time:' | tee -a "$SUM"
   done
@@ -83,8 +83,8 @@ if has force; then
     modes=f16,bf16 # a forced tensor-core kernel refuses f32 plans (by design: it cannot run them)
     [ "$v" = ref ] && modes=f32,f16,bf16,fixed
     NSA_CUDA_FORCE=$v timeout 150 $B/tests/test_oracle cuda $modes small > /tmp/pv.log 2>&1
-    note "[$(el)] parity-cuda small corpus ($modes), NSA_CUDA_FORCE=$v: rc=$? $(grep -cE '^FAIL' /tmp/pv.log) failures, $(grep -hE '^parity-cuda' /tmp/pv.log | grep -oE '[0-9]+ passed' | tr '\n' ' ')"
-    grep -E "^FAIL" -A1 /tmp/pv.log | head -4 | tee -a "$SUM"
+    rc=$?; note "[$(el)] parity-cuda small corpus ($modes), NSA_CUDA_FORCE=$v: rc=$rc $(grep -cE '^FAIL|:F:' /tmp/pv.log) failures, $(grep -hE '^parity-cuda' /tmp/pv.log | grep -oE '[0-9]+ passed' | tr '\n' ' ')"
+    grep -E "^FAIL|:F:" -A1 /tmp/pv.log | head -4 | tee -a "$SUM"
   done
 fi
 if has profile; then
@@ -99,20 +99,20 @@ if has check; then # "class T args" items, ';'-separated (CHECKS); the defaults,
   for it in "${items[@]}"; do
     read -r cls T args <<< "$it"
     env $(target $cls) timeout 120 $NSA run --backend cuda --T $T $args --iters 2 --warmup 1 > /tmp/check.tmp 2>&1
-    note "[$(el)] nsa run $cls T=$T $args: rc=$? $(grep -E 'max err / tol|PASS|FAIL' /tmp/check.tmp | tr '\n' ' ' | cut -c1-200)"
+    rc=$?; note "[$(el)] nsa run $cls T=$T $args: rc=$rc $(grep -E 'max err / tol|PASS|FAIL' /tmp/check.tmp | tr '\n' ' ' | cut -c1-200)"
   done
 fi
 if has resources; then # registers, shared memory, spills of every kernel instance
   cuobjdump --dump-resource-usage $B/backends/cuda/libnsa_backend_cuda.so 2>&1 | c++filt > "$OUT/resources.txt"
-  note "[$(el)] resources rc=$? ($(grep -c 'Function' "$OUT/resources.txt") functions, $OUT/resources.txt)"
+  rc=$?; note "[$(el)] resources rc=$rc ($(grep -c 'Function' "$OUT/resources.txt") functions, $OUT/resources.txt)"
 fi
 if has long; then
   timeout 120 $NSA run --backend cuda --T 140000 --hq 16 --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 > /tmp/long.tmp 2>&1
-  note "[$(el)] nsa run T=140000 G=16 D=64: rc=$? $(grep -E 'max err / tol|PASS|FAIL' /tmp/long.tmp | tr '\n' ' ' | cut -c1-160)"
+  rc=$?; note "[$(el)] nsa run T=140000 G=16 D=64: rc=$rc $(grep -E 'max err / tol|PASS|FAIL' /tmp/long.tmp | tr '\n' ' ' | cut -c1-160)"
   if [ "${LONG_SAN:-1}" != 0 ]; then
     timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $NSA run --backend cuda --T 140000 \
       --hq 16 --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 --check-tokens 0 > /tmp/long2.log 2>&1
-    note "[$(el)] memcheck T=140000 rc=$? $(grep -E 'ERROR SUMMARY' /tmp/long2.log | tail -1)"
+    rc=$?; note "[$(el)] memcheck T=140000 rc=$rc $(grep -E 'ERROR SUMMARY' /tmp/long2.log | tail -1)"
   fi
 fi
 if has det; then
@@ -126,31 +126,31 @@ if has sanitize; then
   for cls in ${SAN_CLASSES:-sm90 sm80}; do
     env $(target $cls) CK_FORK=no NSA_TEST_CORPUS=small timeout 200 compute-sanitizer --tool memcheck \
       --error-exitcode 9 $B/tests/test_oracle cuda ${SAN_MODES:-bf16} small > /tmp/memcheck.log 2>&1
-    note "[$(el)] memcheck small corpus, class $cls: rc=$? $(grep -E 'ERROR SUMMARY' /tmp/memcheck.log | tail -1)"
+    rc=$?; note "[$(el)] memcheck small corpus, class $cls: rc=$rc $(grep -E 'ERROR SUMMARY' /tmp/memcheck.log | tail -1)"
     for tool in memcheck racecheck; do
       env $(target $cls) timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $NSA run --backend cuda \
         --T 4096 --hq 16 --hkv 1 --dqk 128 --dv 128 --iters 1 --warmup 0 --check-tokens 0 > /tmp/san3.log 2>&1
-      note "[$(el)] $tool nsa run T=4096 G=16 D=128, class $cls: rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' /tmp/san3.log | tail -1)"
+      rc=$?; note "[$(el)] $tool nsa run T=4096 G=16 D=128, class $cls: rc=$rc $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' /tmp/san3.log | tail -1)"
     done
   done
 fi
 if has opencl; then
   NSA_OPENCL_PLATFORM=NVIDIA timeout 200 $B/tests/test_oracle opencl f32,f16,bf16,fixed small > /tmp/ocl.log 2>&1
-  note "[$(el)] parity-opencl (NVIDIA OpenCL, small corpus) rc=$?"
-  grep -E "^parity-opencl|^FAIL" /tmp/ocl.log | head -6 | tee -a "$SUM"
+  rc=$?; note "[$(el)] parity-opencl (NVIDIA OpenCL, small corpus) rc=$rc"
+  grep -E "^parity-opencl|^FAIL|:F:" /tmp/ocl.log | head -6 | tee -a "$SUM"
 fi
 if has hip; then # the HIP backend's sources on CUDA (tests/hip_on_cuda): its parity on the H200
   bash tests/hip_on_cuda/build.sh /tmp/hipcu 90 > "$OUT/hip_build.log" 2>&1
-  note "[$(el)] hip module on CUDA rc=$? ($(tail -1 "$OUT/hip_build.log"))"
+  rc=$?; note "[$(el)] hip module on CUDA rc=$rc ($(tail -1 "$OUT/hip_build.log"))"
   NSA_HIP_NO_MFMA=1 NSA_BACKEND_PATH=/tmp/hipcu timeout 300 $B/tests/test_oracle hip ${HIP_MODES:-f32,f16,bf16,fixed} > "$OUT/parity_hip.log" 2>&1
-  note "[$(el)] parity-hip (HIP sources on CUDA, full corpus): rc=$? $(grep -cE '^FAIL' "$OUT/parity_hip.log") failures"
-  grep -E "^parity-hip|^FAIL|F:" "$OUT/parity_hip.log" | head -10 | tee -a "$SUM"
+  rc=$?; note "[$(el)] parity-hip (HIP sources on CUDA, full corpus): rc=$rc $(grep -cE '^FAIL|:F:' "$OUT/parity_hip.log") failures"
+  grep -E "^parity-hip|^FAIL|:F:" "$OUT/parity_hip.log" | head -10 | tee -a "$SUM"
 fi
 if has bench; then
   for cls in ${BENCH_CLASSES:-sm90}; do for dqk in 128 192; do
     env $(target $cls) timeout 200 $NSA bench --backend cuda --T ${BENCH_T:-8192,16384,32768,65536} --dqk $dqk --dv 128 \
       --iters 5 --warmup 1 --no-stages --no-dense > "$OUT/bench_${cls}_$dqk.log" 2>&1
-    note "[$(el)] bench $cls Dqk=$dqk rc=$?"
+    rc=$?; note "[$(el)] bench $cls Dqk=$dqk rc=$rc"
     grep -E "^ +[0-9]+ " "$OUT/bench_${cls}_$dqk.log" | tee -a "$SUM"
   done; done
 fi
@@ -174,7 +174,7 @@ if has sdpa; then
   for dqk in 128; do
     timeout 150 python3 tools/dense_baseline.py --T 65536 --hq 64 --hkv 4 --dqk $dqk --dv 128 --iters 6 \
       > /tmp/sdpa.log 2>&1
-    note "[$(el)] sdpa Dqk=$dqk rc=$?:"
+    rc=$?; note "[$(el)] sdpa Dqk=$dqk rc=$rc:"
     grep -o '"baseline": "[a-z-]*".*"fwd_ms": [0-9.]*' /tmp/sdpa.log | sed 's/"hq.*"device": "[^"]*", //' | tee -a "$SUM"
   done
 fi
@@ -186,7 +186,7 @@ if has ncu; then # NCU_SPEC kernel:launch-count (default the sm90 kernels), NCU_
       --section MemoryWorkloadAnalysis \
       -f -o /tmp/ncu_$k $NSA run --backend cuda --T ${NCU_T:-32768} --dqk ${NCU_DQK:-128} --dv 128 --iters 1 --warmup 0 \
       --check-tokens 0 > /tmp/ncu_run.log 2>&1
-    note "[$(el)] ncu $k rc=$?"
+    rc=$?; note "[$(el)] ncu $k rc=$rc"
     ncu --import /tmp/ncu_$k.ncu-rep --page details > "$OUT/ncu_$k.txt" 2>&1
     ncu --import /tmp/ncu_$k.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_src_$k.csv" 2>&1
   done
@@ -197,7 +197,7 @@ if has l2; then # L2 sectors the SMs read, DRAM bytes and instructions of one la
       timeout 200 ncu --clock-control none -k regex:$k --launch-count 1 --metrics \
         gpu__time_duration.sum,lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum,smsp__inst_executed.sum \
         $NSA run --backend cuda --T 65536 --dqk $dqk --dv 128 --iters 1 --warmup 0 --check-tokens 0 > /tmp/l2.log 2>&1
-      note "[$(el)] l2 $k Dqk=$dqk rc=$?: $(grep -E '^ +(gpu__|lts__|dram__|smsp__)' /tmp/l2.log | awk '{print $1"="$(NF)}' | tr '\n' ' ')"
+      rc=$?; note "[$(el)] l2 $k Dqk=$dqk rc=$rc: $(grep -E '^ +(gpu__|lts__|dram__|smsp__)' /tmp/l2.log | awk '{print $1"="$(NF)}' | tr '\n' ' ')"
     done
   done
 fi
@@ -205,7 +205,7 @@ if has ldgsts; then # L2 sectors per data sector of cp.async by shared-memory la
   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/ldgsts dev/cuda/ldgsts_l2.cu > /tmp/ldgsts_b.log 2>&1 &&
     timeout 120 ncu --clock-control none --metrics lts__t_sectors_srcunit_tex_op_read.sum,gpu__time_duration.sum \
       /tmp/ldgsts > "$OUT/ldgsts.log" 2>&1
-  note "[$(el)] ldgsts rc=$?"
+  rc=$?; note "[$(el)] ldgsts rc=$rc"
   grep -E "data sectors|copy_chunks|lts__t_sectors|gpu__time" "$OUT/ldgsts.log" | sed 's/(int \*)//' | tee -a "$SUM"
 fi
 note "[$(el)] done"

@@ -69,13 +69,8 @@ static nsa_hip_tensor view(const nsa_bk_tensor &t)
     return v;
 }
 
-/* Stage names as in messages of the core (the module does not link libnsa). */
-static const char *stage_name(nsa_stage s)
-{
-    static const char *const names[NSA_STAGE_COUNT] = {"compress",     "cmp_attn", "block_scores", "select_topn",
-                                                       "slc_attn",     "win_attn", "combine",      "scores_topn"};
-    return (int)s >= 0 && s < NSA_STAGE_COUNT ? names[s] : "unknown";
-}
+/* Stage names as in messages of the core (backend.h's inline nsa_stage_name). */
+static const char *stage_name(nsa_stage s) { return nsa_stage_name(s); }
 
 static int dtype_ok(nsa_dtype d) { return d == NSA_DTYPE_F32 || d == NSA_DTYPE_F16 || d == NSA_DTYPE_BF16; }
 

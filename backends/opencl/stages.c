@@ -649,10 +649,7 @@ nsa_status ocl_run(void *bctx, nsa_stage stage, const nsa_bk_args *args)
     const double t0 = now_ms();
     nsa_status s = run_stage(c, op, stage, args);
     clFinish(c->queue);
-    static const char *const names[NSA_STAGE_COUNT] = {"compress", "cmp_attn", "block_scores", "select_topn",
-                                                       "slc_attn", "win_attn", "combine", "scores_topn"};
-    fprintf(stderr, "opencl: stage %-13s %9.3f ms\n", (unsigned)stage < NSA_STAGE_COUNT ? names[stage] : "?",
-            now_ms() - t0);
+    fprintf(stderr, "opencl: stage %-13s %9.3f ms\n", nsa_stage_name(stage), now_ms() - t0);
     return s;
 }
 

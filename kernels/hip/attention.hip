@@ -135,7 +135,9 @@ __global__ void __launch_bounds__(NSA_HIP_THREADS)
         if (tid < R) { /* online softmax statistics of row tid, keys in order */
             float *p = Ps + tid * ldp;
             float mo = m_r[tid], mx = mo;
-            for (int kk = 0; kk < TK; kk++) mx = fmaxf(mx, p[kk]);
+            /* a NaN logit must win the maximum (fmaxf would drop it, and a row of NaN
+             * logits would pass for "nothing visible"): semantics 7, non-finite inputs */
+            for (int kk = 0; kk < TK; kk++) mx = (p[kk] > mx || p[kk] != p[kk]) ? p[kk] : mx;
             if (tid >= rows || mx == nsa_neg_inf()) { /* padding row, or nothing visible yet */
                 for (int kk = 0; kk < TK; kk++) p[kk] = 0.0f;
                 a_r[tid] = 1.0f;

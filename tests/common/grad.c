@@ -311,14 +311,14 @@ nsa_status tk_ref64_forward(const tk_case *c, const tk_ref64 *x, const int32_t *
     return run64(c, x, sel, round, o, lse, NULL, NULL);
 }
 
-nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, const double *dO,
+nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round, const double *dO,
                              tk_ref64 *grad)
 {
     if (!c || !x || !dO || !grad || (c->cfg.num_selected > 0 && !sel)) return NSA_ERR_NULL_POINTER;
     nsa_status s = tk_ref64_alloc(c, grad);
     if (s != NSA_SUCCESS) return s;
     double *lse[3] = {NULL, NULL, NULL};
-    s = run64(c, x, sel, 0, NULL, lse, dO, grad);
+    s = run64(c, x, sel, round, NULL, lse, dO, grad);
     if (s != NSA_SUCCESS) tk_ref64_free(grad);
     return s;
 }

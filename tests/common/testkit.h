@@ -204,8 +204,10 @@ nsa_status tk_ref64_forward(const tk_case *c, const tk_ref64 *x, const int32_t *
                             double *lse[3]);
 /* Section 9: the gradients of L = sum dO . o with respect to every tensor of x,
  * the selection sel held fixed and the rounding of kc, vc passed straight
- * through, into grad (allocated here; tk_ref64_free it). */
-nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, const double *dO,
+ * through, into grad (allocated here; tk_ref64_free it). round: the forward
+ * values the gradients are taken at use kc, vc rounded to the case dtype (as
+ * the library computes them); 0 for finite differences. */
+nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round, const double *dO,
                              tk_ref64 *grad);
 
 /* ------------------------------------------------------------------ runner */
