@@ -195,25 +195,13 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
     if (args->flags & ~(unsigned)NSA_BACKWARD_TRUST_INDICES)
         return nsa_set_error(NSA_ERR_INVALID_VALUE, FN ": args->flags = 0x%x has unknown bits", args->flags);
 
-    if (workspace) {
-        if (workspace->ctx != plan->ctx)
-            return nsa_set_error(NSA_ERR_WRONG_CONTEXT, FN ": workspace belongs to another context than the plan");
-        if (workspace->size < plan->ws.bytes)
-            return nsa_set_error(NSA_ERR_BUFFER_TOO_SMALL, FN ": workspace has %zu bytes, the plan needs %zu",
-                                 workspace->size, plan->ws.bytes);
-    }
+    if ((s = nsa_workspace_check(plan, workspace, FN)) != NSA_SUCCESS) return s;
     if ((s = nsa_alias_check(&al, workspace, (int64_t)plan->ws.bytes, FN)) != NSA_SUCCESS) return s;
     if (T == 0) return NSA_SUCCESS;
     if (nsel > 0 && !(args->flags & NSA_BACKWARD_TRUST_INDICES) &&
         (s = nsa_check_indices(plan, &args->block_indices, FN, "args->block_indices")))
         return s;
-    if (!workspace) {
-        if (!plan->own_ws) {
-            if ((s = nsa_buffer_alloc(plan->ctx, plan->ws.bytes, &plan->own_ws))) return s;
-            nsa_buffer_mark_internal(plan->own_ws);
-        }
-        workspace = plan->own_ws;
-    }
+    if ((s = nsa_workspace_get(plan, &workspace)) != NSA_SUCCESS) return s;
 
     const nsa_ws_layout *w = &plan->ws;
     a.kc = nsa_ws_view(workspace, w->kc, hkv, dk, NSA_DTYPE_F32);

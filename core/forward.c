@@ -130,24 +130,13 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
     if (args->flags & ~(unsigned)NSA_FORWARD_TRUST_INDICES)
         return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_forward: args->flags = 0x%x has unknown bits", args->flags);
 
-    if (workspace) {
-        if (workspace->ctx != plan->ctx)
-            return nsa_set_error(NSA_ERR_WRONG_CONTEXT, "nsa_forward: workspace belongs to another context than the plan");
-        if (workspace->size < plan->ws.bytes)
-            return nsa_set_error(NSA_ERR_BUFFER_TOO_SMALL, "nsa_forward: workspace has %zu bytes, the plan needs %zu",
-                                 workspace->size, plan->ws.bytes);
-    }
+    if ((s = nsa_workspace_check(plan, workspace, "nsa_forward")) != NSA_SUCCESS) return s;
     if ((s = nsa_alias_check(&al, workspace, (int64_t)plan->ws.bytes, "nsa_forward")) != NSA_SUCCESS) return s;
     if (T == 0) return NSA_SUCCESS;
-    if (given_out.buf && !(args->flags & NSA_FORWARD_TRUST_INDICES) && (s = nsa_check_indices(plan, &given, "nsa_forward", "args->block_indices")))
+    if (given_out.buf && !(args->flags & NSA_FORWARD_TRUST_INDICES) &&
+        (s = nsa_check_indices(plan, &given, "nsa_forward", "args->block_indices")))
         return s;
-    if (!workspace) {
-        if (!plan->own_ws) {
-            if ((s = nsa_buffer_alloc(plan->ctx, plan->ws.bytes, &plan->own_ws))) return s;
-            nsa_buffer_mark_internal(plan->own_ws);
-        }
-        workspace = plan->own_ws;
-    }
+    if ((s = nsa_workspace_get(plan, &workspace)) != NSA_SUCCESS) return s;
 
     const nsa_ws_layout *w = &plan->ws;
     a.q = q_out;

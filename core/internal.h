@@ -178,6 +178,11 @@ NSA_INTERNAL nsa_status nsa_check_indices(const nsa_plan *p, const nsa_tensor *t
 /* A dense f32/i32 view of the workspace at byte_off (absent when byte_off < 0). */
 NSA_INTERNAL nsa_bk_tensor nsa_ws_view(nsa_buffer *ws, int64_t byte_off, int64_t heads, int64_t dim, nsa_dtype dt);
 
+/* A caller's workspace (NULL: none) fits the plan; then the one to use: the
+ * caller's, else the plan's own (allocated on first use). */
+NSA_INTERNAL nsa_status nsa_workspace_check(const nsa_plan *plan, const nsa_buffer *ws, const char *fn);
+NSA_INTERNAL nsa_status nsa_workspace_get(nsa_plan *plan, nsa_buffer **ws);
+
 /* ---- shared helpers */
 NSA_INTERNAL nsa_status nsa_config_check(const nsa_config *cfg, const char *what);
 

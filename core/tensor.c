@@ -142,3 +142,26 @@ nsa_bk_tensor nsa_ws_view(nsa_buffer *ws, int64_t byte_off, int64_t heads, int64
     v.dtype = dt;
     return v;
 }
+
+nsa_status nsa_workspace_check(const nsa_plan *plan, const nsa_buffer *ws, const char *fn)
+{
+    if (!ws) return NSA_SUCCESS;
+    if (ws->ctx != plan->ctx)
+        return nsa_set_error(NSA_ERR_WRONG_CONTEXT, "%s: workspace belongs to another context than the plan", fn);
+    if (ws->size < plan->ws.bytes)
+        return nsa_set_error(NSA_ERR_BUFFER_TOO_SMALL, "%s: workspace has %zu bytes, the plan needs %zu", fn, ws->size,
+                             plan->ws.bytes);
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_workspace_get(nsa_plan *plan, nsa_buffer **ws)
+{
+    if (*ws) return NSA_SUCCESS;
+    if (!plan->own_ws) {
+        nsa_status s = nsa_buffer_alloc(plan->ctx, plan->ws.bytes, &plan->own_ws);
+        if (s != NSA_SUCCESS) return s;
+        nsa_buffer_mark_internal(plan->own_ws);
+    }
+    *ws = plan->own_ws;
+    return NSA_SUCCESS;
+}
