@@ -210,6 +210,53 @@ nsa_status tk_ref64_forward(const tk_case *c, const tk_ref64 *x, const int32_t *
 nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round, const double *dO,
                              tk_ref64 *grad);
 
+/* ------------------------------------------------------------------ backward (backward.c) */
+
+/* A backend's gradients, as doubles in tk_ref64's layout (n[i] = 0 where not
+ * returned), with the raw bytes as read back (determinism). shared: one k (v)
+ * tensor served every branch, so t[TK_G_K + first branch] holds their sum. */
+typedef struct tk_grads {
+    double *t[TK_G_COUNT];
+    int64_t n[TK_G_COUNT];
+    void *raw[TK_G_COUNT];
+    size_t raw_bytes[TK_G_COUNT];
+    int shared;
+} tk_grads;
+
+/* 1 when the branches that read k / v (EXTERNAL: not cmp) share one tensor
+ * (in->k[b] the same pointer): the runner then passes one view and one
+ * gradient view for them all. */
+int tk_inputs_shared_kv(const tk_case *c, const tk_inputs *in);
+
+/* nsa_backward of case c on ctx (a training plan), from the inputs, dO [T, Hq,
+ * Dv] (floats, already of the dtype), the forward's lse[b] [T, Hq] (enabled
+ * branches) and its selection sel [T, Hkv, n] (n > 0), every gradient buffer
+ * poisoned first; fills out (tk_grads_free it). On failure: the status, with
+ * "<call>: <status>: <message>" in msg, and nothing to free. */
+nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *in, const float *dO,
+                           float *const lse[3], const int32_t *sel, tk_grads *out, char *msg, size_t msg_size);
+void tk_grads_free(tk_grads *g);
+
+/* Folds the reference's per-branch k (v) gradients into the first branch's,
+ * as a shared tensor receives them. */
+void tk_ref64_sum_shared(tk_ref64 *ref);
+
+/* Gradient tolerances: an element passes when
+ *     |got - ref| <= rms_tol * max(rms(ref tensor), floor) + rel_tol * |ref|
+ * floor = 0.1 rms(dO) (dpe: times sqrt(compressed rows), as it sums them and the
+ * keys' sum is 0), (rms_tol, rel_tol) = (1e-4, 1e-4) f32, (1e-2, 4e-3) f16,
+ * (1e-2, 1.6e-2) bf16: gradients are rounded once to the dtype (2^-11, 2^-8
+ * relative) and accumulated in f32 between stages. */
+void tk_grad_tolerance(nsa_dtype dt, double *rms_tol, double *rel_tol);
+typedef struct tk_grad_verdict {
+    int pass;
+    double worst;        /* max |got - ref| / tolerance */
+    int64_t elements;
+    char msg[TK_MSG_MAX];/* first failure: case, tensor, element, values */
+} tk_grad_verdict;
+int tk_compare_grads(const tk_case *c, const tk_grads *got, const tk_ref64 *ref, double rms_do, int64_t total_cmp,
+                     tk_grad_verdict *v);
+
 /* ------------------------------------------------------------------ runner */
 
 /* What a backend returned, converted to host floats, dense logical layouts. */
