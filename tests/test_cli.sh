@@ -68,6 +68,17 @@ if cmp -s "$tmp/o2/o.npy" "$tmp/o3/o.npy"; then ok "--inputs run is reproducible
 if ! cmp -s "$tmp/o2/o.npy" "$tmp/o4/o.npy"; then ok "--inputs q was used"; else bad "--inputs q was used"; fi
 expect "--inputs rejects a wrong shape" nonzero "q" -- \
   "$nsa" run --backend cpu --T 300 --hq 8 --hkv 2 --dqk 32 --dv 16 --n 4 --w 64 --dtype f32 --inputs "$tmp/in"
+# --backward: gradients checked against the fp64 reference and written; do.npy read
+# from --inputs (the o of the first run has dO's shape [T, Hq, Dv]) and used
+expect "run --backward checks the gradients" 0 "gradient elements.*PASS" -- "$nsa" "${small[@]}" --backward --outputs "$tmp/b1"
+for f in dq dk dv dg_cmp dg_slc dg_win; do
+  if head -c 6 "$tmp/b1/$f.npy" 2>/dev/null | grep -q "NUMPY"; then ok "--backward wrote $f.npy"; else bad "--backward wrote $f.npy"; fi
+done
+mkdir -p "$tmp/bin" && cp "$tmp/o1/o.npy" "$tmp/bin/do.npy"
+expect "run --backward reads do.npy" 0 "dO from do.npy" -- "$nsa" "${small[@]}" --backward --inputs "$tmp/bin" --outputs "$tmp/b2"
+if ! cmp -s "$tmp/b1/dq.npy" "$tmp/b2/dq.npy"; then ok "do.npy was used"; else bad "do.npy was used"; fi
+cp "$tmp/o1/lse_cmp.npy" "$tmp/bin/do.npy"
+expect "run --backward rejects a wrong do.npy shape" nonzero "do.npy: shape" -- "$nsa" "${small[@]}" --backward --inputs "$tmp/bin"
 expect "parity --backends cpu"      0 "cpu"             -- "$nsa" parity --backends cpu --corpus small --dtypes f32,bf16
 expect "parity --save"              0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --save "$tmp/p.bin"
 expect "parity --compare"           0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --compare "$tmp/p.bin"

@@ -12,6 +12,7 @@
 #include "config_flags.h"
 #include "nsa.h"
 #include "problem.h"
+#include "run_backward.h"
 #include "run_check.h"
 #include "run_inputs.h"
 #include "testkit.h"
@@ -70,7 +71,14 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  are not given they are taken from q/k/v; every shape is checked.\n"
             "--outputs DIR writes o.npy [T,Hq,Dv] (<f4, exact for f16/bf16), lse_cmp.npy,\n"
             "  lse_slc.npy, lse_win.npy [T,Hq] (<f4, enabled branches) and selected.npy\n"
-            "  [T,Hkv,n] (<i4, n > 0).\n\n"
+            "  [T,Hkv,n] (<i4, n > 0); with --backward also the gradients (<f4): dq, dk and dv\n"
+            "  (one k/v for every branch) or dk_cmp dk_slc dk_win / dv_*, dg_cmp dg_slc dg_win,\n"
+            "  dw_k dw_v dpe_k dpe_v (LINEAR), dkc dvc (EXTERNAL).\n"
+            "--backward runs the backward pass too (a training plan) from the forward's LSEs\n"
+            "  and selection and dO: --inputs DIR/do.npy [T,Hq,Dv], else drawn from the seed.\n"
+            "  Its check compares every gradient of the whole problem (no causal prefix\n"
+            "  exists for gradients) with the cpu backend, or on cpu with the tests' fp64\n"
+            "  gradient reference, when that fits the --check-gflop budget.\n\n"
             "%s\nflags:\n",
             RUN_T_CPU, RUN_T_GPU, RUN_CHECK_BUDGET, config_flags_help);
     args_print_options(f, opts, n);
@@ -102,8 +110,9 @@ int cmd_run(int argc, char **argv)
     const char *backend = NULL, *inputs_dir = NULL, *outputs_dir = NULL, *save_inputs_dir = NULL;
     int64_t device = -1, iters = -1, warmup = -1, check_tokens = -1, check_seqs = 2;
     double check_gflop = RUN_CHECK_BUDGET / 1e9;
-    int json = 0;
-    args_opt opts[CONFIG_FLAGS_COUNT + 12];
+    int json = 0, backward = 0;
+    run_bwd bw;
+    args_opt opts[CONFIG_FLAGS_COUNT + 13];
     int nopts, rc;
     nsa_context *ctx = NULL;
     nsa_status s;
@@ -132,6 +141,7 @@ int cmd_run(int argc, char **argv)
     OPT("--inputs", ARGS_STRING, &inputs_dir, "DIR", "read tensors from DIR/*.npy (see above)");
     OPT("--outputs", ARGS_STRING, &outputs_dir, "DIR", "write o, lse_*, selected as .npy into DIR");
     OPT("--save-inputs", ARGS_STRING, &save_inputs_dir, "DIR", "write the inputs used as .npy into DIR (for --inputs)");
+    OPT("--backward", ARGS_FLAG, &backward, NULL, "also run the backward pass (see above)");
     OPT("--json", ARGS_FLAG, &json, NULL, "print one JSON object");
 #undef OPT
     rc = args_parse(CMD, opts, nopts, argc, argv, 1);
@@ -247,6 +257,17 @@ int cmd_run(int argc, char **argv)
     } else {
         snprintf(chk.note, sizeof chk.note, "not checked (--check-tokens 0)");
     }
+    memset(&bw, 0, sizeof bw);
+    if (backward) {
+        rc = run_backward_do(CMD, ctx, bname, &c, &in, &out, inputs_dir, check_tokens != 0, check_gflop * 1e9, &bw);
+        if (rc) {
+            exit_code = rc;
+            backward = 0;
+        } else {
+            if (bw.checked && !bw.v.pass) exit_code = TOOL_EXIT_FAIL;
+            if (outputs_dir && run_backward_write(CMD, outputs_dir, &c, &in, &bw) != 0) exit_code = TOOL_EXIT_FAIL;
+        }
+    }
 
     if (json) {
         printf("{\"command\": \"run\", \"version\": ");
@@ -305,7 +326,26 @@ int cmd_run(int argc, char **argv)
         }
         printf(", \"note\": ");
         json_str(stdout, chk.note);
-        printf("}, \"exit_code\": %d}\n", exit_code);
+        printf("}");
+        if (backward) {
+            printf(", \"backward\": {\"dout\": ");
+            json_str(stdout, bw.dout_from);
+            printf(", \"seconds\": ");
+            json_num(stdout, bw.seconds);
+            printf(", \"checked\": %s", bw.checked ? "true" : "false");
+            if (bw.checked) {
+                printf(", \"reference\": ");
+                json_str(stdout, bw.reference);
+                printf(", \"elements\": %lld, \"err_over_tol\": ", (long long)bw.v.elements);
+                json_num(stdout, bw.v.worst);
+                printf(", \"pass\": %s, \"message\": ", bw.v.pass ? "true" : "false");
+                json_str(stdout, bw.v.pass ? "" : bw.v.msg);
+            }
+            printf(", \"note\": ");
+            json_str(stdout, bw.note);
+            printf("}");
+        }
+        printf(", \"exit_code\": %d}\n", exit_code);
     } else {
         char desc[512], b1[32];
         printf("backend: %s, device: %s (libnsa %s)\n", bname, nsa_context_device(ctx),
@@ -359,7 +399,22 @@ int cmd_run(int argc, char **argv)
         }
         if (chk.note[0])
             printf("%s %s\n", chk.done ? "note:   " : "check:  ", chk.note);
+        if (backward) {
+            double rt, lt;
+            tk_grad_tolerance(c.cfg.dtype, &rt, &lt);
+            printf("backward: %.4g ms for one call (training plan, uploads, nsa_backward, read-back; not a "
+                   "kernel timing), dO from %s\n",
+                   bw.seconds * 1e3, bw.dout_from);
+            if (bw.checked)
+                printf("         vs %s (%.2f s): %lld gradient elements, max err / tolerance = %.3g: %s "
+                       "(|err| <= %g max(rms(ref), 0.1 rms(dO)) + %g |ref|)\n",
+                       bw.reference, bw.ref_seconds, (long long)bw.v.elements, bw.v.worst,
+                       bw.v.pass ? "PASS" : "FAIL", rt, lt);
+            if (bw.checked && !bw.v.pass) printf("         first failure: %s\n", bw.v.msg);
+            if (bw.note[0]) printf("         %s\n", bw.note);
+        }
     }
+    run_backward_free(&bw);
 
     problem_output_free(&out);
     problem_free(&p);

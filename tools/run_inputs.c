@@ -445,3 +445,17 @@ int run_outputs_write(const char *cmd, const char *dir, const tk_case *c, const 
         return TOOL_EXIT_FAIL;
     return 0;
 }
+
+int run_inputs_load_floats(const char *cmd, const char *dir, const char *name, int ndim, const int64_t *shape,
+                           nsa_dtype dtype, float **out, int *found)
+{
+    return load_floats(cmd, dir, name, ndim, shape, dtype, out, found);
+}
+
+int run_outputs_write_f32(const char *cmd, const char *dir, const char *name, int ndim, const int64_t *shape,
+                          const float *data)
+{
+    if (make_dir(cmd, dir))
+        return TOOL_EXIT_FAIL;
+    return write_one(cmd, dir, name, NPY_F32, ndim, shape, data);
+}

@@ -48,6 +48,14 @@ int run_inputs_load(const char *cmd, const char *dir, tk_case *c, tk_inputs *in,
  * `--inputs dir` reproduces the run. Returns 0 or 1. */
 int run_inputs_write(const char *cmd, const char *dir, const tk_case *c, const tk_inputs *in);
 
+/* dir/name.npy (if there) as floats rounded to dtype, its shape checked against
+ * shape[0 .. ndim-1]: 0 with *found = 0 when absent, 0 with *out (malloc'ed) and
+ * *found = 1, or an exit code with a message naming the file. */
+int run_inputs_load_floats(const char *cmd, const char *dir, const char *name, int ndim, const int64_t *shape,
+                           nsa_dtype dtype, float **out, int *found);
+/* Writes dir/name.npy ('<f4'), creating dir if missing. Returns 0 or 1. */
+int run_outputs_write_f32(const char *cmd, const char *dir, const char *name, int ndim, const int64_t *shape,
+                          const float *data);
 /* Writes out's tensors into dir (created if missing). Returns 0 or 1. */
 int run_outputs_write(const char *cmd, const char *dir, const tk_case *c, const tk_output *out);
 
