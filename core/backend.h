@@ -145,6 +145,13 @@ typedef struct nsa_bk_plan {
     void *backend_plan;        /* set by plan_prepare, released by plan_release */
 } nsa_bk_plan;
 
+/* One gradient BWD_STORE rounds to the dtype: rows x heads x dim elements of
+ * the f32 accumulator acc into out. */
+typedef struct nsa_bk_store {
+    nsa_bk_tensor acc, out;
+    int64_t rows, heads, dim;
+} nsa_bk_store;
+
 /* Every tensor any stage reads or writes; run() uses those its stage names.
  * The core fills user tensors and workspace views; dtypes are set. */
 typedef struct nsa_bk_args {
@@ -172,11 +179,8 @@ typedef struct nsa_bk_args {
     nsa_bk_tensor dpe_k_acc, dpe_v_acc; /* f32 [Hkv, l, D], dense */
     nsa_bk_tensor delta;       /* f32 [T, Hq] scratch */
     nsa_bk_tensor dgate[3];    /* f32 [T, Hq] outputs */
-    int num_store;             /* BWD_STORE: out = acc, rows x heads x dim elements */
-    struct nsa_bk_store {
-        nsa_bk_tensor acc, out;
-        int64_t rows, heads, dim;
-    } store[12];
+    int num_store;             /* BWD_STORE: store[i].out = store[i].acc */
+    nsa_bk_store store[12];
 } nsa_bk_args;
 
 /* Services the core offers a backend (passed to the module's entry). */

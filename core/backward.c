@@ -223,7 +223,7 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
 #define STORE(acc_, out_, r_, h_, d_)                                                                  \
     do {                                                                                               \
         if ((out_).buf)                                                                                \
-            a.store[a.num_store++] = (struct nsa_bk_store){(acc_), (out_), (r_), (h_), (d_)};         \
+            a.store[a.num_store++] = (nsa_bk_store){(acc_), (out_), (r_), (h_), (d_)};         \
     } while (0)
     STORE(a.dq_acc, dq, T, hq, dk);
     for (int b = 0; b < 3; b++) {

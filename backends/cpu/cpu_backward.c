@@ -476,7 +476,7 @@ static void store_rows(void *user, int64_t begin, int64_t end, void *mem)
         int64_t k = 0, row = it;
         while (k < a->num_store && row >= a->store[k].rows) row -= a->store[k++].rows;
         if (k == a->num_store) continue;
-        const struct nsa_bk_store *s = &a->store[k];
+        const nsa_bk_store *s = &a->store[k];
         for (int64_t h = 0; h < s->heads; h++) {
             nsa_cpu_load_row(nsa_cpu_base(&s->acc), NSA_DTYPE_F32, nsa_cpu_at(&s->acc, row, h), s->dim, x);
             nsa_cpu_store_row(x, nsa_cpu_base(&s->out), s->out.dtype, nsa_cpu_at(&s->out, row, h), s->dim);

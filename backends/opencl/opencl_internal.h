@@ -52,6 +52,15 @@ enum ocl_kernel_id {
     OCL_K_WIN_ATTN_V2,
     OCL_K_BLOCK_SCORES_V2,
     OCL_K_SCORES_TOPN,
+    OCL_K_BWD_ROWS_CMP, /* backward.cl: rows and keys kernels per branch (cmp, slc, win) */
+    OCL_K_BWD_ROWS_SLC,
+    OCL_K_BWD_ROWS_WIN,
+    OCL_K_BWD_KEYS_CMP,
+    OCL_K_BWD_KEYS_SLC,
+    OCL_K_BWD_KEYS_WIN,
+    OCL_K_BWD_COMPRESS_ROWS,
+    OCL_K_BWD_COMPRESS_W,
+    OCL_K_BWD_STORE,
     OCL_K_COUNT
 };
 
@@ -88,6 +97,7 @@ typedef struct ocl_plan {
     size_t wg_scores; /* block_scores */
     size_t wg_topn;   /* select_topn */
     size_t wg_elem;   /* element-wise kernels */
+    size_t wg_bwd;    /* the backward's rows and keys kernels */
     int scores_q_local;
     int scores_v2;       /* 1: block_scores_v2 (rows scored once, tiles in local memory) */
     size_t wg_scores_v2;

@@ -50,6 +50,15 @@ static const char *const kernel_names[OCL_K_COUNT] = {
     [OCL_K_WIN_ATTN_V2] = "win_attn_v2",
     [OCL_K_BLOCK_SCORES_V2] = "block_scores_v2",
     [OCL_K_SCORES_TOPN] = "scores_topn",
+    [OCL_K_BWD_ROWS_CMP] = "bwd_rows_cmp",
+    [OCL_K_BWD_ROWS_SLC] = "bwd_rows_slc",
+    [OCL_K_BWD_ROWS_WIN] = "bwd_rows_win",
+    [OCL_K_BWD_KEYS_CMP] = "bwd_keys_cmp",
+    [OCL_K_BWD_KEYS_SLC] = "bwd_keys_slc",
+    [OCL_K_BWD_KEYS_WIN] = "bwd_keys_win",
+    [OCL_K_BWD_COMPRESS_ROWS] = "bwd_compress_rows",
+    [OCL_K_BWD_COMPRESS_W] = "bwd_compress_w",
+    [OCL_K_BWD_STORE] = "bwd_store",
 };
 
 /* A cache file: this magic, the payload's size (uint64), its 128-bit hash (two

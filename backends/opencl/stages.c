@@ -262,6 +262,12 @@ int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
         size_t kt, jc;
         return !fused_off() && scores_tile(c, cfg, 1, &kt, &jc);
     }
+    case NSA_STAGE_BWD_CMP_ATTN:
+    case NSA_STAGE_BWD_COMPRESS:
+    case NSA_STAGE_BWD_SLC_ATTN:
+    case NSA_STAGE_BWD_WIN_ATTN:
+    case NSA_STAGE_BWD_STORE:
+        return 1; /* backward.cl: any head dim (rows are read from global memory) */
     default:
         return 0;
     }
@@ -296,6 +302,9 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
     if (cpu && op->wg_elem > 64) op->wg_elem = 64;
     for (int k = OCL_K_COMPRESS_MEAN; k <= OCL_K_COMPRESS_LINEAR; ++k)
         while (op->wg_elem > kernel_limit(c, op->prog, k)) op->wg_elem /= 2;
+    op->wg_bwd = cpu ? 16 : 64;
+    for (int k = OCL_K_BWD_ROWS_CMP; k <= OCL_K_BWD_KEYS_WIN; ++k)
+        while (op->wg_bwd > 1 && op->wg_bwd > kernel_limit(c, op->prog, k)) op->wg_bwd /= 2;
     choose_v2(c, op, cfg);
     choose_scores_v2(c, op, cfg);
     if (cfg->compress == NSA_COMPRESS_LINEAR && (s = ocl_linear_prepare(c, plan, op)) != NSA_SUCCESS) {
@@ -628,6 +637,192 @@ static nsa_status run_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *a
                       (int64_t)op->wg_elem);
 }
 
+/* ---- backward (backward.cl) */
+
+/* The arguments the rows and keys kernels share, up to their outputs. */
+static void bwd_inputs(ocl_args *a, const nsa_bk_args *args, int b, size_t es)
+{
+    const nsa_bk_tensor *k = b == NSA_BRANCH_CMP ? &args->kc : &args->k[b];
+    const nsa_bk_tensor *v = b == NSA_BRANCH_CMP ? &args->vc : &args->v[b];
+    const size_t kes = b == NSA_BRANCH_CMP ? 4 : es;
+    nsa_bk_tensor none = {0};
+    ocl_arg_tensor(a, &args->q, es, 1);
+    ocl_arg_tensor(a, &args->dout, es, 1);
+    ocl_arg_tensor(a, &args->lse[b], 4, 1);
+    ocl_arg_tensor(a, &args->gate[b], 4, 1);
+    ocl_arg_tensor(a, b == NSA_BRANCH_SLC ? &args->indices : &none, 4, 1);
+    ocl_arg_tensor(a, k, kes, 1);
+    ocl_arg_tensor(a, v, kes, 1);
+}
+
+static nsa_status run_bwd_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb, int b)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    const size_t es = dtype_size(cfg->dtype), wg = op->wg_bwd;
+    static const int rows_k[3] = {OCL_K_BWD_ROWS_CMP, OCL_K_BWD_ROWS_SLC, OCL_K_BWD_ROWS_WIN};
+    static const int keys_k[3] = {OCL_K_BWD_KEYS_CMP, OCL_K_BWD_KEYS_SLC, OCL_K_BWD_KEYS_WIN};
+    static const char *const rows_n[3] = {"bwd_rows_cmp", "bwd_rows_slc", "bwd_rows_win"};
+    static const char *const keys_n[3] = {"bwd_keys_cmp", "bwd_keys_slc", "bwd_keys_win"};
+    if (!args->q.buf || !args->dout.buf || !args->lse[b].buf || !args->gate[b].buf || !args->delta.buf ||
+        (b == NSA_BRANCH_SLC && !args->indices.buf))
+        return OCL_ERR(NSA_ERR_MISSING_TENSOR, "opencl: %s: a tensor it needs is absent", rows_n[b]);
+    ocl_args a;
+    ocl_args_begin(&a, op->prog->kernel[rows_k[b]], rows_n[b]);
+    bwd_inputs(&a, args, b, es);
+    ocl_arg_tensor(&a, &args->dq_acc, 4, 1);
+    ocl_arg_int(&a, args->dq_acc.buf != NULL);
+    ocl_arg_tensor(&a, &args->dgate[b], 4, 1);
+    ocl_arg_int(&a, args->dgate[b].buf != NULL);
+    ocl_arg_tensor(&a, &args->delta, 4, 1);
+    ocl_arg_mem(&a, tb->mem);
+    ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->cu_cmp);
+    ocl_arg_long(&a, tb->tok_seq);
+    ocl_arg_long(&a, cfg->num_q_heads);
+    ocl_arg_long(&a, cfg->num_kv_heads);
+    ocl_arg_long(&a, cfg->head_dim_qk);
+    ocl_arg_long(&a, cfg->head_dim_v);
+    ocl_arg_long(&a, cfg->cmp_block);
+    ocl_arg_long(&a, cfg->cmp_stride);
+    ocl_arg_long(&a, cfg->slc_block);
+    ocl_arg_long(&a, cfg->num_selected);
+    ocl_arg_long(&a, cfg->window);
+    ocl_arg_float(&a, cfg->scale);
+    cl_uint first = a.next;
+    ocl_arg_long(&a, 0);
+    ocl_arg_local(&a, wg * 4);
+    ocl_arg_local(&a, wg * 4);
+    ocl_arg_local(&a, wg * 8);
+    nsa_status s = ocl_args_end(&a);
+    if (s == NSA_SUCCESS)
+        s = ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, wg, 1);
+    const nsa_bk_tensor *dk = b == NSA_BRANCH_CMP ? &args->dkc_acc : &args->dk_acc[b];
+    const nsa_bk_tensor *dv = b == NSA_BRANCH_CMP ? &args->dvc_acc : &args->dv_acc[b];
+    const int64_t nrows = b == NSA_BRANCH_CMP ? plan->total_cmp : plan->total_tokens;
+    if (s != NSA_SUCCESS || (!dk->buf && !dv->buf) || nrows == 0) return s;
+    ocl_args_begin(&a, op->prog->kernel[keys_k[b]], keys_n[b]);
+    bwd_inputs(&a, args, b, es);
+    ocl_arg_tensor(&a, dk, 4, 1);
+    ocl_arg_int(&a, dk->buf != NULL);
+    ocl_arg_tensor(&a, dv, 4, 1);
+    ocl_arg_int(&a, dv->buf != NULL);
+    ocl_arg_tensor(&a, &args->delta, 4, 1);
+    ocl_arg_mem(&a, tb->mem);
+    ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->cu_cmp);
+    ocl_arg_long(&a, tb->tok_seq);
+    ocl_arg_long(&a, plan->batch);
+    ocl_arg_long(&a, cfg->num_q_heads);
+    ocl_arg_long(&a, cfg->num_kv_heads);
+    ocl_arg_long(&a, cfg->head_dim_qk);
+    ocl_arg_long(&a, cfg->head_dim_v);
+    ocl_arg_long(&a, cfg->cmp_block);
+    ocl_arg_long(&a, cfg->cmp_stride);
+    ocl_arg_long(&a, cfg->slc_block);
+    ocl_arg_long(&a, cfg->num_selected);
+    ocl_arg_long(&a, cfg->window);
+    ocl_arg_float(&a, cfg->scale);
+    first = a.next;
+    ocl_arg_long(&a, 0);
+    ocl_arg_local(&a, wg * 4);
+    ocl_arg_local(&a, wg * 4);
+    if ((s = ocl_args_end(&a)) != NSA_SUCCESS) return s;
+    return ocl_launch(c, a.kernel, a.kname, first, nrows * cfg->num_kv_heads, wg, 1);
+}
+
+static nsa_status run_bwd_compress(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    const size_t es = dtype_size(cfg->dtype);
+    const int linear = cfg->compress == NSA_COMPRESS_LINEAR;
+    if (plan->total_cmp == 0 || cfg->compress == NSA_COMPRESS_EXTERNAL) return NSA_SUCCESS;
+    nsa_status s = NSA_SUCCESS;
+    for (int side = 0; side < 2 && s == NSA_SUCCESS; side++) {
+        const int64_t D = side ? cfg->head_dim_v : cfg->head_dim_qk;
+        const nsa_bk_tensor *dc = side ? &args->dvc_acc : &args->dkc_acc, *dx = side ? &args->dv_acc[0] : &args->dk_acc[0];
+        const nsa_bk_tensor *w = side ? &args->w_v : &args->w_k, *x = side ? &args->v[0] : &args->k[0];
+        const nsa_bk_tensor *pe = side ? &args->pe_v : &args->pe_k;
+        const nsa_bk_tensor *dw = side ? &args->dw_v_acc : &args->dw_k_acc, *dpe = side ? &args->dpe_v_acc : &args->dpe_k_acc;
+        ocl_args a;
+        if (dx->buf) {
+            const int64_t total = plan->total_tokens * cfg->num_kv_heads * D;
+            ocl_args_begin(&a, op->prog->kernel[OCL_K_BWD_COMPRESS_ROWS], "bwd_compress_rows");
+            ocl_arg_tensor(&a, dc, 4, 1);
+            ocl_arg_tensor(&a, linear ? w : dc, linear ? es : 4, 0); /* MEAN: W is not read */
+            ocl_arg_tensor(&a, dx, 4, 1);
+            ocl_arg_int(&a, linear);
+            ocl_arg_mem(&a, tb->mem);
+            ocl_arg_long(&a, tb->cu_seq);
+            ocl_arg_long(&a, tb->cu_cmp);
+            ocl_arg_long(&a, tb->tok_seq);
+            ocl_arg_long(&a, cfg->num_kv_heads);
+            ocl_arg_long(&a, D);
+            ocl_arg_long(&a, cfg->cmp_block);
+            ocl_arg_long(&a, cfg->cmp_stride);
+            ocl_arg_long(&a, total);
+            const cl_uint first = a.next;
+            ocl_arg_long(&a, 0);
+            if ((s = ocl_args_end(&a)) == NSA_SUCCESS)
+                s = ocl_launch(c, a.kernel, a.kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
+                               (int64_t)op->wg_elem);
+        }
+        if (s != NSA_SUCCESS || !linear || (!dw->buf && !dpe->buf)) continue;
+        const int64_t total = cfg->num_kv_heads * cfg->cmp_block * D * D;
+        ocl_args_begin(&a, op->prog->kernel[OCL_K_BWD_COMPRESS_W], "bwd_compress_w");
+        ocl_arg_tensor(&a, x->buf ? x : dc, x->buf ? es : 4, 1);
+        ocl_arg_tensor(&a, pe->buf ? pe : dc, pe->buf ? es : 4, 0);
+        ocl_arg_int(&a, pe->buf != NULL);
+        ocl_arg_tensor(&a, w, es, 0);
+        ocl_arg_tensor(&a, dc, 4, 1);
+        ocl_arg_tensor(&a, dw->buf ? dw : dc, 4, 0);
+        ocl_arg_int(&a, dw->buf != NULL);
+        ocl_arg_tensor(&a, dpe->buf ? dpe : dc, 4, 0);
+        ocl_arg_int(&a, dpe->buf != NULL);
+        ocl_arg_mem(&a, tb->mem);
+        ocl_arg_long(&a, tb->cu_seq);
+        ocl_arg_long(&a, tb->cu_cmp);
+        ocl_arg_long(&a, plan->batch);
+        ocl_arg_long(&a, plan->total_cmp);
+        ocl_arg_long(&a, cfg->num_kv_heads);
+        ocl_arg_long(&a, D);
+        ocl_arg_long(&a, cfg->cmp_block);
+        ocl_arg_long(&a, cfg->cmp_stride);
+        ocl_arg_long(&a, total);
+        const cl_uint first = a.next;
+        ocl_arg_long(&a, 0);
+        if ((s = ocl_args_end(&a)) == NSA_SUCCESS)
+            s = ocl_launch(c, a.kernel, a.kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
+                           (int64_t)op->wg_elem);
+    }
+    return s;
+}
+
+static nsa_status run_bwd_store(ocl_context *c, ocl_plan *op, const nsa_bk_args *args)
+{
+    for (int i = 0; i < args->num_store; i++) {
+        const nsa_bk_store *st = &args->store[i];
+        const int64_t total = st->rows * st->heads * st->dim;
+        if (total == 0) continue;
+        ocl_args a;
+        ocl_args_begin(&a, op->prog->kernel[OCL_K_BWD_STORE], "bwd_store");
+        ocl_arg_tensor(&a, &st->acc, 4, 1);
+        ocl_arg_tensor(&a, &st->out, dtype_size(st->out.dtype), 1);
+        ocl_arg_long(&a, st->heads);
+        ocl_arg_long(&a, st->dim);
+        ocl_arg_long(&a, total);
+        const cl_uint first = a.next;
+        ocl_arg_long(&a, 0);
+        nsa_status s = ocl_args_end(&a);
+        if (s == NSA_SUCCESS)
+            s = ocl_launch(c, a.kernel, a.kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
+                           (int64_t)op->wg_elem);
+        if (s != NSA_SUCCESS) return s;
+    }
+    return NSA_SUCCESS;
+}
+
 static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const nsa_bk_args *args);
 
 static double now_ms(void)
@@ -669,6 +864,11 @@ static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const
     case NSA_STAGE_SLC_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_SLC);
     case NSA_STAGE_WIN_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_WIN);
     case NSA_STAGE_COMBINE: return run_combine(c, op, args);
+    case NSA_STAGE_BWD_CMP_ATTN: return run_bwd_attn(c, op, args, &tb, NSA_BRANCH_CMP);
+    case NSA_STAGE_BWD_COMPRESS: return run_bwd_compress(c, op, args, &tb);
+    case NSA_STAGE_BWD_SLC_ATTN: return run_bwd_attn(c, op, args, &tb, NSA_BRANCH_SLC);
+    case NSA_STAGE_BWD_WIN_ATTN: return run_bwd_attn(c, op, args, &tb, NSA_BRANCH_WIN);
+    case NSA_STAGE_BWD_STORE: return run_bwd_store(c, op, args);
     default:
         return OCL_ERR(NSA_ERR_UNSUPPORTED, "opencl: stage %d is not implemented by this backend", (int)stage);
     }
