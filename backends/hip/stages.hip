@@ -40,6 +40,7 @@ static nsa_hip_dims dims_of_config(const nsa_config *c)
     d.n_local = c->num_local;
     d.w = c->window;
     d.scale_log2 = c->scale * 1.4426950408889634f;
+    d.scale = c->scale;
     d.dtype = c->dtype == NSA_DTYPE_F16 ? NSA_DT_F16 : c->dtype == NSA_DTYPE_BF16 ? NSA_DT_BF16 : NSA_DT_F32;
     return d;
 }
@@ -88,6 +89,11 @@ int nsa_hip_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
     case NSA_STAGE_SLC_ATTN:
     case NSA_STAGE_WIN_ATTN: return nsa_hip_attn_tile(&d, c->lds_bytes, 0, &t) == 0;
     case NSA_STAGE_BLOCK_SCORES: return nsa_hip_scores_tile(&d, c->lds_bytes, 0, &t) == 0;
+    case NSA_STAGE_BWD_CMP_ATTN:
+    case NSA_STAGE_BWD_COMPRESS:
+    case NSA_STAGE_BWD_SLC_ATTN:
+    case NSA_STAGE_BWD_WIN_ATTN:
+    case NSA_STAGE_BWD_STORE: return 1; /* backward.hip: any head dim (rows read from global memory) */
     default: return 0; /* SCORES_TOPN (fused) is not implemented: BLOCK_SCORES + SELECT_TOPN run instead */
     }
 }
@@ -213,6 +219,47 @@ nsa_status nsa_hip_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
         e = nsa_hip_combine(&d, gate, ob, view(a->o), c->stream);
         break;
     }
+    case NSA_STAGE_BWD_CMP_ATTN:
+    case NSA_STAGE_BWD_SLC_ATTN:
+    case NSA_STAGE_BWD_WIN_ATTN: {
+        const int b = stage == NSA_STAGE_BWD_CMP_ATTN ? C : stage == NSA_STAGE_BWD_SLC_ATTN ? S : W;
+        const nsa_bk_tensor &k = b == C ? a->kc : a->k[b], &v = b == C ? a->vc : a->v[b];
+        if ((s = need(a->q, "q", stage)) || (s = need(a->dout, "dout", stage)) || (s = need(a->lse[b], "lse", stage)) ||
+            (s = need(a->gate[b], "gate", stage)) || (s = need(a->delta, "delta", stage)) ||
+            (s = need(k, "k", stage)) || (s = need(v, "v", stage)) ||
+            (b == S && (s = need(a->indices, "indices", stage))))
+            return s;
+        const nsa_hip_bwd_in in = {view(a->q),       view(a->dout),     view(a->lse[b]), view(a->gate[b]),
+                                   b == S ? view(a->indices) : none, view(a->dgate[b]), view(a->delta)};
+        e = nsa_hip_bwd_attention(&d, b == C ? NSA_HIP_CMP : b == S ? NSA_HIP_SLC : NSA_HIP_WIN, &in, view(k), view(v),
+                                  view(a->dq_acc), view(b == C ? a->dkc_acc : a->dk_acc[b]),
+                                  view(b == C ? a->dvc_acc : a->dv_acc[b]), c->stream);
+        break;
+    }
+    case NSA_STAGE_BWD_COMPRESS: {
+        if (p->total_cmp == 0 || p->cfg.compress == NSA_COMPRESS_EXTERNAL) return NSA_SUCCESS;
+        const int lin = p->cfg.compress == NSA_COMPRESS_LINEAR;
+        if ((s = need(a->dkc_acc, "dkc_acc", stage)) || (s = need(a->dvc_acc, "dvc_acc", stage)) ||
+            (lin && ((s = need(a->w_k, "w_k", stage)) || (s = need(a->w_v, "w_v", stage)))) ||
+            (lin && (a->dw_k_acc.buf || a->dw_v_acc.buf) &&
+             ((s = need(a->k[C], "k[cmp]", stage)) || (s = need(a->v[C], "v[cmp]", stage)))))
+            return s;
+        e = nsa_hip_bwd_compress(&d, lin, d.Dqk, view(a->dkc_acc), view(a->k[C]), view(a->w_k), view(a->pe_k),
+                                 view(a->dk_acc[C]), view(a->dw_k_acc), view(a->dpe_k_acc), c->stream);
+        if (e == hipSuccess)
+            e = nsa_hip_bwd_compress(&d, lin, d.Dv, view(a->dvc_acc), view(a->v[C]), view(a->w_v), view(a->pe_v),
+                                     view(a->dv_acc[C]), view(a->dw_v_acc), view(a->dpe_v_acc), c->stream);
+        break;
+    }
+    case NSA_STAGE_BWD_STORE:
+        for (int i = 0; i < a->num_store && e == hipSuccess; i++) {
+            const nsa_bk_store &st = a->store[i];
+            if ((s = need(st.acc, "acc", stage)) || (s = need(st.out, "out", stage))) return s;
+            e = nsa_hip_bwd_store(st.out.dtype == NSA_DTYPE_F16 ? NSA_DT_F16 : st.out.dtype == NSA_DTYPE_BF16 ? NSA_DT_BF16
+                                                                                                          : NSA_DT_F32,
+                                  view(st.acc), view(st.out), st.rows, st.heads, st.dim, c->stream);
+        }
+        break;
     default:
         return nsa_hip_host->set_error(NSA_ERR_UNSUPPORTED, "hip backend: stage %s is not implemented",
                                        stage_name(stage));

@@ -51,6 +51,7 @@ struct nsa_hip_dims {
     int64_t l, d, ls, n, n_init, n_local, w;
     int64_t total_cmp, max_ns;
     float scale_log2;            /* softmax scale * log2(e): kernels use exp2 */
+    float scale;                 /* the softmax scale itself (the backward uses exp) */
     int dtype;                   /* NSA_DT_* (nsa_dtype.h) of q, k, v, W, pe, kc_in, o */
     const int64_t *cu_seqlens;   /* [B + 1] token offsets */
     const int64_t *cu_cmp;       /* [B + 1] compressed-row offsets */
@@ -112,5 +113,26 @@ hipError_t nsa_hip_select_topn(const nsa_hip_dims *dm, nsa_hip_tensor scores, ns
 /* COMBINE: o = sum over branches with o_b[b].ptr != NULL of gate[b] * o_b[b]. */
 hipError_t nsa_hip_combine(const nsa_hip_dims *dm, const nsa_hip_tensor gate[3], const nsa_hip_tensor o_b[3],
                            nsa_hip_tensor o, hipStream_t stream);
+
+/* The backward stages (backward.hip). One branch's inputs: q, dO (dtype), the
+ * forward's lse and the gate (f32 [T, Hq]), idx (SLC only); outputs dgate
+ * (optional) and delta (f32 [T, Hq], from the rows kernel to the keys kernel). */
+struct nsa_hip_bwd_in {
+    nsa_hip_tensor q, dout, lse, gate, idx, dgate, delta;
+};
+/* BWD_*_ATTN: adds to dq (optional), dk, dv (f32 accumulators; for CMP the dkc,
+ * dvc ones; each optional). k, v: f32 kc/vc for CMP, else dtype. */
+hipError_t nsa_hip_bwd_attention(const nsa_hip_dims *dm, int kind, const nsa_hip_bwd_in *in, nsa_hip_tensor k,
+                                 nsa_hip_tensor v, nsa_hip_tensor dq, nsa_hip_tensor dk, nsa_hip_tensor dv,
+                                 hipStream_t stream);
+/* BWD_COMPRESS: dc (f32 [total_cmp, Hkv, D]) back through MEAN or LINEAR: adds to
+ * dx (f32 [T, Hkv, D]), and LINEAR to dw [Hkv, l, D, D], dpe [Hkv, l, D] (f32;
+ * each optional); x, w, pe of the dtype (pe optional). */
+hipError_t nsa_hip_bwd_compress(const nsa_hip_dims *dm, int linear, int64_t D, nsa_hip_tensor dc, nsa_hip_tensor x,
+                                nsa_hip_tensor w, nsa_hip_tensor pe, nsa_hip_tensor dx, nsa_hip_tensor dw,
+                                nsa_hip_tensor dpe, hipStream_t stream);
+/* BWD_STORE: out (dtype) = acc (f32), rows x heads x dim elements. */
+hipError_t nsa_hip_bwd_store(int dtype, nsa_hip_tensor acc, nsa_hip_tensor out, int64_t rows, int64_t heads,
+                             int64_t dim, hipStream_t stream);
 
 #endif /* NSA_KERNELS_HIP_NSA_HIP_H */

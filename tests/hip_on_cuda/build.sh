@@ -15,7 +15,7 @@ out=${1:?usage: build.sh OUT_DIR [SM]}
 sm=${2:-90}
 mkdir -p "$out/obj"
 srcs=(backends/hip/backend.hip backends/hip/stages.hip kernels/hip/compress.hip kernels/hip/attention.hip
-      kernels/hip/scores.hip kernels/hip/topn.hip kernels/hip/combine.hip)
+      kernels/hip/scores.hip kernels/hip/topn.hip kernels/hip/combine.hip kernels/hip/backward.hip)
 pids=()
 for s in "${srcs[@]}"; do
   nvcc -x cu -std=c++17 -O3 -Xcompiler=-fPIC,-fvisibility=hidden -DNDEBUG -gencode "arch=compute_$sm,code=sm_$sm" \
