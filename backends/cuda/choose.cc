@@ -77,7 +77,8 @@ bool parse_target(const char *s, Cls device, Cls *out, char *msg, size_t msg_siz
 static const char *const k_names[K_COUNT] = {
     "-",           "compress_mean",   "compress_linear", "compress_copy", "attn_ref",        "attn_sm80",
     "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm90_g16", "topn",
-    "slc_sm80",    "slc_sm80_g16",    "combine",         "combine_in_win",
+    "slc_sm80",    "slc_sm80_g16",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_compress_mean",
+    "bwd_compress_linear", "bwd_store",
 };
 
 const char *kern_name(Kern k) { return k >= 0 && k < K_COUNT ? k_names[k] : "?"; }
@@ -344,6 +345,13 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
             cfg.window > 0 ? "on a reference kernel" : "off");
         return NSA_ERR_UNSUPPORTED;
     }
+
+    /* backward (training plans): the reference kernels of bwd_ref.cu on every class */
+    out->st[NSA_STAGE_BWD_CMP_ATTN].k = out->st[NSA_STAGE_BWD_SLC_ATTN].k = out->st[NSA_STAGE_BWD_WIN_ATTN].k =
+        K_BWD_ATTN_REF;
+    out->st[NSA_STAGE_BWD_COMPRESS].k =
+        cfg.compress == NSA_COMPRESS_LINEAR ? K_BWD_COMPRESS_LINEAR : K_BWD_COMPRESS_MEAN;
+    out->st[NSA_STAGE_BWD_STORE].k = K_BWD_STORE;
 
     StageChoice tmp;
     out->slc_unaligned = takes(K_SLC_SM80, NSA_STAGE_SLC_ATTN, lim, s, &tmp) ? K_SLC_SM80 : K_ATTN_REF;

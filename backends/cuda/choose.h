@@ -69,6 +69,10 @@ enum Kern {
     K_SLC_SM80_G16, /* 8 tokens x 16 heads per CTA sharing block fetches */
     K_COMBINE,
     K_COMBINE_IN_WIN, /* COMBINE done by the window kernel's epilogue */
+    K_BWD_ATTN_REF,   /* backward of a branch: rows (dq) and keys (dk, dv) kernels, fp32 */
+    K_BWD_COMPRESS_MEAN,
+    K_BWD_COMPRESS_LINEAR,
+    K_BWD_STORE,
     K_COUNT
 };
 const char *kern_name(Kern k);

@@ -27,6 +27,9 @@ int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 {
     const CudaCtx *c = (const CudaCtx *)bctx;
     if (stage == NSA_STAGE_SCORES_TOPN) return c && cfg && offers_scores_topn(c->lim, *cfg, c->force) ? 1 : 0;
+    /* the backward stages: bwd_ref.cu's kernels, every dtype and head dim (LINEAR's
+     * limit is the forward's, checked by the chooser) */
+    if (stage >= NSA_STAGE_BWD_CMP_ATTN && stage <= NSA_STAGE_BWD_STORE) return 1;
     return stage >= NSA_STAGE_COMPRESS && stage <= NSA_STAGE_COMBINE;
 }
 

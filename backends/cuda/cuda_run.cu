@@ -274,10 +274,11 @@ nsa_status run_combine(const Run &r)
     return NSA_SUCCESS;
 }
 
-/* NSA_CUDA_PROFILE: after COMBINE, wait and print every stage's time and kernel */
-void print_profile(CudaCtx *c, const nsa_bk_plan *pl)
+/* NSA_CUDA_PROFILE: after COMBINE (forward) or BWD_STORE (backward), the pass's
+ * last stage, wait and print every stage's time and kernel */
+void print_profile(CudaCtx *c, const nsa_bk_plan *pl, nsa_stage last)
 {
-    cudaEventSynchronize(c->ev[2 * NSA_STAGE_COMBINE + 1]);
+    cudaEventSynchronize(c->ev[2 * last + 1]);
     const Cls cls = c->lim.cls;
     fprintf(stderr, "nsa-cuda profile (class %s%s, T=%lld):", class_name(cls),
             c->dev.emulate ? " emulated (NSA_CUDA_TARGET)" : "", (long long)pl->total_tokens);
@@ -291,6 +292,65 @@ void print_profile(CudaCtx *c, const nsa_bk_plan *pl)
         c->ev_used[i] = false;
     }
     fprintf(stderr, " sum %.3f ms\n", total);
+}
+
+/* ---- backward (bwd_ref.cu) */
+
+nsa_status run_bwd_attn(const Run &r, int b)
+{
+    const nsa_bk_args *a = r.a;
+    NEED(a->q, "q");
+    NEED(a->dout, "dout");
+    NEED(a->lse[b], "lse");
+    NEED(a->gate[b], "gate");
+    NEED(a->delta, "delta");
+    const nsa_bk_tensor &k = b == NSA_BRANCH_CMP ? a->kc : a->k[b], &v = b == NSA_BRANCH_CMP ? a->vc : a->v[b];
+    if (b != NSA_BRANCH_CMP || r.g.total_cmp > 0) {
+        NEED(k, "k");
+        NEED(v, "v");
+    }
+    if (b == NSA_BRANCH_SLC) NEED(a->indices, "indices");
+    BwdIn in = {view(a->q), view(a->dout), view(a->lse[b]), view(a->gate[b]), view(a->indices), mview(a->dgate[b]),
+                mview(a->delta)};
+    const MView dk = mview(b == NSA_BRANCH_CMP ? a->dkc_acc : a->dk_acc[b]);
+    const MView dv = mview(b == NSA_BRANCH_CMP ? a->dvc_acc : a->dv_acc[b]);
+    LAUNCH(bwd_attn_ref(r.g, b == NSA_BRANCH_CMP ? 0 : b == NSA_BRANCH_SLC ? 1 : 2, in, view(k), view(v),
+                        mview(a->dq_acc), dk, dv, r.s));
+    return NSA_SUCCESS;
+}
+
+nsa_status run_bwd_compress(const Run &r)
+{
+    const nsa_bk_args *a = r.a;
+    if (r.g.total_cmp == 0 || r.a->plan->cfg.compress == NSA_COMPRESS_EXTERNAL) return NSA_SUCCESS;
+    NEED(a->dkc_acc, "dkc_acc");
+    NEED(a->dvc_acc, "dvc_acc");
+    const bool lin = r.ch().k == K_BWD_COMPRESS_LINEAR;
+    if (lin) {
+        NEED(a->w_k, "w_k");
+        NEED(a->w_v, "w_v");
+        if (a->dw_k_acc.buf || a->dw_v_acc.buf) {
+            NEED(a->k[NSA_BRANCH_CMP], "k[cmp]");
+            NEED(a->v[NSA_BRANCH_CMP], "v[cmp]");
+        }
+    }
+    LAUNCH(bwd_compress(r.g, lin, r.g.Dqk, view(a->dkc_acc), view(a->k[NSA_BRANCH_CMP]), view(a->w_k), view(a->pe_k),
+                        mview(a->dk_acc[NSA_BRANCH_CMP]), mview(a->dw_k_acc), mview(a->dpe_k_acc), r.s));
+    LAUNCH(bwd_compress(r.g, lin, r.g.Dv, view(a->dvc_acc), view(a->v[NSA_BRANCH_CMP]), view(a->w_v), view(a->pe_v),
+                        mview(a->dv_acc[NSA_BRANCH_CMP]), mview(a->dw_v_acc), mview(a->dpe_v_acc), r.s));
+    return NSA_SUCCESS;
+}
+
+nsa_status run_bwd_store(const Run &r)
+{
+    const nsa_bk_args *a = r.a;
+    for (int i = 0; i < a->num_store; i++) {
+        const nsa_bk_store &st = a->store[i];
+        NEED(st.acc, "acc");
+        NEED(st.out, "out");
+        LAUNCH(bwd_store((int)st.out.dtype, view(st.acc), mview(st.out), st.rows, st.heads, st.dim, r.s));
+    }
+    return NSA_SUCCESS;
 }
 
 } // namespace
@@ -321,12 +381,17 @@ nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     case NSA_STAGE_SLC_ATTN: s = run_slc(r, ran, sizeof c->ran[stage]); break;
     case NSA_STAGE_WIN_ATTN: s = run_win(r); break;
     case NSA_STAGE_COMBINE: s = run_combine(r); break;
+    case NSA_STAGE_BWD_CMP_ATTN: s = run_bwd_attn(r, NSA_BRANCH_CMP); break;
+    case NSA_STAGE_BWD_COMPRESS: s = run_bwd_compress(r); break;
+    case NSA_STAGE_BWD_SLC_ATTN: s = run_bwd_attn(r, NSA_BRANCH_SLC); break;
+    case NSA_STAGE_BWD_WIN_ATTN: s = run_bwd_attn(r, NSA_BRANCH_WIN); break;
+    case NSA_STAGE_BWD_STORE: s = run_bwd_store(r); break;
     default: s = FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: stage %s is not implemented", nsa_stage_name(stage));
     }
     if (s != NSA_SUCCESS || !ran) return s;
     cudaEventRecord(c->ev[2 * stage + 1], r.s);
     c->ev_used[stage] = true;
-    if (stage == NSA_STAGE_COMBINE) print_profile(c, pl);
+    if (stage == NSA_STAGE_COMBINE || stage == NSA_STAGE_BWD_STORE) print_profile(c, pl, stage);
     return NSA_SUCCESS;
 }
 

@@ -15,6 +15,8 @@
 #   check    nsa run against the cpu backend: CHECKS / CHECK_EXTRA "class T args" items (default T = 8192, sm90)
 #   resources cuobjdump --dump-resource-usage of the module ($OUT/resources.txt)
 #   long     T = 140000, G = 16 (score rows past shared memory), with memcheck unless LONG_SAN=0
+#   backward test_backward cuda (full corpus) per class in CLASSES, memcheck and racecheck on
+#            the small corpus, 20 processes of nsa run --backward (one gradient hash expected)
 #   det      20 processes, one o.npy hash expected
 #   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles)
 #   opencl   the small corpus on NVIDIA's OpenCL (needs the module: OPENCL=1 builds it)
@@ -115,6 +117,24 @@ if has long; then
     rc=$?; note "[$(el)] memcheck T=140000 rc=$rc $(grep -E 'ERROR SUMMARY' /tmp/long2.log | tail -1)"
   fi
 fi
+if has backward; then # nsa_backward against the fp64 gradient reference, per class; memcheck / racecheck
+  for cls in ${CLASSES:-sm90 sm80 sm86}; do
+    env $(target $cls) CK_FORK=no timeout 300 $B/tests/test_backward cuda f32,f16,bf16 ${BWD_CORPUS:-full} \
+      > "$OUT/backward_$cls.log" 2>&1
+    rc=$?; note "[$(el)] backward-cuda class $cls: rc=$rc $(grep -cE '^FAIL|:F:' "$OUT/backward_$cls.log") failures; $(grep -E '^backward-' "$OUT/backward_$cls.log" | tail -1)"
+    grep -E ":F:" "$OUT/backward_$cls.log" | head -3 | cut -c1-400 | tee -a "$SUM"
+  done
+  for tool in memcheck racecheck; do
+    CK_FORK=no timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_backward cuda bf16 small \
+      > /tmp/bsan.log 2>&1
+    rc=$?; note "[$(el)] $tool test_backward cuda bf16 small: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/bsan.log | tail -1)"
+  done
+  for i in $(seq 1 20); do
+    $NSA run --backend cuda --T 4096 --backward --check-tokens 0 --outputs /tmp/bdet >/dev/null 2>&1
+    cat /tmp/bdet/dq.npy /tmp/bdet/dk.npy /tmp/bdet/dv.npy 2>/dev/null | md5sum
+  done | sort | uniq -c > /tmp/bdet.txt
+  note "[$(el)] backward determinism: 20 processes, $(wc -l < /tmp/bdet.txt) distinct dq+dk+dv hash(es)"
+fi
 if has det; then
   for i in $(seq 1 20); do
     $NSA run --backend cuda --T 8192 --iters 1 --warmup 0 --check-tokens 0 --outputs /tmp/det >/dev/null 2>&1
@@ -145,6 +165,10 @@ if has hip; then # the HIP backend's sources on CUDA (tests/hip_on_cuda): its pa
   NSA_HIP_NO_MFMA=1 NSA_BACKEND_PATH=/tmp/hipcu timeout 300 $B/tests/test_oracle hip ${HIP_MODES:-f32,f16,bf16,fixed} > "$OUT/parity_hip.log" 2>&1
   rc=$?; note "[$(el)] parity-hip (HIP sources on CUDA, full corpus): rc=$rc $(grep -cE '^FAIL|:F:' "$OUT/parity_hip.log") failures"
   grep -E "^parity-hip|^FAIL|:F:" "$OUT/parity_hip.log" | head -10 | tee -a "$SUM"
+  NSA_HIP_NO_MFMA=1 NSA_BACKEND_PATH=/tmp/hipcu CK_FORK=no timeout 300 $B/tests/test_backward hip f32,f16,bf16 full \
+    > "$OUT/backward_hip.log" 2>&1
+  rc=$?; note "[$(el)] backward-hip (HIP sources on CUDA, full corpus): rc=$rc $(grep -cE '^FAIL|:F:' "$OUT/backward_hip.log") failures; $(grep -E '^backward-' "$OUT/backward_hip.log" | tail -1)"
+  grep -E ":F:" "$OUT/backward_hip.log" | head -3 | cut -c1-400 | tee -a "$SUM"
 fi
 if has bench; then
   for cls in ${BENCH_CLASSES:-sm90}; do for dqk in 128 192; do

@@ -125,6 +125,26 @@ bool slc_sm80_g16_loads(const Geom &g, View k, View v);
 cudaError_t slc_sm80_g16(const Geom &g, const Dev &dev, const SlcTile &tile, int dqkp, int dvp, View q, View k, View v,
                          View idx, MView o, MView lse, cudaStream_t s);
 
+/* bwd_ref.cu: the backward stages (section 9), fp32, every dtype and head dim.
+ * One branch's inputs: q, dO (cfg dtype), the forward's lse and the gate (f32
+ * [T, Hq]), idx (selected branch), and its outputs dgate (optional) and delta
+ * (f32 [T, Hq], written by the rows kernel for the keys kernel). */
+struct BwdIn {
+    View q, dout, lse, gate, idx;
+    MView dgate, delta;
+};
+/* mode 0 compressed (k, v = f32 kc, vc; dk, dv = the dkc, dvc accumulators),
+ * 1 selected, 2 window: adds to dq (may be absent), dk, dv (f32 accumulators). */
+cudaError_t bwd_attn_ref(const Geom &g, int mode, const BwdIn &in, View k, View v, MView dq, MView dk, MView dv,
+                         cudaStream_t s);
+/* dc (f32 [total_cmp, Hkv, D]) back through the compression: adds to dx (f32
+ * [T, Hkv, D], optional) and, LINEAR, to dW [Hkv, l, D, D] and dpe [Hkv, l, D]
+ * (f32, optional); x, W, pe of the cfg dtype (pe may be absent). */
+cudaError_t bwd_compress(const Geom &g, bool linear, int64_t D, View dc, View x, View W, View pe, MView dx, MView dW,
+                         MView dpe, cudaStream_t s);
+/* out (cfg dtype) = acc (f32), rows x heads x dim elements */
+cudaError_t bwd_store(int dtype, View acc, MView out, int64_t rows, int64_t heads, int64_t dim, cudaStream_t s);
+
 /* combine.cu: o = sum_b gate_b * o_b over the branches whose ob[b].p != NULL */
 cudaError_t combine(const Geom &g, const View gate[3], const View ob[3], MView o, cudaStream_t s);
 
