@@ -44,8 +44,9 @@
  * Training: a plan made with NSA_CONFIG_TRAINING in cfg.flags also runs
  * nsa_backward (the gradients of docs/nsa-semantics.md section 9) from what the
  * forward returned (the per-branch LSEs and the selected indices) and dO.
- * Backends: cpu (the fp64 reference); the GPU backends do not have it yet and
- * refuse a training plan with NSA_ERR_UNSUPPORTED.
+ * Every backend has it (cpu: fp64 arithmetic; cuda, hip, opencl: fp32 reference
+ * kernels, not yet tuned); a backend without it refuses a training plan with
+ * NSA_ERR_UNSUPPORTED.
  *
  * Planned (not in this version, and not stubbed): decoding will use a plan made
  * with nsa_plan_create_decode(ctx, cfg, cache lengths, TQ) over a paged KV
