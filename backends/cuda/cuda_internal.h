@@ -60,6 +60,8 @@ struct CudaPlan {
     int64_t *tiles_dev;
     void *kc16, *vc16; /* compressed keys / values in the input type, padded to dqkp / dvp */
     float *sc_rows;    /* SCORES_TOPN whose rows do not fit in shared memory: f32 [T, Hkv, max_ns] */
+    SlcMap slc_map;    /* training plans with a selected branch: the inverse map's memory */
+    bool has_slc_map;
 };
 
 int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg);

@@ -43,6 +43,10 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     if (p->kc16) cudaFree(p->kc16);
     if (p->vc16) cudaFree(p->vc16);
     if (p->sc_rows) cudaFree(p->sc_rows);
+    SlcMap &m = p->slc_map;
+    void *maps[] = {(void *)m.blk_off, m.cnt, m.off, m.list_in, m.list_out, m.seg, m.seg_out, m.tmp};
+    for (void *x : maps)
+        if (x) cudaFree(x);
     free(p);
     plan->backend_plan = NULL;
 }
@@ -89,6 +93,47 @@ static nsa_status make_tiles(const nsa_bk_plan *plan, CudaPlan *p)
     return NSA_SUCCESS;
 }
 
+/* The selected branch's inverse map (bwd_ref.cu, SlcMap): the batch's selection
+ * block offsets on the device and the map's buffers, once per training plan. */
+static nsa_status make_slc_map(const nsa_bk_plan *plan, CudaPlan *p)
+{
+    const nsa_config *cfg = &plan->cfg;
+    std::vector<int64_t> off;
+    try {
+        off.resize((size_t)plan->batch + 1);
+    } catch (...) {
+        return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory for the selection block offsets");
+    }
+    off[0] = 0;
+    for (int64_t b = 0; b < plan->batch; b++) {
+        const int64_t len = plan->cu_seqlens[b + 1] - plan->cu_seqlens[b];
+        off[b + 1] = off[b] + (len + cfg->slc_block - 1) / cfg->slc_block;
+    }
+    SlcMap &m = p->slc_map;
+    m.nb = off[plan->batch];
+    const int64_t entries = plan->total_tokens * cfg->num_kv_heads * cfg->num_selected;
+    const int64_t segments = cfg->num_kv_heads * m.nb;
+    if (plan->total_tokens >= ((int64_t)1 << 31) || entries >= ((int64_t)1 << 31) - 1 || segments >= ((int64_t)1 << 30))
+        return FAIL(NSA_ERR_UNSUPPORTED,
+                    "cuda backend: the backward's selection map holds T * Hkv * n = %lld entries; at most 2^31 - 2 "
+                    "(and T < 2^31) are supported",
+                    (long long)entries);
+    m.tmp_bytes = slc_map_tmp_bytes(entries, segments);
+    const size_t e4 = (size_t)entries * sizeof(int), s4 = (size_t)(segments + 1) * sizeof(int);
+    CU(cudaMalloc((void **)&m.blk_off, off.size() * sizeof(int64_t)), "plan_prepare (selection map)");
+    CU(cudaMemcpy((void *)m.blk_off, off.data(), off.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
+       "plan_prepare (selection map)");
+    CU(cudaMalloc((void **)&m.cnt, s4), "plan_prepare (selection map)");
+    CU(cudaMalloc((void **)&m.off, s4), "plan_prepare (selection map)");
+    CU(cudaMalloc((void **)&m.list_in, e4), "plan_prepare (selection map)");
+    CU(cudaMalloc((void **)&m.list_out, e4), "plan_prepare (selection map)");
+    CU(cudaMalloc((void **)&m.seg, e4), "plan_prepare (selection map)");
+    CU(cudaMalloc((void **)&m.seg_out, e4), "plan_prepare (selection map)");
+    CU(cudaMalloc(&m.tmp, m.tmp_bytes ? m.tmp_bytes : 16), "plan_prepare (selection map)");
+    p->has_slc_map = true;
+    return NSA_SUCCESS;
+}
+
 static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
 {
     const nsa_config *cfg = &plan->cfg;
@@ -104,6 +149,9 @@ static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
         if (ck == K_ATTN_SM80 || ck == K_ATTN_SM90)
             CU(cudaMalloc(&p->vc16, rows * p->ch.dvp * 2), "plan_prepare (packed compressed values)");
     }
+    if ((cfg->flags & NSA_CONFIG_TRAINING) && cfg->num_selected > 0 && plan->total_tokens > 0 &&
+        (s = make_slc_map(plan, p)) != NSA_SUCCESS)
+        return s;
     if (p->scores_topn && !p->ch.fused_topn && plan->total_tokens > 0) {
         /* the bytes the core reserves for the unfused stages (it checked the product) */
         const size_t bytes = (size_t)plan->total_tokens * (size_t)cfg->num_kv_heads * (size_t)plan->max_ns * 4;

@@ -314,8 +314,17 @@ nsa_status run_bwd_attn(const Run &r, int b)
                 mview(a->delta)};
     const MView dk = mview(b == NSA_BRANCH_CMP ? a->dkc_acc : a->dk_acc[b]);
     const MView dv = mview(b == NSA_BRANCH_CMP ? a->dvc_acc : a->dv_acc[b]);
+    const SlcMap *map = nullptr;
+    if (b == NSA_BRANCH_SLC && (dk.p || dv.p)) {
+        if (!r.p->has_slc_map)
+            return FAIL(NSA_ERR_INTERNAL, "cuda backend: %s on a plan without the selection map (not a training plan?)",
+                        nsa_stage_name(r.stage));
+        SlcMap m = r.p->slc_map; /* the plan's buffers (run() writes their contents, not the record) */
+        LAUNCH(slc_map_build(r.g, view(a->indices), m, r.s));
+        map = &r.p->slc_map;
+    }
     LAUNCH(bwd_attn_ref(r.g, b == NSA_BRANCH_CMP ? 0 : b == NSA_BRANCH_SLC ? 1 : 2, in, view(k), view(v),
-                        mview(a->dq_acc), dk, dv, r.s));
+                        mview(a->dq_acc), dk, dv, map, r.s));
     return NSA_SUCCESS;
 }
 

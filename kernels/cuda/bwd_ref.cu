@@ -14,17 +14,22 @@
  *   keys: one warp per (key row, KV head): the query rows that read the key
  *         (compressed row i: local t >= i d + l - 1; window token r: t in
  *         [r, r + w); selected token r of block j: t >= r whose selection
- *         holds j), 32 (token, head) pairs at a time, one per lane; adds dk,
- *         dv of the row to the accumulators.
+ *         holds j, from the inverse map), 32 (token, head) pairs at a time,
+ *         one per lane; adds dk, dv of the row to the accumulators.
+ * The inverse map of the selection (slc_map_build): each (token, KV head, slot)
+ * entry keyed by its (KV head, batch selection block), a stable radix sort by
+ * key (so each block's tokens stay ascending) and the scanned counts as
+ * segment offsets: deterministic, O(T Hkv n).
  * So each accumulator element is summed by one warp in a fixed order; the
  * stages run in a fixed order too. BWD_COMPRESS takes dkc, dvc back through
  * MEAN (1/l to each row of a block) or LINEAR (rows and pe through W^T, W
  * from the outer products), one thread per output element; BWD_STORE rounds
  * each accumulator once to the dtype.
  *
- * Speed: not tuned (the selected branch's keys kernel scans every later query
- * of the sequence for each key).
+ * Speed: not tuned (CUDA cores, keys re-read from global memory).
  */
+#include <cub/cub.cuh>
+
 #include "nsa_cuda.cuh"
 #include "nsa_cuda_kernels.h"
 
@@ -137,7 +142,7 @@ template <typename T, typename KV, int MODE>
 __global__ void __launch_bounds__(BWD_WARPS * 32)
     bwd_keys_kernel(const Geom g, BwdIn in, const KV *k, int64_t kst, int64_t ksh, const KV *v, int64_t vst,
                     int64_t vsh, float *dk, int64_t dkst, int64_t dksh, float *dv, int64_t dvst, int64_t dvsh,
-                    int64_t nrows)
+                    int64_t nrows, const int *mlist, const int *moff, const int64_t *blk_off, int64_t nb)
 {
     extern __shared__ float sm[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -150,21 +155,30 @@ __global__ void __launch_bounds__(BWD_WARPS * 32)
     const T *q = (const T *)in.q.p, *dout = (const T *)in.dout.p;
     const float *lse_p = (const float *)in.lse.p, *gate_p = (const float *)in.gate.p;
     const float *delta_p = (const float *)in.delta.p;
-    const int *idx = (const int *)in.idx.p;
     const int64_t items = nrows * g.Hkv;
     for (int64_t it = (int64_t)blockIdx.x * BWD_WARPS + warp; it < items; it += (int64_t)gridDim.x * BWD_WARPS) {
         const int64_t r = it / g.Hkv, gi = it % g.Hkv;
         /* the queries [t0, t1) that may read key row r; block j (selected) */
-        int64_t t0, t1, j = -1;
+        /* the queries: tokens [t0, t1) (cmp, win), or list entries [t0, t1) (slc) */
+        int64_t t0, t1;
         if (MODE == 0) {
             const int64_t b = find_seq(g.cu_cmp, g.B, r), i = r - g.cu_cmp[b];
             t0 = g.cu_seqlens[b] + i * g.d + g.l - 1;
             t1 = g.cu_seqlens[b + 1];
-        } else {
-            const int64_t b = g.tok_seq[r], s0 = g.cu_seqlens[b];
+        } else if (MODE == 2) {
+            const int64_t b = g.tok_seq[r];
             t0 = r;
-            t1 = MODE == 2 ? nsa_min64(r + g.w, g.cu_seqlens[b + 1]) : g.cu_seqlens[b + 1];
-            j = (r - s0) / g.ls;
+            t1 = nsa_min64(r + g.w, g.cu_seqlens[b + 1]);
+        } else { /* the block's selecting tokens (ascending) from r on */
+            const int64_t b = g.tok_seq[r], sg = gi * nb + blk_off[b] + (r - g.cu_seqlens[b]) / g.ls;
+            int64_t lo = moff[sg], hi = moff[sg + 1];
+            t1 = hi;
+            while (lo < hi) {
+                const int64_t mid = (lo + hi) / 2;
+                if (mlist[mid] < r) lo = mid + 1;
+                else hi = mid;
+            }
+            t0 = lo;
         }
         const KV *kr = k + r * kst + gi * ksh, *vr = v + r * vst + gi * vsh;
         for (int64_t x = lane; x < g.Dqk; x += 32) {
@@ -182,16 +196,10 @@ __global__ void __launch_bounds__(BWD_WARPS * 32)
             float ds = 0.f, pg = 0.f;
             int64_t t = -1, h = 0;
             if (pr < pairs) {
-                t = t0 + pr / g.G;
+                t = MODE == 1 ? mlist[t0 + pr / g.G] : t0 + pr / g.G;
                 h = gi * g.G + pr % g.G;
-                bool reads = true;
-                if (MODE == 1) {
-                    reads = false;
-                    const int *sel = idx + t * in.idx.st + gi * in.idx.sh;
-                    for (int64_t b = 0; b < g.n; b++) reads |= sel[b] == j;
-                }
                 const float lse = lse_p[t * in.lse.st + h * in.lse.sh];
-                if (reads && !neg_inf(lse)) {
+                if (!neg_inf(lse)) {
                     const T *qr = q + t * in.q.st + h * in.q.sh, *dr = dout + t * in.dout.st + h * in.dout.sh;
                     float z = 0.f, e = 0.f;
                     for (int64_t x = 0; x < g.Dqk; x++) z += to_f(qr[x]) * sk[x];
@@ -209,7 +217,8 @@ __global__ void __launch_bounds__(BWD_WARPS * 32)
             const int cnt = (int)(pairs - p0 < 32 ? pairs - p0 : 32);
             for (int kk = 0; kk < cnt; kk++) {
                 if (sds[kk] == 0.f && spg[kk] == 0.f) continue;
-                const int64_t pt = t0 + (p0 + kk) / g.G, ph = gi * g.G + (p0 + kk) % g.G;
+                const int64_t pe = t0 + (p0 + kk) / g.G, ph = gi * g.G + (p0 + kk) % g.G;
+                const int64_t pt = MODE == 1 ? mlist[pe] : pe;
                 const T *qr = q + pt * in.q.st + ph * in.q.sh, *dr = dout + pt * in.dout.st + ph * in.dout.sh;
                 for (int64_t x = lane; x < g.Dqk; x += 32) ak[x] += sds[kk] * to_f(qr[x]);
                 for (int64_t x = lane; x < g.Dv; x += 32) av[x] += spg[kk] * to_f(dr[x]);
@@ -243,7 +252,7 @@ static unsigned grid_of(int64_t items)
 
 template <typename T, typename KV, int MODE>
 static cudaError_t launch_bwd(const Geom &g, const BwdIn &in, View k, View v, MView dq, MView dk, MView dv,
-                              cudaStream_t s)
+                              const SlcMap *map, cudaStream_t s)
 {
     if (g.T == 0) return cudaSuccess;
     const size_t smem_r = (size_t)BWD_WARPS * (2 * g.Dqk + g.Dv + 32) * sizeof(float);
@@ -254,28 +263,88 @@ static cudaError_t launch_bwd(const Geom &g, const BwdIn &in, View k, View v, MV
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int64_t nrows = MODE == 0 ? g.total_cmp : g.T;
     if ((!dk.p && !dv.p) || nrows == 0) return cudaSuccess;
+    if (MODE == 1 && !map) return cudaErrorInvalidValue; /* the selected branch needs the inverse map */
     const size_t smem_k = (size_t)BWD_WARPS * (2 * g.Dqk + 2 * g.Dv + 64) * sizeof(float);
     if ((e = big_smem(bwd_keys_kernel<T, KV, MODE>, smem_k)) != cudaSuccess) return e;
     bwd_keys_kernel<T, KV, MODE><<<grid_of(nrows * g.Hkv), BWD_WARPS * 32, smem_k, s>>>(
         g, in, (const KV *)k.p, k.st, k.sh, (const KV *)v.p, v.st, v.sh, (float *)dk.p, dk.st, dk.sh, (float *)dv.p,
-        dv.st, dv.sh, nrows);
+        dv.st, dv.sh, nrows, map ? map->list_out : nullptr, map ? map->off : nullptr, map ? map->blk_off : nullptr,
+        map ? map->nb : 0);
     return cudaGetLastError();
 }
 
 template <typename T>
 static cudaError_t bwd_attn_t(const Geom &g, int mode, const BwdIn &in, View k, View v, MView dq, MView dk, MView dv,
-                              cudaStream_t s)
+                              const SlcMap *map, cudaStream_t s)
 {
-    if (mode == 0) return launch_bwd<T, float, 0>(g, in, k, v, dq, dk, dv, s);
-    if (mode == 1) return launch_bwd<T, T, 1>(g, in, k, v, dq, dk, dv, s);
-    return launch_bwd<T, T, 2>(g, in, k, v, dq, dk, dv, s);
+    if (mode == 0) return launch_bwd<T, float, 0>(g, in, k, v, dq, dk, dv, nullptr, s);
+    if (mode == 1) return launch_bwd<T, T, 1>(g, in, k, v, dq, dk, dv, map, s);
+    return launch_bwd<T, T, 2>(g, in, k, v, dq, dk, dv, nullptr, s);
 }
 
 cudaError_t bwd_attn_ref(const Geom &g, int mode, const BwdIn &in, View k, View v, MView dq, MView dk, MView dv,
-                         cudaStream_t s)
+                         const SlcMap *map, cudaStream_t s)
 {
-    NSA_DISPATCH_DTYPE(g.dtype, T, return bwd_attn_t<T>(g, mode, in, k, v, dq, dk, dv, s));
+    NSA_DISPATCH_DTYPE(g.dtype, T, return bwd_attn_t<T>(g, mode, in, k, v, dq, dk, dv, map, s));
     return cudaErrorInvalidValue;
+}
+
+static unsigned grid1(int64_t n);
+
+/* ------------------------------------------------------------ the selection's inverse map */
+
+/* entry e = (t, g, slot): key = g * nb + blk_off[seq] + j for an eligible j, else
+ * the sentinel Hkv * nb (sorted last); value t; counts per key */
+__global__ void slc_map_entries_kernel(const Geom g, const int *idx, int64_t ist, int64_t ish,
+                                       const int64_t *blk_off, int64_t nb, int *key, int *val, int *cnt)
+{
+    const int64_t total = g.T * g.Hkv * g.n;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t slot = e % g.n, gi = (e / g.n) % g.Hkv, t = e / (g.n * g.Hkv);
+        const int64_t b = g.tok_seq[t], tl = t - g.cu_seqlens[b];
+        const int64_t j = idx[t * ist + gi * ish + slot];
+        int k = (int)(g.Hkv * nb);
+        if (j >= 0 && j * g.ls <= tl) {
+            k = (int)(gi * nb + blk_off[b] + j);
+            atomicAdd(cnt + k, 1); /* integer counts: the same whatever the order */
+        }
+        key[e] = k;
+        val[e] = (int)t;
+    }
+}
+
+static int key_bits(int64_t segments)
+{
+    int bits = 1;
+    while (bits < 31 && ((int64_t)1 << bits) <= segments) bits++;
+    return bits;
+}
+
+size_t slc_map_tmp_bytes(int64_t entries, int64_t segments)
+{
+    size_t a = 0, b = 0;
+    cub::DeviceRadixSort::SortPairs(nullptr, a, (const int *)nullptr, (int *)nullptr, (const int *)nullptr,
+                                    (int *)nullptr, (int)entries, 0, key_bits(segments));
+    cub::DeviceScan::ExclusiveSum(nullptr, b, (const int *)nullptr, (int *)nullptr, (int)(segments + 1));
+    return a > b ? a : b;
+}
+
+cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, cudaStream_t s)
+{
+    const int64_t entries = g.T * g.Hkv * g.n, segments = g.Hkv * m.nb;
+    if (entries == 0) return cudaSuccess;
+    cudaError_t e = cudaMemsetAsync(m.cnt, 0, (size_t)(segments + 1) * sizeof(int), s);
+    if (e != cudaSuccess) return e;
+    slc_map_entries_kernel<<<grid1(entries), 256, 0, s>>>(g, (const int *)idx.p, idx.st, idx.sh, m.blk_off, m.nb,
+                                                           m.seg, m.list_in, m.cnt);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    size_t bytes = m.tmp_bytes;
+    /* stable: each segment's tokens keep their ascending order */
+    if ((e = cub::DeviceRadixSort::SortPairs(m.tmp, bytes, m.seg, m.seg_out, m.list_in, m.list_out, (int)entries, 0,
+                                             key_bits(segments), s)) != cudaSuccess)
+        return e;
+    bytes = m.tmp_bytes;
+    return cub::DeviceScan::ExclusiveSum(m.tmp, bytes, m.cnt, m.off, (int)(segments + 1), s);
 }
 
 /* ------------------------------------------------------------ compression */

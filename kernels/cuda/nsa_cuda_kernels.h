@@ -133,10 +133,29 @@ struct BwdIn {
     View q, dout, lse, gate, idx;
     MView dgate, delta;
 };
+/* The selected branch's inverse map: for each KV head g and selection block J
+ * of the batch (J = blk_off[seq] + j), the tokens whose selection holds it,
+ * ascending: list[off[g * nb + J] .. off[g * nb + J + 1]). Built per backward
+ * call from the indices (slc_map_build) in memory the plan owns. */
+struct SlcMap {
+    int64_t nb;              /* selection blocks of the batch: sum of Ns */
+    const int64_t *blk_off;  /* [B + 1] device: prefix sums of Ns */
+    int *cnt;                /* [Hkv * nb + 1] counts, then (scanned) offsets */
+    int *off;                /* [Hkv * nb + 1] */
+    int *list_in, *list_out; /* [T * Hkv * n] */
+    int *seg;                /* [T * Hkv * n] segment of each entry (sort key) */
+    int *seg_out;
+    void *tmp;               /* CUB temporary storage */
+    size_t tmp_bytes;
+};
+/* Temporary bytes slc_map_build needs for entries = T * Hkv * n (CUB's scan and sort). */
+size_t slc_map_tmp_bytes(int64_t entries, int64_t segments);
+cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, cudaStream_t s);
 /* mode 0 compressed (k, v = f32 kc, vc; dk, dv = the dkc, dvc accumulators),
- * 1 selected, 2 window: adds to dq (may be absent), dk, dv (f32 accumulators). */
+ * 1 selected (map: the inverse map, built), 2 window: adds to dq (may be
+ * absent), dk, dv (f32 accumulators). */
 cudaError_t bwd_attn_ref(const Geom &g, int mode, const BwdIn &in, View k, View v, MView dq, MView dk, MView dv,
-                         cudaStream_t s);
+                         const SlcMap *map, cudaStream_t s);
 /* dc (f32 [total_cmp, Hkv, D]) back through the compression: adds to dx (f32
  * [T, Hkv, D], optional) and, LINEAR, to dW [Hkv, l, D, D] and dpe [Hkv, l, D]
  * (f32, optional); x, W, pe of the cfg dtype (pe may be absent). */
