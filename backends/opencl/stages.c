@@ -655,6 +655,27 @@ static void bwd_inputs(ocl_args *a, const nsa_bk_args *args, int b, size_t es)
     ocl_arg_tensor(a, v, kes, 1);
 }
 
+/* ... and after their outputs: the tables and the shape. */
+static void bwd_shape(ocl_args *a, const tables *tb, const nsa_bk_plan *plan)
+{
+    const nsa_config *cfg = &plan->cfg;
+    ocl_arg_mem(a, tb->mem);
+    ocl_arg_long(a, tb->cu_seq);
+    ocl_arg_long(a, tb->cu_cmp);
+    ocl_arg_long(a, tb->tok_seq);
+    ocl_arg_long(a, plan->batch);
+    ocl_arg_long(a, cfg->num_q_heads);
+    ocl_arg_long(a, cfg->num_kv_heads);
+    ocl_arg_long(a, cfg->head_dim_qk);
+    ocl_arg_long(a, cfg->head_dim_v);
+    ocl_arg_long(a, cfg->cmp_block);
+    ocl_arg_long(a, cfg->cmp_stride);
+    ocl_arg_long(a, cfg->slc_block);
+    ocl_arg_long(a, cfg->num_selected);
+    ocl_arg_long(a, cfg->window);
+    ocl_arg_float(a, cfg->scale);
+}
+
 static nsa_status run_bwd_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb, int b)
 {
     const nsa_bk_plan *plan = args->plan;
@@ -675,20 +696,7 @@ static nsa_status run_bwd_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *
     ocl_arg_tensor(&a, &args->dgate[b], 4, 1);
     ocl_arg_int(&a, args->dgate[b].buf != NULL);
     ocl_arg_tensor(&a, &args->delta, 4, 1);
-    ocl_arg_mem(&a, tb->mem);
-    ocl_arg_long(&a, tb->cu_seq);
-    ocl_arg_long(&a, tb->cu_cmp);
-    ocl_arg_long(&a, tb->tok_seq);
-    ocl_arg_long(&a, cfg->num_q_heads);
-    ocl_arg_long(&a, cfg->num_kv_heads);
-    ocl_arg_long(&a, cfg->head_dim_qk);
-    ocl_arg_long(&a, cfg->head_dim_v);
-    ocl_arg_long(&a, cfg->cmp_block);
-    ocl_arg_long(&a, cfg->cmp_stride);
-    ocl_arg_long(&a, cfg->slc_block);
-    ocl_arg_long(&a, cfg->num_selected);
-    ocl_arg_long(&a, cfg->window);
-    ocl_arg_float(&a, cfg->scale);
+    bwd_shape(&a, tb, plan);
     cl_uint first = a.next;
     ocl_arg_long(&a, 0);
     ocl_arg_local(&a, wg * 4);
@@ -708,21 +716,7 @@ static nsa_status run_bwd_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *
     ocl_arg_tensor(&a, dv, 4, 1);
     ocl_arg_int(&a, dv->buf != NULL);
     ocl_arg_tensor(&a, &args->delta, 4, 1);
-    ocl_arg_mem(&a, tb->mem);
-    ocl_arg_long(&a, tb->cu_seq);
-    ocl_arg_long(&a, tb->cu_cmp);
-    ocl_arg_long(&a, tb->tok_seq);
-    ocl_arg_long(&a, plan->batch);
-    ocl_arg_long(&a, cfg->num_q_heads);
-    ocl_arg_long(&a, cfg->num_kv_heads);
-    ocl_arg_long(&a, cfg->head_dim_qk);
-    ocl_arg_long(&a, cfg->head_dim_v);
-    ocl_arg_long(&a, cfg->cmp_block);
-    ocl_arg_long(&a, cfg->cmp_stride);
-    ocl_arg_long(&a, cfg->slc_block);
-    ocl_arg_long(&a, cfg->num_selected);
-    ocl_arg_long(&a, cfg->window);
-    ocl_arg_float(&a, cfg->scale);
+    bwd_shape(&a, tb, plan);
     first = a.next;
     ocl_arg_long(&a, 0);
     ocl_arg_local(&a, wg * 4);

@@ -60,8 +60,8 @@ inline void bwd_segment(int mode, long sgi, long tl, long s0, long cmp0, const _
                        __global float *dq, long dq_off, long dq_st, long dq_sh, int has_dq, __global float *dg,   \
                        long dg_off, long dg_st, long dg_sh, int has_dg, __global float *delta, long de_off,       \
                        long de_st, long de_sh, const __global long *tab, long cu_seq, long cu_cmp, long tok_seq,  \
-                       long Hq, long Hkv, long Dqk, long Dv, long l, long d, long ls, long n, long w, float scale, \
-                       long first, __local float *red, __local float *sds, __local long *skey)                   \
+                       long B, long Hq, long Hkv, long Dqk, long Dv, long l, long d, long ls, long n, long w,      \
+                       float scale, long first, __local float *red, __local float *sds, __local long *skey)      \
     {                                                                                                            \
         const long row = first + (long)get_group_id(0);                                                          \
         const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);                                       \
