@@ -136,6 +136,8 @@ echo "bad inputs: $badtried tried, $badclean clean errors"
 # nsa bench --baseline / --plot: records for the swept T and shape are compared, the
 # figure is well-formed SVG; a missing or malformed file is a usage error with a message
 bench=(bench --backend cpu --T 64,128 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --no-stages)
+expect "bench --backward times the backward" 0 "^ +bwd +[0-9.]+ " -- "$nsa" "${bench[@]}" --backward
+expect "bench --backward --json" 0 '"backward_tflops"' -- "$nsa" "${bench[@]}" --backward --json
 printf '%s\n' '{"baseline": "torch-sdpa-cudnn", "T": 64, "hq": 4, "hkv": 1, "dqk": 16, "dv": 16, "fwd_ms": 0.25}' \
   '{"baseline": "torch-sdpa-flash", "T": 64, "error": "unsupported"}' '{"baseline": "x", "T": 64, "hq": 8, "fwd_ms": 1}' \
   'not json' > "$tmp/base.jsonl"

@@ -43,6 +43,8 @@ static const char *const variant_name[V_COUNT] = {"full", "no-slc", "no-win", "c
 typedef struct measure {
     int ran;
     double time_s, min_s, pairs, flops, bytes;
+    int bwd_ran;                     /* --backward */
+    double bwd_time_s, bwd_min_s, bwd_flops;
     char note[TOOL_ERR_MAX];
 } measure;
 
@@ -70,6 +72,10 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  branch cannot be switched off, so its measured cmp-only time is subtracted:\n"
             "  dense = t(w=T, n=0) - t(cmp only); speedup = dense / full. The raw\n"
             "  t(w=T, n=0) is printed too. --no-dense skips it.\n"
+            "--backward: also times nsa_backward for every configuration above (training\n"
+            "  plans; dO drawn from the seed) and prints a 'bwd' line under each T: total,\n"
+            "  TFLOP/s (2 * (3 Dqk + 2 Dv) per visible pair: S again, dP, dV, dQ, dK),\n"
+            "  branches and dense by the same differences.\n"
             "--baseline FILE: JSON lines of other implementations' times (what\n"
             "  tools/dense_baseline.py prints: PyTorch's cuDNN and FlashAttention-2 on the same\n"
             "  GPU, measured in the same session); records for the swept T and this shape are\n"
@@ -83,9 +89,11 @@ static void usage(FILE *f, const args_opt *opts, int n)
 
 /* Sets up variant v of case base on ctx with inputs in, times it. */
 static void run_variant(nsa_context *ctx, const tk_case *base, const tk_inputs *in, int v,
-                        int warmup, int iters, measure *m)
+                        int warmup, int iters, int backward, measure *m)
 {
     tk_case c = *base;
+    if (backward)
+        c.cfg.flags |= NSA_CONFIG_TRAINING;
     problem p;
     tk_output out;
     nsa_status s;
@@ -126,6 +134,18 @@ static void run_variant(nsa_context *ctx, const tk_case *base, const tk_inputs *
         m->ran = 1;
         problem_output_free(&out);
     }
+    if (s == NSA_SUCCESS && backward) {
+        /* backward: per visible pair, S again (Dqk), dP (Dv), dV (Dv), dQ and dK (Dqk each) */
+        snprintf(label, sizeof label, CMD " T=%lld %s backward", (long long)tk_case_tokens(&c), variant_name[v]);
+        s = problem_backward_setup(&p, m->note, sizeof m->note);
+        if (s == NSA_SUCCESS)
+            s = problem_time_backward(&p, warmup, iters, label, &m->bwd_time_s, &m->bwd_min_s, m->note,
+                                      sizeof m->note);
+        if (s == NSA_SUCCESS) {
+            m->bwd_flops = 2.0 * (double)(3 * c.cfg.head_dim_qk + 2 * c.cfg.head_dim_v) * m->pairs;
+            m->bwd_ran = 1;
+        }
+    }
     problem_free(&p);
 }
 
@@ -153,9 +173,9 @@ int cmd_bench(int argc, char **argv)
     const char *backend = NULL, *T_arg = NULL;
     int64_t device = -1, iters = -1, warmup = -1, batch = 1;
     double peak_tflops = 0, peak_gbps = 0;
-    int json = 0, no_stages = 0, no_dense = 0;
+    int json = 0, no_stages = 0, no_dense = 0, backward = 0;
     const char *plot_path = NULL, *baseline_path = NULL;
-    args_opt opts[CONFIG_FLAGS_COUNT + 16];
+    args_opt opts[CONFIG_FLAGS_COUNT + 17];
     int nopts, rc, nT, exit_code = TOOL_EXIT_OK;
     int64_t Ts[MAX_T];
     nsa_context *ctx = NULL;
@@ -175,6 +195,7 @@ int cmd_bench(int argc, char **argv)
     OPT("--peak-gbps", ARGS_DOUBLE, &peak_gbps, "X", "device peak memory GB/s (for % of peak)");
     OPT("--no-stages", ARGS_FLAG, &no_stages, NULL, "skip the per-branch estimates (n=0 / w=0 runs)");
     OPT("--no-dense", ARGS_FLAG, &no_dense, NULL, "skip the dense causal attention comparison");
+    OPT("--backward", ARGS_FLAG, &backward, NULL, "time the backward pass too (a line 'bwd' under each T)");
     OPT("--json", ARGS_FLAG, &json, NULL, "print one JSON object");
     OPT("--baseline", ARGS_STRING, &baseline_path, "FILE", "other implementations' times (JSON lines) to compare with");
     OPT("--plot", ARGS_STRING, &plot_path, "FILE.svg", "draw time and speedup against T into an SVG file");
@@ -320,7 +341,7 @@ int cmd_bench(int argc, char **argv)
                 continue;
             if (v == V_DENSE && no_dense)
                 continue;
-            run_variant(ctx, &c, &in, v, (int)warmup, (int)iters, &m[v]);
+            run_variant(ctx, &c, &in, v, (int)warmup, (int)iters, backward, &m[v]);
             if (!m[v].ran && m[v].note[0]) {
                 fprintf(stderr, CMD ": T=%lld %s: %s\n", (long long)Ts[i], variant_name[v], m[v].note);
                 if (v == V_FULL)
@@ -340,6 +361,22 @@ int cmd_bench(int argc, char **argv)
             dense_s = m[V_DENSE].time_s - m[V_CMP_ONLY].time_s;
         if (m[V_FULL].ran && dense_s > 0)
             speedup = dense_s / m[V_FULL].time_s;
+        /* the backward, by the same differences */
+        double bcmp = NAN, bslc = NAN, bwin = NAN, bdense = NAN, bspeed = NAN;
+        if (m[V_CMP_ONLY].bwd_ran)
+            bcmp = m[V_CMP_ONLY].bwd_time_s;
+        if (m[V_FULL].bwd_ran && m[V_NO_SLC].bwd_ran && c.cfg.num_selected > 0)
+            bslc = m[V_FULL].bwd_time_s - m[V_NO_SLC].bwd_time_s;
+        if (m[V_FULL].bwd_ran && m[V_NO_WIN].bwd_ran && c.cfg.window > 0)
+            bwin = m[V_FULL].bwd_time_s - m[V_NO_WIN].bwd_time_s;
+        if (m[V_DENSE].bwd_ran && m[V_CMP_ONLY].bwd_ran)
+            bdense = m[V_DENSE].bwd_time_s - m[V_CMP_ONLY].bwd_time_s;
+        if (m[V_FULL].bwd_ran && bdense > 0)
+            bspeed = bdense / m[V_FULL].bwd_time_s;
+        if (backward && m[V_FULL].ran && !m[V_FULL].bwd_ran) {
+            fprintf(stderr, CMD ": T=%lld backward: %s\n", (long long)Ts[i], m[V_FULL].note);
+            exit_code = TOOL_EXIT_FAIL;
+        }
         if (m[V_FULL].ran)
             full_ms[i] = m[V_FULL].time_s * 1e3;
         if (dense_s > 0)
@@ -368,6 +405,14 @@ int cmd_bench(int argc, char **argv)
                 json_num(stdout, m[v].bytes);
                 printf(", \"gbps\": ");
                 json_num(stdout, m[v].bytes / m[v].time_s / 1e9);
+                if (m[v].bwd_ran) {
+                    printf(", \"backward_time_s\": ");
+                    json_num(stdout, m[v].bwd_time_s);
+                    printf(", \"backward_flops\": ");
+                    json_num(stdout, m[v].bwd_flops);
+                    printf(", \"backward_tflops\": ");
+                    json_num(stdout, m[v].bwd_flops / m[v].bwd_time_s / 1e12);
+                }
                 printf("}");
             }
             printf(", \"est_cmp_s\": ");
@@ -382,6 +427,19 @@ int cmd_bench(int argc, char **argv)
             json_num(stdout, dense_s > 0 && m[V_DENSE].ran ? m[V_DENSE].flops / dense_s / 1e12 : NAN);
             printf(", \"speedup_vs_dense\": ");
             json_num(stdout, speedup);
+            if (backward) {
+                printf(", \"backward\": {\"est_cmp_s\": ");
+                json_num(stdout, bcmp);
+                printf(", \"est_slc_s\": ");
+                json_num(stdout, bslc);
+                printf(", \"est_win_s\": ");
+                json_num(stdout, bwin);
+                printf(", \"dense_s\": ");
+                json_num(stdout, bdense);
+                printf(", \"speedup_vs_dense\": ");
+                json_num(stdout, bspeed);
+                printf("}");
+            }
             printf("}");
         } else if (m[V_FULL].ran) {
             double tf = m[V_FULL].flops / m[V_FULL].time_s / 1e12;
@@ -399,6 +457,21 @@ int cmd_bench(int argc, char **argv)
                 printf(" %8s\n", "-");
             else
                 printf(" %7.3gx\n", speedup);
+            if (m[V_FULL].bwd_ran) { /* the backward: same columns, no GB/s */
+                double btf = m[V_FULL].bwd_flops / m[V_FULL].bwd_time_s / 1e12;
+                printf("%8s %10.4g %9.4g", "bwd", m[V_FULL].bwd_time_s * 1e3, btf);
+                print_pct(btf, peak_tflops);
+                printf(" %9s %7s", "-", "-");
+                print_ms(9, bcmp);
+                print_ms(9, bslc);
+                print_ms(9, bwin);
+                print_ms(10, bdense);
+                print_ms(10, m[V_DENSE].bwd_ran ? m[V_DENSE].bwd_time_s : NAN);
+                if (isnan(bspeed))
+                    printf(" %8s\n", "-");
+                else
+                    printf(" %7.3gx\n", bspeed);
+            }
         } else {
             printf("%8lld failed: %s\n", (long long)Ts[i], m[V_FULL].note);
         }
@@ -470,6 +543,9 @@ int cmd_bench(int argc, char **argv)
                "n=0; win = full - w=0)\n"
                "dense: t(w=T, n=0) - t(cmp only) = causal attention by this backend; dense raw "
                "includes its cmp branch; speedup = dense / nsa\n");
+        if (backward)
+            printf("bwd: nsa_backward of the same problems (dO from the seed), the same differences; TFLOP/s "
+                   "counts 2 (3 Dqk + 2 Dv) per visible pair\n");
         for (int s2 = 2; s2 < nseries; s2++)
             for (int i = 0; i < series[s2].n; i++)
                 for (int j = 0; j < nT; j++)

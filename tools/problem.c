@@ -194,8 +194,101 @@ nsa_status problem_forward(problem *p, char *err, size_t err_size)
     return s;
 }
 
-nsa_status problem_time(problem *p, int warmup, int iters, const char *label, double *median_s,
-                        double *min_s, char *err, size_t err_size)
+nsa_status problem_backward_setup(problem *p, char *err, size_t err_size)
+{
+    const char *what_s = "";
+    const char **what = &what_s;
+    const nsa_config *cfg = &p->c.cfg;
+    const int64_t T = p->tokens, Hq = cfg->num_q_heads, Hkv = cfg->num_kv_heads;
+    const int64_t Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v, l = cfg->cmp_block;
+    const int64_t nc = p->info.total_cmp_blocks, no = T * Hq * Dv;
+    const int on[3] = {1, cfg->num_selected > 0, cfg->window > 0};
+    const int ext = cfg->compress == NSA_COMPRESS_EXTERNAL, lin = cfg->compress == NSA_COMPRESS_LINEAR;
+    nsa_backward_args *b = &p->bargs;
+    nsa_buffer *buf;
+    nsa_status s;
+    memset(b, 0, sizeof *b);
+    b->q = p->args.q;
+    for (int br = 0; br < 3; br++) {
+        b->k[br] = p->args.k[br];
+        b->v[br] = p->args.v[br];
+        b->gate[br] = p->args.gate[br];
+        b->lse[br] = p->args.lse[br];
+    }
+    b->w_k = p->args.w_k;
+    b->w_v = p->args.w_v;
+    b->pe_k = p->args.pe_k;
+    b->pe_v = p->args.pe_v;
+    b->kc = p->args.kc;
+    b->vc = p->args.vc;
+    b->block_indices = p->args.block_indices.buffer ? p->args.block_indices : p->args.selected;
+    b->flags = NSA_BACKWARD_TRUST_INDICES;
+
+    /* dO: uniform [-1, 1) from the case's seed (its own stream) */
+    float *dO = malloc(sizeof(float) * (size_t)(no ? no : 1));
+    if (!dO) {
+        *what = "malloc (dO)";
+        s = NSA_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    s = nsa_random_uniform(p->c.seed, 0xd0, 0, no, -1.0f, 1.0f, dO);
+    if (s == NSA_SUCCESS) s = upload(p, dO, no, cfg->dtype, &buf, what);
+    else *what = "nsa_random_uniform (dO)";
+    free(dO);
+    if (s != NSA_SUCCESS) goto fail;
+    b->dout = rows(buf, Hq, Dv);
+
+#define GRAD(view, count, dt)                                                                      \
+    do {                                                                                           \
+        s = new_buffer(p, (size_t)(count) * nsa_dtype_size(dt), &buf, what);                       \
+        if (s != NSA_SUCCESS) goto fail;                                                           \
+        view;                                                                                      \
+    } while (0)
+    GRAD(b->dq = rows(buf, Hq, Dqk), T * Hq * Dqk, cfg->dtype);
+    for (int br = 0; br < 3; br++) {
+        if (!on[br]) continue;
+        GRAD(b->dgate[br] = rows(buf, Hq, 1), T * Hq, NSA_DTYPE_F32);
+        if (br == NSA_BRANCH_CMP && ext) continue;
+        int same_k = -1, same_v = -1; /* an earlier branch with the same tensor shares its gradient */
+        for (int a = 0; a < br; a++) {
+            if (!b->dk[a].buffer) continue;
+            if (same_k < 0 && b->k[a].buffer == b->k[br].buffer && b->k[a].offset == b->k[br].offset) same_k = a;
+            if (same_v < 0 && b->v[a].buffer == b->v[br].buffer && b->v[a].offset == b->v[br].offset) same_v = a;
+        }
+        if (same_k >= 0) b->dk[br] = b->dk[same_k];
+        else GRAD(b->dk[br] = rows(buf, Hkv, Dqk), T * Hkv * Dqk, cfg->dtype);
+        if (same_v >= 0) b->dv[br] = b->dv[same_v];
+        else GRAD(b->dv[br] = rows(buf, Hkv, Dv), T * Hkv * Dv, cfg->dtype);
+    }
+    if (lin) {
+        GRAD(b->dw_k = rows(buf, l * Dqk, Dqk), Hkv * l * Dqk * Dqk, cfg->dtype);
+        GRAD(b->dw_v = rows(buf, l * Dv, Dv), Hkv * l * Dv * Dv, cfg->dtype);
+        if (b->pe_k.buffer) GRAD(b->dpe_k = rows(buf, l, Dqk), Hkv * l * Dqk, cfg->dtype);
+        if (b->pe_v.buffer) GRAD(b->dpe_v = rows(buf, l, Dv), Hkv * l * Dv, cfg->dtype);
+    }
+    if (ext) {
+        GRAD(b->dkc = rows(buf, Hkv, Dqk), nc * Hkv * Dqk, cfg->dtype);
+        GRAD(b->dvc = rows(buf, Hkv, Dv), nc * Hkv * Dv, cfg->dtype);
+    }
+#undef GRAD
+    return NSA_SUCCESS;
+fail:
+    return tool_format_error(err, err_size, *what, s);
+}
+
+static nsa_status problem_backward(problem *p, char *err, size_t err_size)
+{
+    nsa_status s = nsa_backward(p->plan, &p->bargs, p->workspace);
+    if (s != NSA_SUCCESS)
+        return tool_format_error(err, err_size, "nsa_backward", s);
+    s = nsa_context_synchronize(p->ctx);
+    if (s != NSA_SUCCESS)
+        return tool_format_error(err, err_size, "nsa_context_synchronize", s);
+    return s;
+}
+
+static nsa_status time_pass(problem *p, int backward, int warmup, int iters, const char *label, double *median_s,
+                            double *min_s, char *err, size_t err_size)
 {
     double *t;
     nsa_status s = NSA_SUCCESS;
@@ -208,13 +301,13 @@ nsa_status problem_time(problem *p, int warmup, int iters, const char *label, do
     }
     for (int i = 0; i < warmup && s == NSA_SUCCESS; i++) {
         tool_progress("%s: warm-up %d/%d", label, i + 1, warmup);
-        s = problem_forward(p, err, err_size);
+        s = backward ? problem_backward(p, err, err_size) : problem_forward(p, err, err_size);
     }
     for (int i = 0; i < iters && s == NSA_SUCCESS; i++) {
         double t0;
         tool_progress("%s: iteration %d/%d", label, i + 1, iters);
         t0 = tool_now();
-        s = problem_forward(p, err, err_size);
+        s = backward ? problem_backward(p, err, err_size) : problem_forward(p, err, err_size);
         t[i] = tool_now() - t0;
     }
     tool_progress_end();
@@ -227,6 +320,18 @@ nsa_status problem_time(problem *p, int warmup, int iters, const char *label, do
     }
     free(t);
     return s;
+}
+
+nsa_status problem_time(problem *p, int warmup, int iters, const char *label, double *median_s,
+                        double *min_s, char *err, size_t err_size)
+{
+    return time_pass(p, 0, warmup, iters, label, median_s, min_s, err, err_size);
+}
+
+nsa_status problem_time_backward(problem *p, int warmup, int iters, const char *label, double *median_s,
+                                 double *min_s, char *err, size_t err_size)
+{
+    return time_pass(p, 1, warmup, iters, label, median_s, min_s, err, err_size);
 }
 
 nsa_status problem_download(problem *p, tk_output *out, char *err, size_t err_size)

@@ -14,13 +14,14 @@
 #include "nsa.h"
 #include "testkit.h"
 
-#define PROBLEM_MAX_BUFS 32
+#define PROBLEM_MAX_BUFS 64
 
 typedef struct problem {
     nsa_context *ctx;
     nsa_plan *plan;
     nsa_plan_info info;
     nsa_forward_args args;
+    nsa_backward_args bargs; /* problem_backward_setup (a plan made with NSA_CONFIG_TRAINING) */
     nsa_buffer *workspace;
     nsa_buffer *bufs[PROBLEM_MAX_BUFS];
     int nbufs;
@@ -49,6 +50,15 @@ nsa_status problem_forward(problem *p, char *err, size_t err_size);
 nsa_status problem_time(problem *p, int warmup, int iters, const char *label, double *median_s,
                         double *min_s, char *err, size_t err_size);
 
+/* The backward of a training problem (c->cfg.flags has NSA_CONFIG_TRAINING), after
+ * at least one forward (its LSEs and selection are the backward's inputs): dO
+ * drawn from the case's seed and uploaded, every gradient buffer allocated
+ * (one dk / dv per distinct k / v tensor, so a shared one gets the summed
+ * gradient), NSA_BACKWARD_TRUST_INDICES set (the indices come from the forward). */
+nsa_status problem_backward_setup(problem *p, char *err, size_t err_size);
+/* As problem_time, for nsa_backward. */
+nsa_status problem_time_backward(problem *p, int warmup, int iters, const char *label, double *median_s,
+                                 double *min_s, char *err, size_t err_size);
 /* Reads the outputs back: o as f32, lse[b] (NULL when the branch is off), sel
  * (NULL when n = 0). The caller frees with problem_output_free. */
 nsa_status problem_download(problem *p, tk_output *out, char *err, size_t err_size);
