@@ -725,6 +725,18 @@ static nsa_status run_bwd_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *
     return ocl_launch(c, a.kernel, a.kname, first, nrows * cfg->num_kv_heads, wg, 1);
 }
 
+/* An element-wise kernel's last arguments (total, first) and its launch, one work-item per element. */
+static nsa_status launch_elem(ocl_context *c, ocl_plan *op, ocl_args *a, int64_t total)
+{
+    ocl_arg_long(a, total);
+    const cl_uint first = a->next;
+    ocl_arg_long(a, 0);
+    nsa_status s = ocl_args_end(a);
+    if (s != NSA_SUCCESS) return s;
+    return ocl_launch(c, a->kernel, a->kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
+                      (int64_t)op->wg_elem);
+}
+
 static nsa_status run_bwd_compress(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
 {
     const nsa_bk_plan *plan = args->plan;
@@ -755,12 +767,7 @@ static nsa_status run_bwd_compress(ocl_context *c, ocl_plan *op, const nsa_bk_ar
             ocl_arg_long(&a, D);
             ocl_arg_long(&a, cfg->cmp_block);
             ocl_arg_long(&a, cfg->cmp_stride);
-            ocl_arg_long(&a, total);
-            const cl_uint first = a.next;
-            ocl_arg_long(&a, 0);
-            if ((s = ocl_args_end(&a)) == NSA_SUCCESS)
-                s = ocl_launch(c, a.kernel, a.kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
-                               (int64_t)op->wg_elem);
+            s = launch_elem(c, op, &a, total);
         }
         if (s != NSA_SUCCESS || !linear || (!dw->buf && !dpe->buf)) continue;
         const int64_t total = cfg->num_kv_heads * cfg->cmp_block * D * D;
@@ -783,12 +790,7 @@ static nsa_status run_bwd_compress(ocl_context *c, ocl_plan *op, const nsa_bk_ar
         ocl_arg_long(&a, D);
         ocl_arg_long(&a, cfg->cmp_block);
         ocl_arg_long(&a, cfg->cmp_stride);
-        ocl_arg_long(&a, total);
-        const cl_uint first = a.next;
-        ocl_arg_long(&a, 0);
-        if ((s = ocl_args_end(&a)) == NSA_SUCCESS)
-            s = ocl_launch(c, a.kernel, a.kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
-                           (int64_t)op->wg_elem);
+        s = launch_elem(c, op, &a, total);
     }
     return s;
 }
@@ -805,13 +807,7 @@ static nsa_status run_bwd_store(ocl_context *c, ocl_plan *op, const nsa_bk_args 
         ocl_arg_tensor(&a, &st->out, dtype_size(st->out.dtype), 1);
         ocl_arg_long(&a, st->heads);
         ocl_arg_long(&a, st->dim);
-        ocl_arg_long(&a, total);
-        const cl_uint first = a.next;
-        ocl_arg_long(&a, 0);
-        nsa_status s = ocl_args_end(&a);
-        if (s == NSA_SUCCESS)
-            s = ocl_launch(c, a.kernel, a.kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
-                           (int64_t)op->wg_elem);
+        nsa_status s = launch_elem(c, op, &a, total);
         if (s != NSA_SUCCESS) return s;
     }
     return NSA_SUCCESS;

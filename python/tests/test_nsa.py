@@ -1,0 +1,157 @@
+"""Tests of the Python package against the library's own tool and finite differences.
+
+  - forward and backward on CPU tensors equal, bitwise, what `nsa run` computes from
+    the same inputs written as .npy files (the tool reaches the library through
+    its own C code: this checks the binding's views, strides and buffers);
+  - torch.autograd.gradcheck accepts the gradients (float32 tensors on the cpu
+    backend, which computes in fp64; every block selected, so no selection flips);
+  - packed batches equal their sequences run one by one; a shared k gets the sum
+    of the branch gradients; bad arguments raise ValueError, library failures
+    nsa.Error with its message; CUDA tensors where a GPU is present (else skipped).
+
+Environment: NSA_LIBRARY (libnsa.so) and NSA_TOOL (the nsa program); meson's
+`python` test sets both. Run: python3 -m unittest discover python/tests
+"""
+import os
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+import nsa
+
+TOOL = os.environ.get("NSA_TOOL", os.path.join(os.path.dirname(__file__), "../../build/tools/nsa"))
+SMALL = dict(cmp_block=8, cmp_stride=4, slc_block=16, num_selected=4, num_init=1, num_local=1, window=32)
+FLAGS = ["--l", "8", "--d", "4", "--ls", "16", "--n", "4", "--n-init", "1", "--n-local", "1", "--w", "32"]
+
+
+def inputs(T=100, Hq=4, Hkv=2, Dqk=16, Dv=8, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(T, Hq, Dqk, generator=g) * 4 - 2
+    k = torch.rand(T, Hkv, Dqk, generator=g) * 4 - 2
+    v = torch.rand(T, Hkv, Dv, generator=g) * 2 - 1
+    gates = [torch.rand(T, Hq, generator=g) * 0.9 + 0.05 for _ in range(3)]
+    for t in [q, k, v] + gates:
+        t.requires_grad_(grad)
+    return q, k, v, gates
+
+
+def run_tool(tmp, T, Hq, Hkv, Dqk, Dv, extra):
+    out = os.path.join(tmp, "out")
+    cmd = [TOOL, "run", "--backend", "cpu", "--inputs", tmp, "--outputs", out, "--T", str(T), "--hq", str(Hq),
+           "--hkv", str(Hkv), "--dqk", str(Dqk), "--dv", str(Dv), "--dtype", "f32", "--iters", "1", "--warmup", "0",
+           "--check-tokens", "0"] + FLAGS + extra
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr}")
+    return out
+
+
+class TestAgainstTool(unittest.TestCase):
+    def setUp(self):
+        if not os.access(TOOL, os.X_OK):
+            self.skipTest(f"the nsa tool is not at {TOOL} (set NSA_TOOL)")
+
+    def write(self, tmp, q, k, v, gates):
+        np.save(os.path.join(tmp, "q.npy"), q.detach().numpy())
+        np.save(os.path.join(tmp, "k.npy"), k.detach().numpy())
+        np.save(os.path.join(tmp, "v.npy"), v.detach().numpy())
+        for name, gt in zip(("g_cmp", "g_slc", "g_win"), gates):
+            np.save(os.path.join(tmp, name + ".npy"), gt.detach().numpy())
+
+    def test_forward_equals_nsa_run(self):
+        q, k, v, gates = inputs()
+        o, lse, sel = nsa.forward(q, k, v, gates, **SMALL)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.write(tmp, q, k, v, gates)
+            out = run_tool(tmp, 100, 4, 2, 16, 8, [])
+            self.assertTrue(np.array_equal(np.load(os.path.join(out, "o.npy")), o.numpy()), "o differs")
+            for name, t in zip(("lse_cmp", "lse_slc", "lse_win"), lse):
+                self.assertTrue(np.array_equal(np.load(os.path.join(out, name + ".npy")), t.numpy()), name)
+            self.assertTrue(np.array_equal(np.load(os.path.join(out, "selected.npy")), sel.numpy()), "selected")
+
+    def test_backward_equals_nsa_run(self):
+        q, k, v, gates = inputs(grad=True)
+        o = nsa.attention(q, k, v, gates, **SMALL)
+        do = torch.rand(o.shape, generator=torch.Generator().manual_seed(7)) * 2 - 1
+        o.backward(do)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.write(tmp, q, k, v, gates)
+            np.save(os.path.join(tmp, "do.npy"), do.numpy())
+            out = run_tool(tmp, 100, 4, 2, 16, 8, ["--backward"])
+            want = {"dq": q.grad, "dk": k.grad, "dv": v.grad, "dg_cmp": gates[0].grad, "dg_slc": gates[1].grad,
+                    "dg_win": gates[2].grad}
+            for name, t in want.items():
+                self.assertTrue(np.array_equal(np.load(os.path.join(out, name + ".npy")), t.numpy()), name)
+
+
+class TestAutograd(unittest.TestCase):
+    def test_gradcheck(self):
+        # T = 24 < n * l_s: every eligible block is selected, so a perturbation cannot change the selection
+        q, k, v, gates = inputs(T=24, Hq=2, Hkv=1, Dqk=4, Dv=3, seed=3, grad=True)
+        fn = lambda q, k, v, g0, g1, g2: nsa.attention(q, k, v, (g0, g1, g2), **SMALL)
+        self.assertTrue(torch.autograd.gradcheck(fn, (q, k, v, *gates), eps=1e-3, atol=2e-3, rtol=2e-3,
+                                                 nondet_tol=0.0))
+
+    def test_shared_k_gets_the_sum(self):
+        q, k, v, gates = inputs(seed=5, grad=True)
+        nsa.attention(q, k, v, gates, **SMALL).sum().backward()
+        k3 = [k.detach().clone().requires_grad_() for _ in range(3)]
+        v3 = [v.detach().clone().requires_grad_() for _ in range(3)]
+        q2 = q.detach().clone().requires_grad_()
+        nsa.attention(q2, tuple(k3), tuple(v3), [g.detach() for g in gates], **SMALL).sum().backward()
+        torch.testing.assert_close(k.grad, sum(t.grad for t in k3), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(v.grad, sum(t.grad for t in v3), rtol=1e-5, atol=1e-6)
+        self.assertTrue(torch.equal(q.grad, q2.grad))
+
+    def test_packed_batch_equals_sequences(self):
+        q, k, v, gates = inputs(T=90, seed=9)
+        o, _, _ = nsa.forward(q, k, v, gates, cu_seqlens=[0, 37, 90], **SMALL)
+        for a, b in ((0, 37), (37, 90)):
+            part, _, _ = nsa.forward(q[a:b], k[a:b], v[a:b], [g[a:b] for g in gates], **SMALL)
+            self.assertTrue(torch.equal(o[a:b], part), f"tokens {a}..{b}")
+
+    def test_bf16_and_strided_views(self):
+        q, k, v, gates = inputs(seed=11)
+        qkv = torch.cat([q, k.repeat(1, 2, 1)], dim=1).to(torch.bfloat16)  # q and k in one tensor: strided views
+        qb, kb = qkv[:, :4], qkv[:, 4:6]
+        o1, _, _ = nsa.forward(qb, kb, v.to(torch.bfloat16), gates, **SMALL)
+        o2, _, _ = nsa.forward(qb.contiguous(), kb.contiguous(), v.to(torch.bfloat16), gates, **SMALL)
+        self.assertEqual(o1.dtype, torch.bfloat16)
+        self.assertTrue(torch.equal(o1, o2))
+
+
+class TestErrors(unittest.TestCase):
+    def test_bad_arguments(self):
+        q, k, v, gates = inputs()
+        with self.assertRaises(ValueError):
+            nsa.forward(q[:, :, :1].expand(-1, -1, 16), k, v, gates, **SMALL)  # last dim not contiguous
+        with self.assertRaises(ValueError):
+            nsa.forward(q, k, v, gates, cu_seqlens=[0, 50], **SMALL)
+        with self.assertRaises(ValueError):
+            nsa.forward(q, k, v, gates, no_such_field=1)
+        with self.assertRaises(ValueError):
+            nsa.forward(q.double(), k.double(), v.double(), gates, **SMALL)
+
+    def test_library_errors_carry_the_message(self):
+        q, k, v, gates = inputs(Hq=3, Hkv=2)
+        with self.assertRaises(nsa.Error) as e:
+            nsa.forward(q, k, v, gates, **SMALL)
+        self.assertEqual(e.exception.status, "NSA_ERR_INVALID_CONFIG")
+        self.assertIn("num_q_heads", str(e.exception))
+
+
+@unittest.skipUnless(torch.cuda.is_available(), "no CUDA device")
+class TestCuda(unittest.TestCase):
+    def test_cuda_equals_cpu_reference(self):
+        q, k, v, gates = inputs(seed=13)
+        dev = [t.cuda() for t in (q, k, v, *gates)]
+        o, _, _ = nsa.forward(dev[0], dev[1], dev[2], dev[3:], **SMALL)
+        ref, _, _ = nsa.forward(q, k, v, gates, **SMALL)
+        torch.testing.assert_close(o.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+if __name__ == "__main__":
+    unittest.main()
