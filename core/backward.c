@@ -129,7 +129,7 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
         CHECK(args->block_indices, a.indices, "args->block_indices", T, hkv, nsel, NSA_DTYPE_I32, 1, 0, 0);
     else
         REFUSE(args->block_indices, "cfg.num_selected = 0 turns the selected branch off");
-    nsa_bk_tensor wk, wv, pek, pev, kci, vci, ign;
+    nsa_bk_tensor wk, wv, pek, pev, kci, vci;
     if (linear) {
         CHECK(args->w_k, wk, "args->w_k", hkv, l, dk * dk, dt, 1, 0, 1);
         CHECK(args->w_v, wv, "args->w_v", hkv, l, dv * dv, dt, 1, 0, 1);
@@ -178,7 +178,7 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
     snprintf(nm, sizeof nm, "args->dvc");
     if (!external) REFUSE(args->dvc, "only EXTERNAL compression takes vc");
     memset(&dwk, 0, sizeof dwk);
-    dwv = dpek = dpev = dkc = dvc = ign = dwk;
+    dwv = dpek = dpev = dkc = dvc = dwk;
     if (linear) {
         CHECK(args->dw_k, dwk, "args->dw_k", hkv, l, dk * dk, dt, 0, 1, 1);
         CHECK(args->dw_v, dwv, "args->dw_v", hkv, l, dv * dv, dt, 0, 1, 1);
@@ -189,7 +189,6 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
         CHECK(args->dkc, dkc, "args->dkc", nc, hkv, dk, dt, 0, 1, 0);
         CHECK(args->dvc, dvc, "args->dvc", nc, hkv, dv, dt, 0, 1, 0);
     }
-    (void)ign;
 #undef CHECK
 #undef REFUSE
     if (args->flags & ~(unsigned)NSA_BACKWARD_TRUST_INDICES)

@@ -61,16 +61,8 @@ static void run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *in
 /* dO for case c: uniform [-1, 1) from its seed, rounded to the dtype. */
 static float *draw_dout(const tk_case *c, uint64_t stream)
 {
-    const int64_t no = tk_case_tokens(c) * c->cfg.num_q_heads * c->cfg.head_dim_v;
-    float *dO = malloc((size_t)(no + 1) * sizeof *dO);
-    unsigned char *tmp = malloc((size_t)(no + 1) * 2);
-    ck_assert(dO && tmp);
-    ck_assert_int_eq(nsa_random_uniform(c->seed ^ 0xd0d0ULL, stream, 0, no, -1.0f, 1.0f, dO), NSA_SUCCESS);
-    if (c->cfg.dtype != NSA_DTYPE_F32) {
-        ck_assert_int_eq(nsa_convert(dO, NSA_DTYPE_F32, tmp, c->cfg.dtype, no), NSA_SUCCESS);
-        ck_assert_int_eq(nsa_convert(tmp, c->cfg.dtype, dO, NSA_DTYPE_F32, no), NSA_SUCCESS);
-    }
-    free(tmp);
+    float *dO = NULL;
+    ck_assert_int_eq(tk_dout_make(c, c->seed ^ 0xd0d0ULL, stream, &dO), NSA_SUCCESS);
     return dO;
 }
 

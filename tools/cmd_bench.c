@@ -149,6 +149,28 @@ static void run_variant(nsa_context *ctx, const tk_case *base, const tk_inputs *
     problem_free(&p);
 }
 
+/* The branch times and dense attention of one T by difference (see the file
+ * header), of the forward (backward = 0) or the backward measurements; NAN where
+ * a configuration was not run. */
+typedef struct estimate {
+    double cmp, slc, win, dense, speedup;
+} estimate;
+
+static estimate estimate_of(const measure m[V_COUNT], const nsa_config *cfg, int backward)
+{
+    double t[V_COUNT];
+    for (int v = 0; v < V_COUNT; v++)
+        t[v] = (backward ? m[v].bwd_ran : m[v].ran) ? (backward ? m[v].bwd_time_s : m[v].time_s) : NAN;
+    estimate e = {t[V_CMP_ONLY], NAN, NAN, t[V_DENSE] - t[V_CMP_ONLY], NAN};
+    if (cfg->num_selected > 0)
+        e.slc = t[V_FULL] - t[V_NO_SLC];
+    if (cfg->window > 0)
+        e.win = t[V_FULL] - t[V_NO_WIN];
+    if (e.dense > 0)
+        e.speedup = e.dense / t[V_FULL];
+    return e;
+}
+
 static void print_pct(double value, double peak)
 {
     if (peak > 0)
@@ -317,7 +339,6 @@ int cmd_bench(int argc, char **argv)
         tk_case c;
         tk_inputs in;
         measure m[V_COUNT];
-        double dense_s = NAN, speedup = NAN, cmp_s = NAN, slc_s = NAN, win_s = NAN;
         for (int64_t b = 0; b < batch; b++)
             lens[b] = Ts[i];
         if (config_flags_case(CMD, &cf, lens, batch, &c) != 0) {
@@ -351,36 +372,15 @@ int cmd_bench(int argc, char **argv)
                 break;
         }
         tk_inputs_free(&in);
-        if (m[V_CMP_ONLY].ran)
-            cmp_s = m[V_CMP_ONLY].time_s;
-        if (m[V_FULL].ran && m[V_NO_SLC].ran && c.cfg.num_selected > 0)
-            slc_s = m[V_FULL].time_s - m[V_NO_SLC].time_s;
-        if (m[V_FULL].ran && m[V_NO_WIN].ran && c.cfg.window > 0)
-            win_s = m[V_FULL].time_s - m[V_NO_WIN].time_s;
-        if (m[V_DENSE].ran && m[V_CMP_ONLY].ran)
-            dense_s = m[V_DENSE].time_s - m[V_CMP_ONLY].time_s;
-        if (m[V_FULL].ran && dense_s > 0)
-            speedup = dense_s / m[V_FULL].time_s;
-        /* the backward, by the same differences */
-        double bcmp = NAN, bslc = NAN, bwin = NAN, bdense = NAN, bspeed = NAN;
-        if (m[V_CMP_ONLY].bwd_ran)
-            bcmp = m[V_CMP_ONLY].bwd_time_s;
-        if (m[V_FULL].bwd_ran && m[V_NO_SLC].bwd_ran && c.cfg.num_selected > 0)
-            bslc = m[V_FULL].bwd_time_s - m[V_NO_SLC].bwd_time_s;
-        if (m[V_FULL].bwd_ran && m[V_NO_WIN].bwd_ran && c.cfg.window > 0)
-            bwin = m[V_FULL].bwd_time_s - m[V_NO_WIN].bwd_time_s;
-        if (m[V_DENSE].bwd_ran && m[V_CMP_ONLY].bwd_ran)
-            bdense = m[V_DENSE].bwd_time_s - m[V_CMP_ONLY].bwd_time_s;
-        if (m[V_FULL].bwd_ran && bdense > 0)
-            bspeed = bdense / m[V_FULL].bwd_time_s;
+        const estimate fe = estimate_of(m, &c.cfg, 0), be = estimate_of(m, &c.cfg, 1);
         if (backward && m[V_FULL].ran && !m[V_FULL].bwd_ran) {
             fprintf(stderr, CMD ": T=%lld backward: %s\n", (long long)Ts[i], m[V_FULL].note);
             exit_code = TOOL_EXIT_FAIL;
         }
         if (m[V_FULL].ran)
             full_ms[i] = m[V_FULL].time_s * 1e3;
-        if (dense_s > 0)
-            dense_ms[i] = dense_s * 1e3;
+        if (fe.dense > 0)
+            dense_ms[i] = fe.dense * 1e3;
 
         if (json) {
             printf("%s{\"T\": %lld, \"batch\": %lld, \"ok\": %s", i ? ", " : "", (long long)Ts[i],
@@ -416,28 +416,28 @@ int cmd_bench(int argc, char **argv)
                 printf("}");
             }
             printf(", \"est_cmp_s\": ");
-            json_num(stdout, cmp_s);
+            json_num(stdout, fe.cmp);
             printf(", \"est_slc_s\": ");
-            json_num(stdout, slc_s);
+            json_num(stdout, fe.slc);
             printf(", \"est_win_s\": ");
-            json_num(stdout, win_s);
+            json_num(stdout, fe.win);
             printf(", \"dense_s\": ");
-            json_num(stdout, dense_s);
+            json_num(stdout, fe.dense);
             printf(", \"dense_tflops\": ");
-            json_num(stdout, dense_s > 0 && m[V_DENSE].ran ? m[V_DENSE].flops / dense_s / 1e12 : NAN);
+            json_num(stdout, fe.dense > 0 && m[V_DENSE].ran ? m[V_DENSE].flops / fe.dense / 1e12 : NAN);
             printf(", \"speedup_vs_dense\": ");
-            json_num(stdout, speedup);
+            json_num(stdout, fe.speedup);
             if (backward) {
                 printf(", \"backward\": {\"est_cmp_s\": ");
-                json_num(stdout, bcmp);
+                json_num(stdout, be.cmp);
                 printf(", \"est_slc_s\": ");
-                json_num(stdout, bslc);
+                json_num(stdout, be.slc);
                 printf(", \"est_win_s\": ");
-                json_num(stdout, bwin);
+                json_num(stdout, be.win);
                 printf(", \"dense_s\": ");
-                json_num(stdout, bdense);
+                json_num(stdout, be.dense);
                 printf(", \"speedup_vs_dense\": ");
-                json_num(stdout, bspeed);
+                json_num(stdout, be.speedup);
                 printf("}");
             }
             printf("}");
@@ -448,29 +448,29 @@ int cmd_bench(int argc, char **argv)
             print_pct(tf, peak_tflops);
             printf(" %9.4g", gb);
             print_pct(gb, peak_gbps);
-            print_ms(9, cmp_s);
-            print_ms(9, slc_s);
-            print_ms(9, win_s);
-            print_ms(10, dense_s);
+            print_ms(9, fe.cmp);
+            print_ms(9, fe.slc);
+            print_ms(9, fe.win);
+            print_ms(10, fe.dense);
             print_ms(10, m[V_DENSE].ran ? m[V_DENSE].time_s : NAN);
-            if (isnan(speedup))
+            if (isnan(fe.speedup))
                 printf(" %8s\n", "-");
             else
-                printf(" %7.3gx\n", speedup);
+                printf(" %7.3gx\n", fe.speedup);
             if (m[V_FULL].bwd_ran) { /* the backward: same columns, no GB/s */
                 double btf = m[V_FULL].bwd_flops / m[V_FULL].bwd_time_s / 1e12;
                 printf("%8s %10.4g %9.4g", "bwd", m[V_FULL].bwd_time_s * 1e3, btf);
                 print_pct(btf, peak_tflops);
                 printf(" %9s %7s", "-", "-");
-                print_ms(9, bcmp);
-                print_ms(9, bslc);
-                print_ms(9, bwin);
-                print_ms(10, bdense);
+                print_ms(9, be.cmp);
+                print_ms(9, be.slc);
+                print_ms(9, be.win);
+                print_ms(10, be.dense);
                 print_ms(10, m[V_DENSE].bwd_ran ? m[V_DENSE].bwd_time_s : NAN);
-                if (isnan(bspeed))
+                if (isnan(be.speedup))
                     printf(" %8s\n", "-");
                 else
-                    printf(" %7.3gx\n", bspeed);
+                    printf(" %7.3gx\n", be.speedup);
             }
         } else {
             printf("%8lld failed: %s\n", (long long)Ts[i], m[V_FULL].note);

@@ -225,15 +225,10 @@ nsa_status problem_backward_setup(problem *p, char *err, size_t err_size)
     b->flags = NSA_BACKWARD_TRUST_INDICES;
 
     /* dO: uniform [-1, 1) from the case's seed (its own stream) */
-    float *dO = malloc(sizeof(float) * (size_t)(no ? no : 1));
-    if (!dO) {
-        *what = "malloc (dO)";
-        s = NSA_ERR_OUT_OF_MEMORY;
-        goto fail;
-    }
-    s = nsa_random_uniform(p->c.seed, 0xd0, 0, no, -1.0f, 1.0f, dO);
+    float *dO = NULL;
+    s = tk_dout_make(&p->c, p->c.seed, 0xd0, &dO); /* the same dO as nsa run --backward */
     if (s == NSA_SUCCESS) s = upload(p, dO, no, cfg->dtype, &buf, what);
-    else *what = "nsa_random_uniform (dO)";
+    else *what = "tk_dout_make (dO)";
     free(dO);
     if (s != NSA_SUCCESS) goto fail;
     b->dout = rows(buf, Hq, Dv);

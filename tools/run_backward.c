@@ -5,18 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "run_check.h"
 #include "run_inputs.h"
 #include "tool.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* fp64 FLOPs of the reference backward: about three forwards' attention work. */
 static double backward_cost(const tk_case *c)
@@ -41,21 +33,13 @@ int run_backward_do(const char *cmd, nsa_context *ctx, const char *backend, cons
     }
     r->dout_from = found ? "do.npy" : "seed";
     if (!found) { /* uniform [-1, 1) from the seed (its own stream), rounded to the dtype */
-        dO = malloc((size_t)(no + 1) * sizeof *dO);
-        void *tmp = malloc((size_t)(no + 1) * 2);
-        nsa_status s = dO && tmp ? nsa_random_uniform(c->seed, 0xd0, 0, no, -1.0f, 1.0f, dO) : NSA_ERR_OUT_OF_MEMORY;
-        if (s == NSA_SUCCESS && g->dtype != NSA_DTYPE_F32 && (s = nsa_convert(dO, NSA_DTYPE_F32, tmp, g->dtype, no)) == NSA_SUCCESS)
-            s = nsa_convert(tmp, g->dtype, dO, NSA_DTYPE_F32, no);
-        free(tmp);
-        if (s != NSA_SUCCESS) {
-            free(dO);
-            return tool_report(cmd, "drawing dO", s);
-        }
+        nsa_status s = tk_dout_make(c, c->seed, 0xd0, &dO);
+        if (s != NSA_SUCCESS) return tool_report(cmd, "drawing dO", s);
     }
     const int32_t *sel = c->fixed_indices ? in->given : fwd->sel;
-    double t0 = now_s();
+    double t0 = tool_now();
     nsa_status s = tk_run_backward(ctx, c, in, dO, fwd->lse, sel, &r->g, msg, sizeof msg);
-    r->seconds = now_s() - t0;
+    r->seconds = tool_now() - t0;
     if (s != NSA_SUCCESS) {
         fprintf(stderr, "%s: backward: %s\n", cmd, msg);
         free(dO);
@@ -75,7 +59,7 @@ int run_backward_do(const char *cmd, nsa_context *ctx, const char *backend, cons
         rms_do = no ? sqrt(rms_do / (double)no) : 0.0;
         tk_ref64 ref;
         memset(&ref, 0, sizeof ref);
-        t0 = now_s();
+        t0 = tool_now();
         if (strcmp(backend, "cpu") == 0) {
             r->reference = "the fp64 gradient reference (tests/common/grad.c)";
             tk_ref64 x;
@@ -104,7 +88,7 @@ int run_backward_do(const char *cmd, nsa_context *ctx, const char *backend, cons
                 tk_grads_free(&cg);
             }
         }
-        r->ref_seconds = now_s() - t0;
+        r->ref_seconds = tool_now() - t0;
         if (s != NSA_SUCCESS) {
             fprintf(stderr, "%s: the reference backward failed: %s\n", cmd, nsa_status_string(s));
             tk_ref64_free(&ref);

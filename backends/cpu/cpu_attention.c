@@ -54,31 +54,21 @@ typedef struct attn_job {
     int64_t max_ranges; /* key ranges per query, at most */
 } attn_job;
 
-static int64_t group_size(const nsa_config *cfg)
-{
-    return cfg->num_q_heads / cfg->num_kv_heads;
-}
-
-static int64_t dmax(const nsa_config *cfg)
-{
-    return cfg->head_dim_qk > cfg->head_dim_v ? cfg->head_dim_qk : cfg->head_dim_v;
-}
-
 /* Scratch bytes per thread, or 0 (with *ok = 0) when that does not fit size_t. */
 static size_t scratch_bytes(const nsa_config *cfg, int64_t max_keys, int64_t max_ranges, int *ok)
 {
-    const int64_t G = group_size(cfg);
+    const int64_t G = nsa_cpu_group(cfg);
     *ok = max_keys <= (INT64_MAX / 8) / G && max_ranges <= INT64_MAX / 64;
     if (!*ok)
         return 0;
     size_t rb = ((size_t)max_ranges * sizeof(key_range) + 63u) & ~(size_t)63u;
     return nsa_cpu_doubles(G * cfg->head_dim_qk) + nsa_cpu_doubles(G * cfg->head_dim_v) +
-           nsa_cpu_doubles(G * max_keys) + 2 * nsa_cpu_doubles(G) + nsa_cpu_doubles(dmax(cfg)) + rb;
+           nsa_cpu_doubles(G * max_keys) + 2 * nsa_cpu_doubles(G) + nsa_cpu_doubles(nsa_cpu_dmax(cfg)) + rb;
 }
 
 static attn_scratch scratch_parts(void *mem, const nsa_config *cfg, int64_t max_keys)
 {
-    const int64_t G = group_size(cfg);
+    const int64_t G = nsa_cpu_group(cfg);
     attn_scratch s;
     unsigned char *m = mem;
     s.q = (double *)m;
@@ -92,7 +82,7 @@ static attn_scratch scratch_parts(void *mem, const nsa_config *cfg, int64_t max_
     s.sum = (double *)m;
     m += nsa_cpu_doubles(G);
     s.row = (double *)m;
-    m += nsa_cpu_doubles(dmax(cfg));
+    m += nsa_cpu_doubles(nsa_cpu_dmax(cfg));
     s.ranges = (key_range *)m;
     return s;
 }
@@ -109,7 +99,7 @@ static void attend_group(const nsa_bk_args *a, int branch, const nsa_bk_tensor *
                          const attn_scratch *s)
 {
     const nsa_config *cfg = &a->plan->cfg;
-    const int64_t G = group_size(cfg), Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v;
+    const int64_t G = nsa_cpu_group(cfg), Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v;
     const int64_t cap = job->max_keys; /* row length of s->logits */
     const double scale = (double)cfg->scale;
     const void *kb = nsa_cpu_base(k);

@@ -77,6 +77,28 @@ static inline int64_t nsa_cpu_local(const nsa_bk_plan *p, int64_t t, int64_t *se
     return t - p->cu_seqlens[b];
 }
 
+/* G = Hq / Hkv, and max(Dqk, Dv) (scratch rows hold either). */
+static inline int64_t nsa_cpu_group(const nsa_config *cfg) { return cfg->num_q_heads / cfg->num_kv_heads; }
+static inline int64_t nsa_cpu_dmax(const nsa_config *cfg)
+{
+    return cfg->head_dim_qk > cfg->head_dim_v ? cfg->head_dim_qk : cfg->head_dim_v;
+}
+
+/* The sequence that owns compressed row r: cu_cmp[b] <= r < cu_cmp[b + 1]
+ * (sequences with no compressed block share their cu_cmp with the next one). */
+static inline int64_t nsa_cpu_cmp_row_sequence(const nsa_bk_plan *p, int64_t r)
+{
+    int64_t lo = 0, hi = p->batch - 1; /* answer in [lo, hi] */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (p->cu_cmp[mid] <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 /* Checks that a tensor a stage needs is present and of an allowed dtype;
  * returns NSA_SUCCESS or an error already recorded with set_error. */
 NSA_CPU_INTERNAL nsa_status nsa_cpu_need(const nsa_bk_tensor *t, const char *stage, const char *name,

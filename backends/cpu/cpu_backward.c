@@ -40,11 +40,6 @@ typedef struct range64 {
     int64_t begin, end;
 } range64;
 
-static int64_t group_size(const nsa_config *cfg) { return cfg->num_q_heads / cfg->num_kv_heads; }
-static int64_t dmax(const nsa_config *cfg)
-{
-    return cfg->head_dim_qk > cfg->head_dim_v ? cfg->head_dim_qk : cfg->head_dim_v;
-}
 
 /* The branch's key and value rows: kc / vc (compressed rows) or k[b] / v[b]. */
 static const nsa_bk_tensor *keys_of(const nsa_bk_args *a, int b) { return b == NSA_BRANCH_CMP ? &a->kc : &a->k[b]; }
@@ -95,9 +90,9 @@ static void add_row(const nsa_bk_tensor *acc, int64_t row, int64_t head, const d
 
 static size_t pass1_bytes(const nsa_config *cfg, int64_t max_keys, int64_t max_ranges)
 {
-    const int64_t G = group_size(cfg);
+    const int64_t G = nsa_cpu_group(cfg);
     return 2 * nsa_cpu_doubles(G * cfg->head_dim_qk) + nsa_cpu_doubles(G * cfg->head_dim_v) +
-           2 * nsa_cpu_doubles(G * max_keys) + 2 * nsa_cpu_doubles(G) + nsa_cpu_doubles(dmax(cfg)) +
+           2 * nsa_cpu_doubles(G * max_keys) + 2 * nsa_cpu_doubles(G) + nsa_cpu_doubles(nsa_cpu_dmax(cfg)) +
            nsa_cpu_doubles(2 * max_ranges);
 }
 
@@ -107,7 +102,7 @@ static void pass1_tokens(void *user, int64_t begin, int64_t end, void *mem)
     const nsa_bk_args *a = job->a;
     const nsa_config *cfg = &a->plan->cfg;
     const int b = job->branch;
-    const int64_t G = group_size(cfg), Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v, cap = job->max_keys;
+    const int64_t G = nsa_cpu_group(cfg), Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v, cap = job->max_keys;
     const double scale = (double)cfg->scale;
     const nsa_bk_tensor *K = keys_of(a, b), *V = values_of(a, b);
     unsigned char *m = mem;
@@ -118,7 +113,7 @@ static void pass1_tokens(void *user, int64_t begin, int64_t end, void *mem)
     double *ev = (double *)m; m += nsa_cpu_doubles(G * cap);
     double *lse = (double *)m; m += nsa_cpu_doubles(G);
     double *gate = (double *)m; m += nsa_cpu_doubles(G);
-    double *row = (double *)m; m += nsa_cpu_doubles(dmax(cfg));
+    double *row = (double *)m; m += nsa_cpu_doubles(nsa_cpu_dmax(cfg));
     range64 *rg = (range64 *)(void *)m;
 
     for (int64_t t = begin; t < end; t++)
@@ -193,7 +188,7 @@ static void key_set(const nsa_bk_args *a, int b, int64_t g, int64_t r0, int64_t 
                     int64_t blk, void *mem)
 {
     const nsa_config *cfg = &a->plan->cfg;
-    const int64_t G = group_size(cfg), Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v, D = Dqk + Dv;
+    const int64_t G = nsa_cpu_group(cfg), Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v, D = Dqk + Dv;
     const double scale = (double)cfg->scale;
     const nsa_bk_tensor *K = keys_of(a, b), *V = values_of(a, b);
     const nsa_bk_tensor *dK = b == NSA_BRANCH_CMP ? &a->dkc_acc : &a->dk_acc[b];
@@ -239,18 +234,6 @@ static void key_set(const nsa_bk_args *a, int b, int64_t g, int64_t r0, int64_t 
     }
 }
 
-/* The sequence that owns compressed row r (cu_cmp[b] <= r < cu_cmp[b + 1]). */
-static int64_t cmp_row_sequence(const nsa_bk_plan *p, int64_t r)
-{
-    int64_t lo = 0, hi = p->batch - 1;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo + 1) / 2;
-        if (p->cu_cmp[mid] <= r) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 static void pass2_items(void *user, int64_t begin, int64_t end, void *mem)
 {
     const bwd_job *job = user;
@@ -260,7 +243,7 @@ static void pass2_items(void *user, int64_t begin, int64_t end, void *mem)
     const int b = job->branch;
     for (int64_t it = begin; it < end; it++) {
         if (b == NSA_BRANCH_CMP) { /* item: compressed row it, read by local t >= i*d + l - 1 */
-            const int64_t seq = cmp_row_sequence(p, it), i = it - p->cu_cmp[seq];
+            const int64_t seq = nsa_cpu_cmp_row_sequence(p, it), i = it - p->cu_cmp[seq];
             const int64_t s0 = p->cu_seqlens[seq], s1 = p->cu_seqlens[seq + 1];
             for (int64_t g = 0; g < cfg->num_kv_heads; g++)
                 key_set(a, b, g, it, 1, s0 + i * cfg->cmp_stride + cfg->cmp_block - 1, s1, 0, mem);
@@ -355,8 +338,8 @@ static void compress_rows_bwd(void *user, int64_t begin, int64_t end, void *mem)
     const nsa_config *cfg = &p->cfg;
     const int64_t l = cfg->cmp_block, d = cfg->cmp_stride, Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v;
     const int linear = cfg->compress == NSA_COMPRESS_LINEAR;
-    double *acc = mem, *row = acc + nsa_cpu_doubles(dmax(cfg)) / sizeof(double);
-    double *wrow = row + nsa_cpu_doubles(dmax(cfg)) / sizeof(double);
+    double *acc = mem, *row = acc + nsa_cpu_doubles(nsa_cpu_dmax(cfg)) / sizeof(double);
+    double *wrow = row + nsa_cpu_doubles(nsa_cpu_dmax(cfg)) / sizeof(double);
     for (int64_t t = begin; t < end; t++) {
         int64_t seq;
         const int64_t tl = nsa_cpu_local(p, t, &seq), nc = p->cu_cmp[seq + 1] - p->cu_cmp[seq];
@@ -397,9 +380,9 @@ static void compress_weights_bwd(void *user, int64_t begin, int64_t end, void *m
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
     const int64_t l = cfg->cmp_block, d = cfg->cmp_stride;
-    double *acc = mem, *x = acc + nsa_cpu_doubles(dmax(cfg)) / sizeof(double);
-    double *sum = x + nsa_cpu_doubles(dmax(cfg)) / sizeof(double);
-    double *pe = sum + nsa_cpu_doubles(dmax(cfg)) / sizeof(double);
+    double *acc = mem, *x = acc + nsa_cpu_doubles(nsa_cpu_dmax(cfg)) / sizeof(double);
+    double *sum = x + nsa_cpu_doubles(nsa_cpu_dmax(cfg)) / sizeof(double);
+    double *pe = sum + nsa_cpu_doubles(nsa_cpu_dmax(cfg)) / sizeof(double);
     for (int64_t it = begin; it < end; it++) {
         const int64_t g = it / l, j = it % l;
         for (int side = 0; side < 2; side++) {
@@ -456,12 +439,12 @@ nsa_status nsa_cpu_bwd_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a
         return st;
     cbwd_job job = {a};
     if ((a->dk_acc[NSA_BRANCH_CMP].buf || a->dv_acc[NSA_BRANCH_CMP].buf) &&
-        (st = nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, 3 * nsa_cpu_doubles(dmax(cfg)),
+        (st = nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, 3 * nsa_cpu_doubles(nsa_cpu_dmax(cfg)),
                                    compress_rows_bwd, &job)))
         return st;
     if (linear && (a->dw_k_acc.buf || a->dw_v_acc.buf || a->dpe_k_acc.buf || a->dpe_v_acc.buf))
         return nsa_cpu_parallel_for(ctx->threads, cfg->num_kv_heads * cfg->cmp_block, 1,
-                                    4 * nsa_cpu_doubles(dmax(cfg)), compress_weights_bwd, &job);
+                                    4 * nsa_cpu_doubles(nsa_cpu_dmax(cfg)), compress_weights_bwd, &job);
     return NSA_SUCCESS;
 }
 

@@ -24,21 +24,6 @@ typedef struct compress_job {
     int64_t dmax; /* max(Dqk, Dv) */
 } compress_job;
 
-/* The sequence that owns compressed row r: cu_cmp[b] <= r < cu_cmp[b + 1]
- * (sequences with no compressed block share their cu_cmp with the next one). */
-static int64_t row_sequence(const nsa_bk_plan *p, int64_t r)
-{
-    int64_t lo = 0, hi = p->batch - 1; /* answer in [lo, hi] */
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo + 1) / 2;
-        if (p->cu_cmp[mid] <= r)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
 /* Rounds each of acc[0 .. D-1] once to dt (f16 / bf16: correctly rounded from the
  * double; f32: left to the store, which rounds to float). */
 static void round_to_dtype(double *acc, int64_t D, nsa_dtype dt)
@@ -113,7 +98,7 @@ static void compress_rows(void *user, int64_t begin, int64_t end, void *scratch)
     const nsa_dtype dt = cfg->dtype;
 
     for (int64_t row = begin; row < end; row++) {
-        int64_t b = row_sequence(p, row);
+        int64_t b = nsa_cpu_cmp_row_sequence(p, row);
         int64_t i = row - p->cu_cmp[b];
         int64_t tok0 = p->cu_seqlens[b] + i * d; /* global index of the block's first token */
         for (int64_t g = 0; g < cfg->num_kv_heads; g++) {
@@ -172,7 +157,7 @@ nsa_status nsa_cpu_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     if (a->kc.dtype != NSA_DTYPE_F32 || a->vc.dtype != NSA_DTYPE_F32)
         return nsa_cpu_host()->set_error(NSA_ERR_INTERNAL, "cpu backend: compress: kc/vc workspace must be f32");
 
-    compress_job job = {a, p->cfg.head_dim_qk > p->cfg.head_dim_v ? p->cfg.head_dim_qk : p->cfg.head_dim_v};
+    compress_job job = {a, nsa_cpu_dmax(&p->cfg)};
     size_t scratch = 3 * nsa_cpu_doubles(job.dmax);
     return nsa_cpu_parallel_for(ctx->threads, p->total_cmp, 0, scratch, compress_rows, &job);
 }

@@ -46,6 +46,17 @@ def config(**overrides):
     return out
 
 
+_DEFAULTS = None
+
+
+def _defaults():
+    """The library's defaults, read once."""
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        _DEFAULTS = config()
+    return _DEFAULTS
+
+
 # ---------------------------------------------------------------- contexts and plans
 
 _lock = threading.Lock()
@@ -166,7 +177,7 @@ def _forward(q, k3, v3, gates, cfg, cu, backend, training):
     if training:
         cfg = dict(cfg, flags=CONFIG_TRAINING)
     plan, ws_bytes, _ = _plan(ctx, cfg, cu)
-    full = config(**{k: v for k, v in cfg.items() if k in _CFG_KEYS})
+    full = dict(_defaults(), **cfg)
     on = (True, full["num_selected"] > 0, full["window"] > 0)
     T, Hq, Hkv = q.shape[0], q.shape[1], k3[0].shape[1]
     o = torch.empty((T, Hq, v3[0].shape[2]), dtype=q.dtype, device=q.device)

@@ -304,3 +304,22 @@ int tk_compare_grads(const tk_case *c, const tk_grads *got, const tk_ref64 *ref,
     }
     return v->pass;
 }
+
+nsa_status tk_dout_make(const tk_case *c, uint64_t seed, uint64_t stream, float **out)
+{
+    *out = NULL;
+    const int64_t no = tk_case_tokens(c) * c->cfg.num_q_heads * c->cfg.head_dim_v;
+    float *d = malloc((size_t)(no + 1) * sizeof *d);
+    void *tmp = malloc((size_t)(no + 1) * 2);
+    nsa_status s = d && tmp ? nsa_random_uniform(seed, stream, 0, no, -1.0f, 1.0f, d) : NSA_ERR_OUT_OF_MEMORY;
+    if (s == NSA_SUCCESS && c->cfg.dtype != NSA_DTYPE_F32 &&
+        (s = nsa_convert(d, NSA_DTYPE_F32, tmp, c->cfg.dtype, no)) == NSA_SUCCESS)
+        s = nsa_convert(tmp, c->cfg.dtype, d, NSA_DTYPE_F32, no);
+    free(tmp);
+    if (s != NSA_SUCCESS) {
+        free(d);
+        return s;
+    }
+    *out = d;
+    return NSA_SUCCESS;
+}

@@ -237,6 +237,10 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
                            float *const lse[3], const int32_t *sel, tk_grads *out, char *msg, size_t msg_size);
 void tk_grads_free(tk_grads *g);
 
+/* dO [T, Hq, Dv] for case c: uniform [-1, 1) from (seed, stream), rounded to the
+ * case dtype (as floats); *out malloc'ed. */
+nsa_status tk_dout_make(const tk_case *c, uint64_t seed, uint64_t stream, float **out);
+
 /* Folds the reference's per-branch k (v) gradients into the first branch's,
  * as a shared tensor receives them. */
 void tk_ref64_sum_shared(tk_ref64 *ref);
