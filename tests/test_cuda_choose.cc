@@ -4,7 +4,8 @@
  * and decides from the class's published limits and the plan's shape.
  *
  * Checks:
- *   1. Every class runs a tensor-core kernel in every stage for f16 and bf16
+ *   1. Every class runs a tensor-core kernel in every stage (forward and
+ *      backward) for f16 and bf16
  *      at the shapes the parity corpus and the benchmarks use (padded Dqk
  *      32 / 64 / 128 / 192, Dv 32 / 64 / 128, G = 1 .. 16, T up to 64k), and
  *      the tile each picks fits the class's shared memory (tiles.h formulas,
@@ -62,10 +63,11 @@ static nsa_config config(int64_t hq, int64_t hkv, int64_t dqk, int64_t dv, nsa_d
 }
 
 static const Cls classes[] = {CLS_SM80, CLS_SM86, CLS_SM90};
-static const nsa_stage attn_stages[] = {NSA_STAGE_CMP_ATTN, NSA_STAGE_SCORES_TOPN, NSA_STAGE_SLC_ATTN,
-                                        NSA_STAGE_WIN_ATTN};
+static const nsa_stage attn_stages[] = {NSA_STAGE_CMP_ATTN,     NSA_STAGE_SCORES_TOPN,  NSA_STAGE_SLC_ATTN,
+                                        NSA_STAGE_WIN_ATTN,     NSA_STAGE_BWD_CMP_ATTN, NSA_STAGE_BWD_SLC_ATTN,
+                                        NSA_STAGE_BWD_WIN_ATTN};
 
-static bool is_ref(Kern k) { return k == K_ATTN_REF || k == K_SCORES_REF; }
+static bool is_ref(Kern k) { return k == K_ATTN_REF || k == K_SCORES_REF || k == K_BWD_ATTN_REF; }
 
 /* the bytes of dynamic shared memory the stage's kernel asks for (rows: max_ns) */
 static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &cfg, int64_t max_ns)
@@ -80,6 +82,7 @@ static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &
     case K_SCORES_SM90_G16: return scores_sm90_g16_smem(ch.dqkp, c.scores.nb) + rows;
     case K_SLC_SM80: return slc_sm80_smem(ch.dqkp, ch.dvp, cfg.num_selected, cfg.slc_block);
     case K_SLC_SM80_G16: return slc_sm80_g16_smem(ch.dqkp, ch.dvp, c.slc.panel, c.slc.ns);
+    case K_BWD_ATTN_SM80: return bwd_sm80_smem(ch.dqkp, ch.dvp);
     default: return 0;
     }
 }
@@ -143,14 +146,16 @@ static void check_f32_reference()
         CHECK(choose(class_limits(cls), cfg, 1024, none, &ch, msg, sizeof msg) == NSA_SUCCESS, "%s", msg);
         CHECK(ch.st[NSA_STAGE_CMP_ATTN].k == K_ATTN_REF && ch.st[NSA_STAGE_SLC_ATTN].k == K_ATTN_REF &&
                   ch.st[NSA_STAGE_WIN_ATTN].k == K_ATTN_REF && ch.st[NSA_STAGE_BLOCK_SCORES].k == K_SCORES_REF &&
-                  ch.st[NSA_STAGE_COMBINE].k == K_COMBINE,
+                  ch.st[NSA_STAGE_COMBINE].k == K_COMBINE && ch.st[NSA_STAGE_BWD_CMP_ATTN].k == K_BWD_ATTN_REF &&
+                  ch.st[NSA_STAGE_BWD_SLC_ATTN].k == K_BWD_ATTN_REF && ch.st[NSA_STAGE_BWD_WIN_ATTN].k == K_BWD_ATTN_REF,
               "class %s, f32: a tensor-core kernel was chosen", class_name(cls));
         CHECK(!offers_scores_topn(class_limits(cls), cfg, none), "f32 offers the fused stage");
         CHECK(!ch.tiles && !ch.kc16, "f32 plans a tile list or packed rows");
         /* heads wider than 256: reference too */
         const nsa_config wide = config(16, 4, 320, 128, NSA_DTYPE_BF16);
         CHECK(choose(class_limits(cls), wide, 1024, none, &ch, msg, sizeof msg) == NSA_SUCCESS, "%s", msg);
-        CHECK(ch.st[NSA_STAGE_CMP_ATTN].k == K_ATTN_REF && ch.st[NSA_STAGE_SLC_ATTN].k == K_ATTN_REF,
+        CHECK(ch.st[NSA_STAGE_CMP_ATTN].k == K_ATTN_REF && ch.st[NSA_STAGE_SLC_ATTN].k == K_ATTN_REF &&
+                  ch.st[NSA_STAGE_BWD_SLC_ATTN].k == K_BWD_ATTN_REF,
               "Dqk 320 runs a tensor-core kernel");
     }
 }
@@ -178,6 +183,8 @@ static void check_paper_shape()
     expect(CLS_SM90, d128, 1024, NSA_STAGE_WIN_ATTN, "attn_sm90[bn64,2cta,tma]");
     expect(CLS_SM90, d192, 1024, NSA_STAGE_WIN_ATTN, "attn_sm90[bn32,2cta,tma]");
     expect(CLS_SM90, d128, 1024, NSA_STAGE_COMBINE, "combine_in_win");
+    expect(CLS_SM90, d128, 1024, NSA_STAGE_BWD_CMP_ATTN, "bwd_attn_sm80[rows64,bn32,keys64x32]");
+    expect(CLS_SM86, d192, 1024, NSA_STAGE_BWD_SLC_ATTN, "bwd_attn_sm80[rows16,bn16,keys64x32]");
     expect(CLS_SM80, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn32,2cta,r32]");
     expect(CLS_SM80, d192, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn16,2cta,r32]"); /* bn32: 92 KB, one CTA */
     expect(CLS_SM80, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,1buf,rows:smem]+topn:fused");

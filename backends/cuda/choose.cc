@@ -77,7 +77,7 @@ bool parse_target(const char *s, Cls device, Cls *out, char *msg, size_t msg_siz
 static const char *const k_names[K_COUNT] = {
     "-",           "compress_mean",   "compress_linear", "compress_copy", "attn_ref",        "attn_sm80",
     "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm90_g16", "topn",
-    "slc_sm80",    "slc_sm80_g16",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_compress_mean",
+    "slc_sm80",    "slc_sm80_g16",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_attn_sm80",   "bwd_compress_mean",
     "bwd_compress_linear", "bwd_store",
 };
 
@@ -99,6 +99,9 @@ static const ForceKey force_keys[] = {
     {"slc_attn", {NSA_STAGE_SLC_ATTN, NSA_STAGE_SLC_ATTN}, 1},
     {"win_attn", {NSA_STAGE_WIN_ATTN, NSA_STAGE_WIN_ATTN}, 1},
     {"combine", {NSA_STAGE_COMBINE, NSA_STAGE_COMBINE}, 1},
+    {"bwd_cmp_attn", {NSA_STAGE_BWD_CMP_ATTN, NSA_STAGE_BWD_CMP_ATTN}, 1},
+    {"bwd_slc_attn", {NSA_STAGE_BWD_SLC_ATTN, NSA_STAGE_BWD_SLC_ATTN}, 1},
+    {"bwd_win_attn", {NSA_STAGE_BWD_WIN_ATTN, NSA_STAGE_BWD_WIN_ATTN}, 1},
 };
 
 /* the kernels a stage can run; the first is its reference */
@@ -109,6 +112,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     static const Kern tn[] = {K_TOPN};
     static const Kern slc[] = {K_ATTN_REF, K_SLC_SM80, K_SLC_SM80_G16};
     static const Kern cb[] = {K_COMBINE, K_COMBINE_IN_WIN};
+    static const Kern bwd[] = {K_BWD_ATTN_REF, K_BWD_ATTN_SM80};
     switch (st) {
     case NSA_STAGE_CMP_ATTN:
     case NSA_STAGE_WIN_ATTN: *out = cmp; return 3;
@@ -117,6 +121,9 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     case NSA_STAGE_SELECT_TOPN: *out = tn; return 1;
     case NSA_STAGE_SLC_ATTN: *out = slc; return 3;
     case NSA_STAGE_COMBINE: *out = cb; return 2;
+    case NSA_STAGE_BWD_CMP_ATTN:
+    case NSA_STAGE_BWD_SLC_ATTN:
+    case NSA_STAGE_BWD_WIN_ATTN: *out = bwd; return 2;
     default: *out = nullptr; return 0;
     }
 }
@@ -161,7 +168,7 @@ bool parse_force(const char *s, Force *f, char *msg, size_t msg_size)
         if (!key) {
             say(msg, msg_size,
                 "NSA_CUDA_FORCE: '%s' is not a stage (cmp_attn, block_scores, scores_topn, select_topn, slc_attn, "
-                "win_attn, combine)",
+                "win_attn, combine, bwd_cmp_attn, bwd_slc_attn, bwd_win_attn)",
                 item);
             return false;
         }
@@ -346,9 +353,24 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
         return NSA_ERR_UNSUPPORTED;
     }
 
-    /* backward (training plans): the reference kernels of bwd_ref.cu on every class */
-    out->st[NSA_STAGE_BWD_CMP_ATTN].k = out->st[NSA_STAGE_BWD_SLC_ATTN].k = out->st[NSA_STAGE_BWD_WIN_ATTN].k =
-        K_BWD_ATTN_REF;
+    /* backward (training plans): bwd_sm80's tensor-core kernels where the dtype, the dims and the class's
+     * shared memory allow (every class at the padded dims it takes), else bwd_ref.cu's */
+    const bool bwd_tc = s.tc && bwd_sm80_takes(s.dqkp, s.dvp, s.limit);
+    bool any_bwd_tc = false;
+    const nsa_stage bwd_stages[] = {NSA_STAGE_BWD_CMP_ATTN, NSA_STAGE_BWD_SLC_ATTN, NSA_STAGE_BWD_WIN_ATTN};
+    for (nsa_stage st : bwd_stages) {
+        const Kern fk = force.k[st];
+        if (fk == K_BWD_ATTN_SM80 && !bwd_tc) {
+            say(msg, msg_size, "cuda backend: NSA_CUDA_FORCE asks stage %s to run bwd_attn_sm80, which cannot run "
+                               "this plan on class %s: it takes f16 / bf16 with padded dims 32/32, 64/64, 128/128 "
+                               "or 192/128 (Dqk = %lld, Dv = %lld)",
+                nsa_stage_name(st), class_name(lim.cls), (long long)cfg.head_dim_qk, (long long)cfg.head_dim_v);
+            return NSA_ERR_UNSUPPORTED;
+        }
+        out->st[st].k = fk != K_NONE ? fk : bwd_tc ? K_BWD_ATTN_SM80 : K_BWD_ATTN_REF;
+        any_bwd_tc = any_bwd_tc || out->st[st].k == K_BWD_ATTN_SM80;
+    }
+    out->bwd_tiles = (cfg.flags & NSA_CONFIG_TRAINING) && any_bwd_tc;
     out->st[NSA_STAGE_BWD_COMPRESS].k =
         cfg.compress == NSA_COMPRESS_LINEAR ? K_BWD_COMPRESS_LINEAR : K_BWD_COMPRESS_MEAN;
     out->st[NSA_STAGE_BWD_STORE].k = K_BWD_STORE;
@@ -360,7 +382,7 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
     const bool sc_tc = cfg.num_selected > 0 && sc.k != K_SCORES_REF;
     out->fused_topn = sc_tc && sc.rows_smem;
     const bool cmp_tc = ck_tc(out->st[NSA_STAGE_CMP_ATTN].k);
-    out->kc16 = cmp_tc || sc_tc;
+    out->kc16 = cmp_tc || sc_tc || out->bwd_tiles;
     out->tiles = out->kc16 || (cfg.window > 0 && ck_tc(wk));
     return NSA_SUCCESS;
 }
@@ -394,6 +416,10 @@ void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size)
         snprintf(buf, size, "%s%s", n, stage == NSA_STAGE_SCORES_TOPN ? "+topn" : "");
         break;
     case K_SLC_SM80_G16: snprintf(buf, size, "%s[%s,%dbuf]", n, c.slc.panel ? "panels" : "rows", c.slc.ns); break;
+    case K_BWD_ATTN_SM80:
+        snprintf(buf, size, "%s[rows%d,bn%d,keys%dx%d]", n, stage == NSA_STAGE_BWD_SLC_ATTN ? 16 : BWD_ROWS_BM,
+                 stage == NSA_STAGE_BWD_SLC_ATTN ? BWD_SLC_KC : BWD_ROWS_BN, BWD_KEYS_BN, BWD_KEYS_BM);
+        break;
     default: snprintf(buf, size, "%s", n); break;
     }
 }

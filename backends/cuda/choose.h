@@ -70,6 +70,7 @@ enum Kern {
     K_COMBINE,
     K_COMBINE_IN_WIN, /* COMBINE done by the window kernel's epilogue */
     K_BWD_ATTN_REF,   /* backward of a branch: rows (dq) and keys (dk, dv) kernels, fp32 */
+    K_BWD_ATTN_SM80,  /* the same two kernels on mma.sync (every class) */
     K_BWD_COMPRESS_MEAN,
     K_BWD_COMPRESS_LINEAR,
     K_BWD_STORE,
@@ -104,6 +105,7 @@ struct Choice {
     bool fused_topn; /* SCORES_TOPN ranks inside the scores kernel; else the backend's own scores rows + topn */
     bool tiles;      /* some kernel walks the plan's tile list */
     bool kc16;       /* some kernel reads the packed 16-bit compressed rows */
+    bool bwd_tiles;  /* a backward stage runs bwd_attn_sm80 (its work lists) */
 };
 
 /* Chooses every stage for a config and the plan's longest sequence's number

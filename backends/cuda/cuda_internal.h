@@ -61,6 +61,8 @@ struct CudaPlan {
     void *kc16, *vc16; /* compressed keys / values in the input type, padded to dqkp / dvp */
     float *sc_rows;    /* SCORES_TOPN whose rows do not fit in shared memory: f32 [T, Hkv, max_ns] */
     SlcMap slc_map;    /* training plans with a selected branch: the inverse map's memory */
+    BwdTiles bwd;      /* training plans on bwd_attn_sm80: its work lists (on the device) */
+    int64_t *bwd_dev[4]; /* their lists: rows tiles, compressed and window key items, compressed reduce items */
     bool has_slc_map;
 };
 

@@ -5,7 +5,8 @@
  * kernel names the plan reports (stage_kernel).
  *
  * Memory outside the workspace, allocated once per plan (never in run()):
- *   the tile list of the tiled kernels (heavy, late tiles first);
+ *   the tile list of the tiled kernels (heavy, late tiles first), and for
+ *     training plans on bwd_attn_sm80 its 64-row tiles and key tiles;
  *   the compressed keys/values in the input type, zero padded to the padded
  *     head dims, for the tensor-core kernels that read them
  *     (total_cmp * Hkv * (Dqk' + Dv') * 2 bytes);
@@ -27,8 +28,8 @@ int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 {
     const CudaCtx *c = (const CudaCtx *)bctx;
     if (stage == NSA_STAGE_SCORES_TOPN) return c && cfg && offers_scores_topn(c->lim, *cfg, c->force) ? 1 : 0;
-    /* the backward stages: bwd_ref.cu's kernels, every dtype and head dim (LINEAR's
-     * limit is the forward's, checked by the chooser) */
+    /* the backward stages: bwd_sm80.cu's or bwd_ref.cu's kernels, every dtype and
+     * head dim (LINEAR's limit is the forward's, checked by the chooser) */
     if (stage >= NSA_STAGE_BWD_CMP_ATTN && stage <= NSA_STAGE_BWD_STORE) return 1;
     return stage >= NSA_STAGE_COMPRESS && stage <= NSA_STAGE_COMBINE;
 }
@@ -40,6 +41,11 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     if (!p) return;
     cudaSetDevice(c->device);
     if (p->tiles_dev) cudaFree(p->tiles_dev);
+    for (int64_t *d : p->bwd_dev)
+        if (d) cudaFree(d);
+    void *bwd[] = {p->bwd.slc_nch, p->bwd.slc_nsl, p->bwd.slc_choff, p->bwd.slc_sloff, p->bwd.slc_tmp, p->bwd.scratch};
+    for (void *x : bwd)
+        if (x) cudaFree(x);
     if (p->kc16) cudaFree(p->kc16);
     if (p->vc16) cudaFree(p->vc16);
     if (p->sc_rows) cudaFree(p->sc_rows);
@@ -51,13 +57,14 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     plan->backend_plan = NULL;
 }
 
-/* Tiles of qt tokens x hc heads (128 rows), heavy (late) tiles first: a host
- * list (token, count, sequence) uploaded once. */
-static nsa_status make_tiles(const nsa_bk_plan *plan, CudaPlan *p)
+/* Tiles of qt tokens x hc heads (`rows` rows: the forward's 128, the
+ * backward's 64), heavy (late) tiles first: a host list (token, count,
+ * sequence) uploaded once to *dev. */
+static nsa_status make_tiles(const nsa_bk_plan *plan, int rows, Tiles *out, int64_t **dev)
 {
     const nsa_config *cfg = &plan->cfg;
     const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
-    const int hc = tile_heads(G), qt = tile_tokens(G);
+    const int hc = (int)(G < rows ? G : rows), qt = rows / hc;
     std::vector<int64_t> t, sorted;
     try {
         for (int64_t b = 0; b < plan->batch; b++) {
@@ -81,15 +88,134 @@ static nsa_status make_tiles(const nsa_bk_plan *plan, CudaPlan *p)
     for (int64_t i = 0; i < count; i++)
         for (int k = 0; k < 3; k++) sorted[3 * i + k] = t[3 * order[i] + k];
     if (count > 0) {
-        CU(cudaMalloc((void **)&p->tiles_dev, sorted.size() * sizeof(int64_t)), "plan_prepare (tile list)");
-        CU(cudaMemcpy(p->tiles_dev, sorted.data(), sorted.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
+        CU(cudaMalloc((void **)dev, sorted.size() * sizeof(int64_t)), "plan_prepare (tile list)");
+        CU(cudaMemcpy(*dev, sorted.data(), sorted.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
            "plan_prepare (tile list)");
     }
-    p->tiles.tiles = p->tiles_dev;
-    p->tiles.count = count;
-    p->tiles.qt = qt;
-    p->tiles.hc = hc;
-    p->tiles.nchunk = (int)((G + hc - 1) / hc);
+    out->tiles = *dev;
+    out->count = count;
+    out->qt = qt;
+    out->hc = hc;
+    out->nchunk = (int)((G + hc - 1) / hc);
+    return NSA_SUCCESS;
+}
+
+/* Work items of bwd_attn_sm80's keys kernel (BWD_KEYS_BN keys: compressed rows
+ * for mode 0, tokens for mode 2): six int64 per item (k0 local to the sequence,
+ * keys, sequence, chunk, chunks, first scratch slot or -1), the items with the
+ * most readers first. A compressed tile whose readers take more than cs steps
+ * of BWD_KEYS_BM rows (cs chosen so that about BWD_CHUNK_TARGET CTAs run) is
+ * split into chunks: the first compressed tiles are read by every later token
+ * of the sequence, 32 times the average at 64k, and one CTA each made the
+ * stage wait for them. Split tiles get scratch slots and a reduce item (k0,
+ * keys, sequence, chunks, first slot). Window tiles have w + 63 readers and
+ * are not split. */
+constexpr int64_t BWD_CHUNK_TARGET = 1024, BWD_CHUNK_MIN = 256;
+
+static nsa_status make_key_tiles(const nsa_bk_plan *plan, int mode, CudaPlan *p, int64_t *slots)
+{
+    const nsa_config *cfg = &plan->cfg;
+    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
+    std::vector<int64_t> t, order, items, red;
+    auto readers = [&](int64_t b, int64_t k0, int64_t nk) { /* tokens that may read keys k0 .. k0 + nk - 1 */
+        const int64_t len = plan->cu_seqlens[b + 1] - plan->cu_seqlens[b];
+        const int64_t r = mode == 0 ? len - (k0 * cfg->cmp_stride + cfg->cmp_block - 1)
+                                    : std::min(k0 + nk - 1 + cfg->window, len) - k0;
+        return r > 0 ? r : 0;
+    };
+    int64_t total = 0;
+    try {
+        for (int64_t b = 0; b < plan->batch; b++) {
+            const int64_t len = plan->cu_seqlens[b + 1] - plan->cu_seqlens[b];
+            const int64_t nrows = mode == 0 ? plan->cu_cmp[b + 1] - plan->cu_cmp[b] : len;
+            for (int64_t k0 = 0; k0 < nrows; k0 += BWD_KEYS_BN) {
+                const int64_t nk = std::min<int64_t>(BWD_KEYS_BN, nrows - k0);
+                const int64_t steps = (readers(b, k0, nk) * G + BWD_KEYS_BM - 1) / BWD_KEYS_BM;
+                if (steps == 0) continue; /* nothing reads these keys */
+                t.insert(t.end(), {k0, nk, b, steps});
+                total += steps;
+            }
+        }
+        order.resize(t.size() / 4);
+    } catch (...) {
+        return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory for the backward's key tiles");
+    }
+    const int64_t n = (int64_t)order.size();
+    for (int64_t i = 0; i < n; i++) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return t[4 * a + 3] > t[4 * b + 3]; });
+    const int64_t per_head = std::max<int64_t>(1, BWD_CHUNK_TARGET / cfg->num_kv_heads);
+    const int64_t cs = mode == 0 ? std::max(BWD_CHUNK_MIN, (total + per_head - 1) / per_head) : INT64_MAX;
+    int64_t slot = 0;
+    try {
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t *e = &t[4 * order[i]];
+            const int64_t nch = mode == 0 ? (e[3] + cs - 1) / cs : 1;
+            for (int64_t c = 0; c < nch; c++) items.insert(items.end(), {e[0], e[1], e[2], c, nch, nch > 1 ? slot + c : -1});
+            if (nch > 1) {
+                red.insert(red.end(), {e[0], e[1], e[2], nch, slot});
+                slot += nch;
+            }
+        }
+    } catch (...) {
+        return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory for the backward's key tiles");
+    }
+    const int64_t count = (int64_t)items.size() / 6;
+    if (count >= ((int64_t)1 << 31))
+        return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: the backward's key tiles (%lld) exceed a grid", (long long)count);
+    int64_t *&dev = p->bwd_dev[mode == 0 ? 1 : 2];
+    if (count > 0) {
+        CU(cudaMalloc((void **)&dev, items.size() * sizeof(int64_t)), "plan_prepare (backward key tiles)");
+        CU(cudaMemcpy(dev, items.data(), items.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
+           "plan_prepare (backward key tiles)");
+    }
+    if (mode == 0) {
+        p->bwd.kt_cmp = dev;
+        p->bwd.n_cmp = count;
+        p->bwd.cmp_cs = cs;
+        p->bwd.n_red_cmp = (int64_t)red.size() / 5;
+        if (!red.empty()) {
+            CU(cudaMalloc((void **)&p->bwd_dev[3], red.size() * sizeof(int64_t)), "plan_prepare (backward key tiles)");
+            CU(cudaMemcpy(p->bwd_dev[3], red.data(), red.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
+               "plan_prepare (backward key tiles)");
+        }
+        p->bwd.red_cmp = p->bwd_dev[3];
+        *slots = slot * cfg->num_kv_heads;
+    } else {
+        p->bwd.kt_win = dev;
+        p->bwd.n_win = count;
+        *slots = 0;
+    }
+    return NSA_SUCCESS;
+}
+
+/* The selected keys kernel's chunks (bwd_attn_sm80): its items are (KV head,
+ * batch selection block, 64-key sub-tile), split on the device at slc_cs steps
+ * from the inverse map's counts. The forced blocks (the first, the local ones)
+ * are read by every token that follows them. Sizes are bounds from the entries
+ * T Hkv n: at most slc_grid chunks and *slots scratch slots. */
+static nsa_status make_slc_chunks(const nsa_bk_plan *plan, CudaPlan *p, int64_t *slots)
+{
+    const nsa_config *cfg = &plan->cfg;
+    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads, nsub = (cfg->slc_block + BWD_KEYS_BN - 1) / BWD_KEYS_BN;
+    const int64_t items = cfg->num_kv_heads * p->slc_map.nb * nsub;
+    const int64_t entries = plan->total_tokens * cfg->num_kv_heads * cfg->num_selected;
+    /* every item's chunk count uses its whole block's readers: sum of steps <= entries G nsub / BM + items */
+    const double est = (double)entries * (double)G * (double)nsub / BWD_KEYS_BM + (double)items;
+    const int64_t cs = std::max<int64_t>(BWD_CHUNK_MIN, (int64_t)(est / BWD_CHUNK_TARGET) + 1);
+    const double grid = est / (double)cs + (double)items + 1, sl = 2.0 * est / (double)cs + 2;
+    if (items + 1 >= ((int64_t)1 << 31) || grid >= (double)((int64_t)1 << 31))
+        return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: the backward's selected items (%lld) exceed a grid",
+                    (long long)items);
+    BwdTiles &bt = p->bwd;
+    bt.slc_nsub = (int)nsub;
+    bt.slc_cs = cs;
+    bt.slc_grid = (int64_t)grid;
+    bt.slc_tmp_bytes = bwd_slc_scan_bytes(items);
+    const size_t n4 = (size_t)(items + 1) * sizeof(int);
+    int **arr[] = {&bt.slc_nch, &bt.slc_nsl, &bt.slc_choff, &bt.slc_sloff};
+    for (int **a : arr) CU(cudaMalloc((void **)a, n4), "plan_prepare (backward selected chunks)");
+    CU(cudaMalloc(&bt.slc_tmp, bt.slc_tmp_bytes ? bt.slc_tmp_bytes : 16), "plan_prepare (backward selected chunks)");
+    *slots = (int64_t)sl;
     return NSA_SUCCESS;
 }
 
@@ -141,17 +267,30 @@ static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     nsa_status s = choose(c->lim, *cfg, plan->max_ns, c->force, &p->ch, msg, sizeof msg);
     if (s != NSA_SUCCESS) return FAIL(s, "%s", msg);
     p->scores_topn = cfg->num_selected > 0 && offers_scores_topn(c->lim, *cfg, c->force);
-    if (p->ch.tiles && (s = make_tiles(plan, p)) != NSA_SUCCESS) return s;
+    if (p->ch.tiles && (s = make_tiles(plan, TC_BM, &p->tiles, &p->tiles_dev)) != NSA_SUCCESS) return s;
+    if ((cfg->flags & NSA_CONFIG_TRAINING) && cfg->num_selected > 0 && plan->total_tokens > 0 &&
+        (s = make_slc_map(plan, p)) != NSA_SUCCESS)
+        return s;
+    if (p->ch.bwd_tiles) {
+        int64_t cmp_slots = 0, win_slots = 0, slc_slots = 0;
+        if ((s = make_tiles(plan, BWD_ROWS_BM, &p->bwd.rows, &p->bwd_dev[0])) != NSA_SUCCESS) return s;
+        if (plan->total_cmp > 0 && (s = make_key_tiles(plan, 0, p, &cmp_slots)) != NSA_SUCCESS) return s;
+        if (cfg->window > 0 && (s = make_key_tiles(plan, 2, p, &win_slots)) != NSA_SUCCESS) return s;
+        if (p->has_slc_map && (s = make_slc_chunks(plan, p, &slc_slots)) != NSA_SUCCESS) return s;
+        /* one scratch for the stages (they run in turn on the stream) */
+        const int64_t slots = std::max(cmp_slots, std::max(win_slots, slc_slots));
+        const double bytes = (double)slots * BWD_KEYS_BN * (double)(cfg->head_dim_qk + cfg->head_dim_v) * 4.0;
+        if (bytes > 1e15)
+            return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: the backward's partial sums would take %.3g bytes", bytes);
+        if (slots > 0) CU(cudaMalloc((void **)&p->bwd.scratch, (size_t)bytes), "plan_prepare (backward partial sums)");
+    }
     const size_t rows = (size_t)plan->total_cmp * (size_t)cfg->num_kv_heads;
     if (p->ch.kc16 && rows > 0) {
         CU(cudaMalloc(&p->kc16, rows * p->ch.dqkp * 2), "plan_prepare (packed compressed keys)");
         const Kern ck = p->ch.st[NSA_STAGE_CMP_ATTN].k;
-        if (ck == K_ATTN_SM80 || ck == K_ATTN_SM90)
+        if (ck == K_ATTN_SM80 || ck == K_ATTN_SM90 || p->ch.bwd_tiles)
             CU(cudaMalloc(&p->vc16, rows * p->ch.dvp * 2), "plan_prepare (packed compressed values)");
     }
-    if ((cfg->flags & NSA_CONFIG_TRAINING) && cfg->num_selected > 0 && plan->total_tokens > 0 &&
-        (s = make_slc_map(plan, p)) != NSA_SUCCESS)
-        return s;
     if (p->scores_topn && !p->ch.fused_topn && plan->total_tokens > 0) {
         /* the bytes the core reserves for the unfused stages (it checked the product) */
         const size_t bytes = (size_t)plan->total_tokens * (size_t)cfg->num_kv_heads * (size_t)plan->max_ns * 4;

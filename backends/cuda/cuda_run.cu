@@ -294,7 +294,7 @@ void print_profile(CudaCtx *c, const nsa_bk_plan *pl, nsa_stage last)
     fprintf(stderr, " sum %.3f ms\n", total);
 }
 
-/* ---- backward (bwd_ref.cu) */
+/* ---- backward (bwd_sm80.cu, bwd_ref.cu) */
 
 nsa_status run_bwd_attn(const Run &r, int b)
 {
@@ -323,8 +323,20 @@ nsa_status run_bwd_attn(const Run &r, int b)
         LAUNCH(slc_map_build(r.g, view(a->indices), m, r.s));
         map = &r.p->slc_map;
     }
-    LAUNCH(bwd_attn_ref(r.g, b == NSA_BRANCH_CMP ? 0 : b == NSA_BRANCH_SLC ? 1 : 2, in, view(k), view(v),
-                        mview(a->dq_acc), dk, dv, map, r.s));
+    const int mode = b == NSA_BRANCH_CMP ? 0 : b == NSA_BRANCH_SLC ? 1 : 2;
+    if (r.ch().k != K_BWD_ATTN_SM80) {
+        LAUNCH(bwd_attn_ref(r.g, mode, in, view(k), view(v), mview(a->dq_acc), dk, dv, map, r.s));
+        return NSA_SUCCESS;
+    }
+    const int dqkp = r.p->ch.dqkp, dvp = r.p->ch.dvp;
+    View kk = view(k), vv = view(v);
+    if (mode == 0 && r.g.total_cmp > 0) { /* the keys kernel and dq read the compressed rows packed to 16 bits */
+        LAUNCH(pack_cmp16(r.g, view(a->kc), r.g.Dqk, dqkp, r.p->kc16, r.s));
+        LAUNCH(pack_cmp16(r.g, view(a->vc), r.g.Dv, dvp, r.p->vc16, r.s));
+        kk = r.kc16();
+        vv = r.vc16();
+    }
+    LAUNCH(bwd_attn_sm80(r.g, r.c->dev, mode, dqkp, dvp, r.p->bwd, in, kk, vv, mview(a->dq_acc), dk, dv, map, r.s));
     return NSA_SUCCESS;
 }
 

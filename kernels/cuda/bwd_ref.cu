@@ -1,7 +1,7 @@
 /*
  * bwd_ref.cu -- the backward stages (semantics section 9), readable: the
- * reference beside which tensor-core backward kernels will be measured, and
- * today the kernel of every class, dtype and head dim.
+ * reference beside the tensor-core kernels of bwd_sm80.cu, and the kernels of
+ * f32 inputs and of heads wider than those take (padded 32/32 .. 192/128).
  *
  * Per branch, with the forward's LSE (p_r = exp(scale q . k_r - lse)):
  *   e_r = dO . v_r,  dg = sum_r p_r e_r,  D = g dg,  ds_r = g p_r (e_r - dg)
@@ -26,7 +26,8 @@
  * from the outer products), one thread per output element; BWD_STORE rounds
  * each accumulator once to the dtype.
  *
- * Speed: not tuned (CUDA cores, keys re-read from global memory).
+ * Speed: not tuned (CUDA cores, keys re-read from global memory); the
+ * selection's inverse map, BWD_COMPRESS and BWD_STORE serve bwd_sm80 too.
  */
 #include <cub/cub.cuh>
 

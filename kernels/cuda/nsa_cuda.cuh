@@ -119,12 +119,14 @@ template <int N> NSA_DEV void cp_async_wait() { asm volatile("cp.async.wait_grou
  * 16-byte chunk c of row r to dst(r, c) (8 elements). Row r comes from
  * src + roff(r) when valid(r), dims >= D and invalid rows are zero. vec:
  * every row start is 16-byte aligned and D % 8 == 0 (then cp.async), else
- * element loads. load_tile: the plain layout, row stride SS elements. */
+ * element loads. load_tile_by: thread tid of NT (a warp's lanes: NT 32);
+ * load_tile_to: the CTA's threads; load_tile: the plain layout, row stride
+ * SS elements. */
 template <typename T, int ROWS, int DP, int NT, typename RowFn, typename DstFn>
-NSA_DEV void load_tile_to(DstFn dst, const T *src, int64_t D, bool vec, RowFn rowoff)
+NSA_DEV void load_tile_by(int tid, DstFn dst, const T *src, int64_t D, bool vec, RowFn rowoff)
 {
     constexpr int CPR = DP / 8; /* 16-byte chunks per row */
-    for (int idx = threadIdx.x; idx < ROWS * CPR; idx += NT) {
+    for (int idx = tid; idx < ROWS * CPR; idx += NT) {
         const int r = idx / CPR, c = idx % CPR;
         const int64_t off = rowoff(r); /* < 0: row absent */
         T *d = dst(r, c);
@@ -144,6 +146,12 @@ NSA_DEV void load_tile_to(DstFn dst, const T *src, int64_t D, bool vec, RowFn ro
             *reinterpret_cast<uint4 *>(d) = buf.u;
         }
     }
+}
+/* the CTA's NT threads load the tile (load_tile_by with the thread index) */
+template <typename T, int ROWS, int DP, int NT, typename RowFn, typename DstFn>
+NSA_DEV void load_tile_to(DstFn dst, const T *src, int64_t D, bool vec, RowFn rowoff)
+{
+    load_tile_by<T, ROWS, DP, NT>((int)threadIdx.x, dst, src, D, vec, rowoff);
 }
 template <typename T, int ROWS, int DP, int SS, int NT, typename RowFn>
 NSA_DEV void load_tile(T *s, const T *src, int64_t D, bool vec, RowFn rowoff)

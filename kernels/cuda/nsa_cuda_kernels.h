@@ -156,6 +156,38 @@ cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, cudaStream_t s);
  * absent), dk, dv (f32 accumulators). */
 cudaError_t bwd_attn_ref(const Geom &g, int mode, const BwdIn &in, View k, View v, MView dq, MView dk, MView dv,
                          const SlcMap *map, cudaStream_t s);
+/* bwd_sm80.cu: the same on mma.sync, f16 / bf16, padded dims 32/32, 64/64,
+ * 128/128, 192/128 (tiles.h, bwd_sm80_takes). k, v of the compressed branch:
+ * the packed 16-bit rows. What the plan made for it:
+ *   rows: the rows kernels' 64-row tiles (compressed, window);
+ *   kt_cmp, kt_win: the keys kernel's work items (k0 local to the sequence,
+ *     keys, sequence, chunk c, chunks nch, first scratch slot or -1), one CTA
+ *     per item and KV head: a compressed tile whose readers exceed cmp_cs
+ *     steps of 32 rows is split into chunks, each writing partial sums to
+ *     scratch, added in chunk order by a reduce kernel (red_cmp: k0, keys,
+ *     sequence, nch, first slot); window tiles are not split;
+ *   the selected items (KV head, batch block, 64-key sub-tile) are split the
+ *     same way at slc_cs steps, from the inverse map's counts on the device:
+ *     slc_nch / slc_nsl (chunks, scratch slots per item) and their scans
+ *     slc_choff / slc_sloff ([items + 1] ints, CUB temporary slc_tmp);
+ *     slc_grid CTAs bound the chunks;
+ *   scratch: the split chunks' partial dk | dv rows, f32. */
+struct BwdTiles {
+    Tiles rows;
+    const int64_t *kt_cmp, *kt_win, *red_cmp;
+    int64_t n_cmp, n_win, n_red_cmp, cmp_cs;
+    int64_t slc_cs, slc_grid;
+    int slc_nsub;
+    int *slc_nch, *slc_nsl, *slc_choff, *slc_sloff;
+    void *slc_tmp;
+    size_t slc_tmp_bytes;
+    float *scratch;
+};
+/* CUB temporary bytes of the scans over the selected items' chunk counts */
+size_t bwd_slc_scan_bytes(int64_t items);
+cudaError_t bwd_attn_sm80(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
+                          const BwdIn &in, View k, View v, MView dq, MView dk, MView dv, const SlcMap *map,
+                          cudaStream_t s);
 /* dc (f32 [total_cmp, Hkv, D]) back through the compression: adds to dx (f32
  * [T, Hkv, D], optional) and, LINEAR, to dW [Hkv, l, D, D] and dpe [Hkv, l, D]
  * (f32, optional); x, W, pe of the cfg dtype (pe may be absent). */

@@ -263,6 +263,32 @@ inline SlcTile pick_slc_sm80_g16(int64_t G, int64_t ls, int64_t n, int dqkp, int
     return t;
 }
 
+
+/* ------------------------------------------------------------ backward (bwd_sm80.cu)
+ * Two kernels per branch on mma.sync, 4 warps each (every class):
+ *   rows: 64 query rows per CTA (compressed, window: tokens x heads of one KV
+ *         group, as the forward's tiles but 64 rows; selected: one warp per
+ *         token and 16 heads), K/V in tiles of 32 keys (selected: 16-key
+ *         chunks per warp), two buffers each: dq, dgate, delta.
+ *   keys: 64 keys per CTA (a compressed / window key tile, or a selection
+ *         block, 64 keys at a time), the query rows that read them in steps
+ *         of 32, two buffers: dk, dv, each element summed by one thread.
+ * The three kernels ask for the same shared memory: 256 (Dqk' + Dv' + 16)
+ * bytes (86 KB at 192/128, 70 KB at 128/128), so every class takes them. */
+constexpr int BWD_THREADS = 128, BWD_ROWS_BM = 64, BWD_ROWS_BN = 32, BWD_SLC_KC = 16, BWD_KEYS_BN = 64,
+              BWD_KEYS_BM = 32;
+constexpr size_t bwd_sm80_smem(int dqk, int dv)
+{
+    /* rows: Q, dO of 64 rows + two K/V tiles of 32; keys: K/V of 64 + two Q/dO steps of 32 (+ their
+     * per-row values); selected rows: 4 warps x two K/V chunks of 16 */
+    return 2 * (size_t)(BWD_ROWS_BM + 2 * BWD_ROWS_BN) * (size_t)(dqk + 8 + dv + 8) + 2 * BWD_KEYS_BM * 24;
+}
+inline bool bwd_sm80_takes(int dqkp, int dvp, int64_t limit)
+{
+    const bool dims = (dqkp == dvp && (dqkp == 32 || dqkp == 64 || dqkp == 128)) || (dqkp == 192 && dvp == 128);
+    return dims && (int64_t)bwd_sm80_smem(dqkp, dvp) <= limit;
+}
+
 } // namespace nsa_cuda
 
 #endif

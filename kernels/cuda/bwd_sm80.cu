@@ -1,0 +1,680 @@
+/*
+ * bwd_sm80.cu -- the backward of the three attention branches on mma.sync
+ * (every sm_80+ class), f16 / bf16; bwd_ref.cu is the readable reference
+ * beside it and has the same formulas (semantics section 9):
+ *   p_r = exp(scale q . k_r - lse),  e_r = dO . v_r,  dg = sum_r p_r e_r,
+ *   delta = g dg,  ds_r = g p_r (e_r - dg),
+ *   dq = scale sum_r ds_r k_r,  dk_r += scale ds_r q,  dv_r += g p_r dO.
+ *
+ * Per branch two kernels, no atomics: every accumulator element is summed by
+ * one thread in a fixed order, so the result is bitwise the same run to run.
+ *   rows (dq, dgate, delta), query-outer, two sweeps over the row's keys: the
+ *     first sums dg = sum p e (S = Q K^T and E = dO V^T on the tensor cores),
+ *     the second forms ds and accumulates dq += ds K.
+ *     compressed / window (bwd_rows_sm80_kernel): a CTA of 64 rows (tokens x
+ *       heads of one KV group, head fastest, tile_qk.cuh's mapping), 4 warps
+ *       of 16 rows, K/V tiles of 32 keys shared by the warps, two buffers.
+ *     selected (bwd_rows_slc_sm80_kernel): one warp per (token, 16 heads of
+ *       its group; G < 16 pads), Q and dO fragments in registers, the token's
+ *       blocks streamed in 16-key chunks through the warp's own two buffers
+ *       (__syncwarp only, as slc_sm80_g16's phase 2).
+ *   keys (dk, dv), key-outer (bwd_keys_sm80_kernel): a CTA of 64 keys (a
+ *     compressed or window key tile, or 64 keys of one selection block), 4
+ *     warps of 16 keys; it walks the query rows that may read its keys
+ *     (compressed: the tokens from the first that sees key 0 to the end of
+ *     the sequence; window: the next w + 63 tokens; selected: the block's
+ *     tokens from the inverse map) in steps of 32 rows (tokens x heads),
+ *     Q / dO double-buffered, and computes S^T = K Q^T, E^T = V dO^T, then
+ *     dv += (g P)^T dO and dk += dS^T Q with the probabilities taken straight
+ *     from the accumulators.
+ * The probabilities and dS enter their products as the input type: rounded
+ * once in f16 (as FlashAttention does), split into hi + lo in bf16 for dq and
+ * dv (warp_pv_exact says why); dk takes dS rounded once. Everything
+ * accumulates in fp32.
+ *
+ * Head dims are padded with zeros to 32/32, 64/64, 128/128 or 192/128.
+ */
+#include <cub/cub.cuh>
+
+#include <type_traits>
+
+#include "tile_qk.cuh"
+
+namespace nsa_cuda {
+
+/* lse in the log2 domain; +inf where the row sees nothing (lse = -inf), so that
+ * every p = 2^(s sl - L) of that row is 0 */
+NSA_DEV float lse2_of(float lse) { return lse == -INFINITY ? INFINITY : lse * NSA_LOG2E; }
+
+/* dg of a quad's row (the 4 lanes that hold it), the same in every lane */
+NSA_DEV float quad_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* adds a warp's 16 x (NO*8) fp32 accumulator to rows of a strided f32 tensor:
+ * row i of this thread (lane/4 + 8i) at rowp(i) (NULL: skipped), columns < D */
+template <int NO, bool ADD = true, typename RowFn>
+NSA_DEV void warp_add_rows(const float (&acc)[NO][4], int64_t D, int lane, RowFn rowp)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float *row = rowp(i);
+        if (!row) continue;
+#pragma unroll
+        for (int j = 0; j < NO; j++) {
+            const int col = j * 8 + 2 * (lane & 3);
+            if (col < D) row[col] = ADD ? row[col] + acc[j][2 * i] : acc[j][2 * i];
+            if (col + 1 < D) row[col + 1] = ADD ? row[col + 1] + acc[j][2 * i + 1] : acc[j][2 * i + 1];
+        }
+    }
+}
+
+template <int NJ> NSA_DEV void zero_frag(float (&s)[NJ][4])
+{
+#pragma unroll
+    for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+}
+
+/* acc += p X for a warp's p (C fragments of KS*16 rows of the k dimension) and a
+ * row-major tile X of those rows (stride SX): dq += ds K (rows kernels) and
+ * dv += (g p)^T dO (keys kernel). In bf16, p is split into hi + lo, two
+ * products, so the result is as if p were fp32; f16 rounds once (its 2^-12
+ * passes the corpus at 0.35 of the tolerance). With p rounded to bf16 once,
+ * dq = sum ds k (which cancels: sum_r ds_r = 0) erred by up to 1.26x its
+ * tolerance on mean-compressed keys (the corpus' G16 D=4/3 case: the rounding
+ * of ds is multiplied by |k|, not by |k - mean k|), and dv by 1.45x on
+ * G16-D192-ls64 (large g p of the early tokens, 16 heads, one shared v). */
+template <typename T, int D, int KS, int SX>
+NSA_DEV void warp_pv_exact(float (&acc)[D / 8][4], float (&p)[2 * KS][4], const T *sX, int lane)
+{
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        float lo[2 * KS][4];
+#pragma unroll
+        for (int j = 0; j < 2 * KS; j++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) lo[j][x] = p[j][x] - to_f(from_f<T>(p[j][x]));
+        warp_pv<T, D, KS, SX>(acc, lo, sX, 0, lane);
+    }
+    warp_pv<T, D, KS, SX>(acc, p, sX, 0, lane);
+}
+
+/* One key tile of a rows kernel's sweep, for the warp's 16 rows (this thread's
+ * rows i = 0, 1: L = lse in log2 (+inf: none), gt = gate): s holds the masked
+ * logits and e = dO . v. Sweep 0 adds p e to dgp; sweep 1 turns s into
+ * dS scale = g p (e - dg) scale, ready for dq += dS K. */
+template <int NJ>
+NSA_DEV void rows_sweep_step(int pass, float (&s)[NJ][4], const float (&e)[NJ][4], const float (&L)[2],
+                             const float (&gt)[2], const float (&dg)[2], float (&dgp)[2], float sl, float scale)
+{
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int i = x >> 1;
+            const float p = fast_ex2(fmaf(s[j][x], sl, -L[i]));
+            if (pass == 0) dgp[i] += p * e[j][x];
+            else s[j][x] = gt[i] * p * (e[j][x] - dg[i]) * scale;
+        }
+}
+
+/* After sweep 0: dg of this thread's rows (the quad's sum), and for the rows
+ * that exist (head(i) >= 0; token t(i)) dgate = dg and delta = g dg. */
+template <typename TokFn, typename HeadFn>
+NSA_DEV void rows_write_dg(const BwdIn &in, const float (&dgp)[2], const float (&gt)[2], const bool (&rv)[2],
+                           float (&dg)[2], int lane, TokFn tok, HeadFn head)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        dg[i] = quad_sum(dgp[i]);
+        if (!rv[i] || (lane & 3) != 0) continue;
+        const int64_t t = tok(i), h = head(i);
+        if (in.dgate.p) ((float *)in.dgate.p)[t * in.dgate.st + h * in.dgate.sh] = dg[i];
+        ((float *)in.delta.p)[t * in.delta.st + h * in.delta.sh] = gt[i] * dg[i];
+    }
+}
+
+/* ------------------------------------------------------------ rows: compressed, window */
+
+template <typename T, int DQK, int DV, int MODE>
+__global__ void __launch_bounds__(BWD_THREADS)
+    bwd_rows_sm80_kernel(const Geom g, const Tiles tl, const BwdIn in, const T *__restrict__ k, int64_t kst,
+                         int64_t ksh, const T *__restrict__ v, int64_t vst, int64_t vsh, int64_t kd, int64_t vd,
+                         bool qvec, bool ovec, bool kvvec, float *dq, int64_t dqst, int64_t dqsh)
+{
+    constexpr int BM = BWD_ROWS_BM, BN = BWD_ROWS_BN, NT = BWD_THREADS, SQ = DQK + 8, SV = DV + 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sQ = (T *)smem_raw;
+    T *sO = sQ + BM * SQ;
+    T *sK = sO + BM * SV;
+    T *sV = sK + 2 * BN * SQ;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const TileCtx c = tile_ctx(g, tl);
+    int64_t klo, khi, kbase;
+    tile_keys<MODE>(g, c, klo, khi, kbase);
+    const T *kg = k + kbase * kst + c.gi * ksh;
+    const T *vg = v + kbase * vst + c.gi * vsh;
+    const T *q = (const T *)in.q.p, *dout = (const T *)in.dout.p;
+
+    load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
+        return r < c.nrows ? (c.t0 + r / c.hca) * in.q.st + (c.h0 + r % c.hca) * in.q.sh : -1;
+    });
+    load_tile<T, BM, DV, SV, NT>(sO, dout, g.Dv, ovec, [&](int r) -> int64_t {
+        return r < c.nrows ? (c.t0 + r / c.hca) * in.dout.st + (c.h0 + r % c.hca) * in.dout.sh : -1;
+    });
+    cp_async_commit();
+    const int64_t nkt = khi >= klo ? (khi - klo + BN) / BN : 0;
+    auto load_kv = [&](int64_t kt, int buf) {
+        const int64_t ks = klo + kt * BN;
+        load_tile<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg, kd, kvvec,
+                                      [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * kst : -1; });
+        load_tile<T, BN, DV, SV, NT>(sV + buf * BN * SV, vg, vd, kvvec,
+                                     [&](int r) -> int64_t { return ks + r <= khi ? (ks + r) * vst : -1; });
+    };
+
+    const WarpRanges<MODE> wr(g, c, warp, lane);
+    float L[2], gt[2];
+    int64_t rt[2], rh[2];
+    bool rv[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        rv[i] = r < c.nrows;
+        rt[i] = c.t0 + r / c.hca;
+        rh[i] = c.h0 + r % c.hca;
+        L[i] = rv[i] ? lse2_of(((const float *)in.lse.p)[rt[i] * in.lse.st + rh[i] * in.lse.sh]) : INFINITY;
+        gt[i] = rv[i] ? ((const float *)in.gate.p)[rt[i] * in.gate.st + rh[i] * in.gate.sh] : 0.f;
+    }
+    const float sl = g.scale * NSA_LOG2E;
+    const T *sQw = sQ + warp * 16 * SQ, *sOw = sO + warp * 16 * SV;
+    float dgp[2] = {0.f, 0.f}, dg[2] = {0.f, 0.f};
+    float dqa[DQK / 8][4];
+    zero_frag(dqa);
+
+    const int passes = dq ? 2 : 1;
+    for (int pass = 0; pass < passes; pass++) {
+        if (nkt > 0) load_kv(0, 0);
+        cp_async_commit();
+        for (int64_t kt = 0; kt < nkt; kt++) {
+            if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
+            cp_async_commit();
+            cp_async_wait<1>();
+            __syncthreads();
+            const int buf = (int)(kt & 1);
+            const int64_t ks = klo + kt * BN;
+            if (wr.touches(ks, BN)) {
+                float s[BN / 8][4], e[BN / 8][4], mx[2];
+                zero_frag(s);
+                zero_frag(e);
+                warp_qk<T, DQK, BN / 8, SQ, false>(s, nullptr, sQw, sK + buf * BN * SQ, 0, lane);
+                wr.tile_max(s, ks, lane, mx); /* masks the keys outside the rows' ranges */
+                warp_qk<T, DV, BN / 8, SV, false>(e, nullptr, sOw, sV + buf * BN * SV, 0, lane);
+                rows_sweep_step(pass, s, e, L, gt, dg, dgp, sl, g.scale);
+                if (pass == 1) warp_pv_exact<T, DQK, BN / 16, SQ>(dqa, s, sK + buf * BN * SQ, lane);
+            }
+            __syncthreads();
+        }
+        if (pass == 0)
+            rows_write_dg(in, dgp, gt, rv, dg, lane, [&](int i) { return rt[i]; }, [&](int i) { return rh[i]; });
+    }
+    if (dq)
+        warp_add_rows(dqa, g.Dqk, lane, [&](int i) { return rv[i] ? dq + rt[i] * dqst + rh[i] * dqsh : (float *)nullptr; });
+}
+
+/* ------------------------------------------------------------ rows: selected */
+
+template <typename T, int DQK, int DV>
+__global__ void __launch_bounds__(BWD_THREADS)
+    bwd_rows_slc_sm80_kernel(const Geom g, const BwdIn in, const T *__restrict__ k, int64_t kst, int64_t ksh,
+                             const T *__restrict__ v, int64_t vst, int64_t vsh, bool qvec, bool ovec, bool kvvec,
+                             float *dq, int64_t dqst, int64_t dqsh, int nch)
+{
+    constexpr int KC = BWD_SLC_KC, SQ = DQK + 8, SV = DV + 8, WARPS = BWD_THREADS / 32;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    T *sK = (T *)smem_raw + (size_t)warp * 2 * KC * (SQ + SV); /* this warp's two K chunks, then two V chunks */
+    T *sV = sK + 2 * KC * SQ;
+    const int64_t t = (int64_t)blockIdx.x * WARPS + warp;
+    if (t >= g.T) return; /* no CTA barrier below: a warp may leave */
+    const int64_t gi = blockIdx.y / nch, h0 = gi * g.G + (int64_t)(blockIdx.y % nch) * 16;
+    const int hca = (int)nsa_min64(16, gi * g.G + g.G - h0);
+    const int64_t seq = g.tok_seq[t], s0 = g.cu_seqlens[seq], tl = t - s0;
+    const T *q = (const T *)in.q.p, *dout = (const T *)in.dout.p;
+
+    /* Q and dO of the warp's 16 rows into registers, through the chunk buffers */
+    load_tile_by<T, 16, DQK, 32>(lane, [&](int r, int cc) { return sK + r * SQ + cc * 8; }, q, g.Dqk, qvec,
+                                 [&](int r) -> int64_t { return r < hca ? t * in.q.st + (h0 + r) * in.q.sh : -1; });
+    load_tile_by<T, 16, DV, 32>(lane, [&](int r, int cc) { return sV + r * SV + cc * 8; }, dout, g.Dv, ovec,
+                                [&](int r) -> int64_t { return r < hca ? t * in.dout.st + (h0 + r) * in.dout.sh : -1; });
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+    uint32_t qf[DQK / 16][4], of[DV / 16][4];
+    q_frags<SQ, true>(qf, sK, lane);
+    q_frags<SV, true>(of, sV, lane);
+    __syncwarp();
+
+    float L[2], gt[2];
+    bool rv[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = (lane >> 2) + 8 * i;
+        rv[i] = r < hca;
+        const int64_t h = h0 + r;
+        L[i] = rv[i] ? lse2_of(((const float *)in.lse.p)[t * in.lse.st + h * in.lse.sh]) : INFINITY;
+        gt[i] = rv[i] ? ((const float *)in.gate.p)[t * in.gate.st + h * in.gate.sh] : 0.f;
+    }
+    const float sl = g.scale * NSA_LOG2E;
+
+    /* the token's keys: chunks of KC keys of each eligible selected block, in slot order */
+    const int *ip = (const int *)in.idx.p + t * in.idx.st + gi * in.idx.sh;
+    struct Cur {
+        int64_t b, ks, hi; /* slot (n: done), first key, end of the block's visible keys (local) */
+    };
+    auto seek = [&](int64_t b) -> Cur {
+        for (; b < g.n; b++) {
+            const int64_t j = ip[b];
+            if (j >= 0 && j * g.ls <= tl) return Cur{b, j * g.ls, nsa_min64(j * g.ls + g.ls, tl + 1)};
+        }
+        return Cur{g.n, 0, 0};
+    };
+    auto next = [&](const Cur &u) -> Cur { return u.ks + KC < u.hi ? Cur{u.b, u.ks + KC, u.hi} : seek(u.b + 1); };
+    auto load = [&](const Cur &u, int buf) {
+        const int64_t ks = u.ks, hi = u.hi;
+        load_tile_by<T, KC, DQK, 32>(lane, [&](int r, int cc) { return sK + buf * KC * SQ + r * SQ + cc * 8; }, k,
+                                     g.Dqk, kvvec, [&](int r) -> int64_t {
+                                         return ks + r < hi ? (s0 + ks + r) * kst + gi * ksh : -1;
+                                     });
+        load_tile_by<T, KC, DV, 32>(lane, [&](int r, int cc) { return sV + buf * KC * SV + r * SV + cc * 8; }, v,
+                                    g.Dv, kvvec, [&](int r) -> int64_t {
+                                        return ks + r < hi ? (s0 + ks + r) * vst + gi * vsh : -1;
+                                    });
+    };
+
+    float dgp[2] = {0.f, 0.f}, dg[2] = {0.f, 0.f};
+    float dqa[DQK / 8][4];
+    zero_frag(dqa);
+    const int passes = dq ? 2 : 1;
+    for (int pass = 0; pass < passes; pass++) {
+        Cur cur = seek(0);
+        int buf = 0;
+        if (cur.b < g.n) load(cur, 0);
+        cp_async_commit();
+        while (cur.b < g.n) {
+            const Cur nx = next(cur);
+            if (nx.b < g.n) load(nx, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+            __syncwarp();
+            const int nv = (int)nsa_min64(KC, cur.hi - cur.ks);
+            float s[KC / 8][4], e[KC / 8][4], mx[2];
+            zero_frag(s);
+            zero_frag(e);
+            warp_qk<T, DQK, KC / 8, SQ, true>(s, qf, nullptr, sK + buf * KC * SQ, 0, lane);
+            warp_mask_keys(s, nv, lane, mx);
+            warp_qk<T, DV, KC / 8, SV, true>(e, of, nullptr, sV + buf * KC * SV, 0, lane);
+            rows_sweep_step(pass, s, e, L, gt, dg, dgp, sl, g.scale);
+            if (pass == 1) warp_pv_exact<T, DQK, KC / 16, SQ>(dqa, s, sK + buf * KC * SQ, lane);
+            __syncwarp();
+            cur = nx;
+            buf ^= 1;
+        }
+        if (pass == 0)
+            rows_write_dg(in, dgp, gt, rv, dg, lane, [&](int) { return t; },
+                          [&](int i) { return h0 + (lane >> 2) + 8 * i; });
+    }
+    if (dq)
+        warp_add_rows(dqa, g.Dqk, lane, [&](int i) {
+            return rv[i] ? dq + t * dqst + (h0 + (lane >> 2) + 8 * i) * dqsh : (float *)nullptr;
+        });
+}
+
+/* ------------------------------------------------------------ keys (dk, dv) */
+
+/* May local query position tq read local key kk? (compressed row, token, token) */
+template <int MODE> NSA_DEV bool key_visible(const Geom &g, int64_t kk, int64_t tq)
+{
+    if (MODE == 0) return kk * g.d + g.l - 1 <= tq;
+    if (MODE == 1) return kk <= tq;
+    return kk <= tq && kk > tq - g.w;
+}
+
+template <typename T, int DQK, int DV, int MODE>
+__global__ void __launch_bounds__(BWD_THREADS)
+    bwd_keys_sm80_kernel(const Geom g, const int64_t *ktiles, const BwdIn in, const T *__restrict__ k, int64_t kst,
+                         int64_t ksh, const T *__restrict__ v, int64_t vst, int64_t vsh, int64_t kd, int64_t vd,
+                         bool qvec, bool ovec, bool kvvec, float *dk, int64_t dkst, int64_t dksh, float *dv,
+                         int64_t dvst, int64_t dvsh, const int *mlist, const int *moff, const int64_t *blk_off,
+                         int64_t nb, int nsub, const int *choff, const int *sloff, int64_t nitems, int64_t cs,
+                         float *scratch)
+{
+    constexpr int KN = BWD_KEYS_BN, KM = BWD_KEYS_BM, NT = BWD_THREADS, SQ = DQK + 8, SV = DV + 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sK = (T *)smem_raw;
+    T *sV = sK + KN * SQ;
+    T *sQ = sV + KN * SV;     /* two steps of KM rows */
+    T *sO = sQ + 2 * KM * SQ; /* dO, two steps */
+    int64_t *sT = (int64_t *)(sO + 2 * KM * SV); /* [2][KM] per row: local token (-1: none), lse (log2), gate, delta */
+    float *sL = (float *)(sT + 2 * KM);
+    float *sG = sL + 2 * KM, *sD = sG + 2 * KM;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* the CTA's keys [k0, k0 + nk) (local to sequence b; global row kbase + key) and its queries
+     * [r0, r1): global tokens (compressed, window) or entries of the inverse map (selected) */
+    int64_t gi, b, k0, nk, kbase, r0, r1;
+    int64_t c = 0, nch = 1, slot = -1; /* chunk c of the item's nch; scratch slot of a split item's chunk */
+    if (MODE == 1) {
+        /* chunk blockIdx.x of the list the plan's chunk counts (slc_chunks_kernel) and their scan made */
+        const int64_t x = blockIdx.x;
+        if (x >= choff[nitems]) return;
+        int64_t lo = 0, hi = nitems - 1; /* the last item whose first chunk is <= x */
+        while (lo < hi) {
+            const int64_t mid = (lo + hi + 1) / 2;
+            if (choff[mid] <= x) lo = mid;
+            else hi = mid - 1;
+        }
+        c = x - choff[lo];
+        nch = choff[lo + 1] - choff[lo];
+        slot = nch > 1 ? sloff[lo] + c : -1;
+        const int64_t sg = lo / nsub, J = sg % nb;
+        gi = sg / nb;
+        b = find_seq(blk_off, g.B, J);
+        const int64_t s0 = g.cu_seqlens[b], len = g.cu_seqlens[b + 1] - s0, j = J - blk_off[b];
+        k0 = j * g.ls + (lo % nsub) * KN;
+        nk = nsa_min64(KN, nsa_min64(j * g.ls + g.ls, len) - k0);
+        kbase = s0;
+        int64_t e0 = moff[sg], e1 = moff[sg + 1];
+        r1 = e1;
+        while (e0 < e1) { /* the first entry whose token may read key k0 */
+            const int64_t mid = (e0 + e1) / 2;
+            if (mlist[mid] < s0 + k0) e0 = mid + 1;
+            else e1 = mid;
+        }
+        r0 = e0;
+    } else {
+        const int64_t *it = ktiles + 6 * (int64_t)blockIdx.x;
+        k0 = it[0];
+        nk = it[1];
+        b = it[2];
+        c = it[3];
+        nch = it[4];
+        gi = blockIdx.y;
+        slot = it[5] < 0 ? -1 : it[5] * g.Hkv + gi;
+        const int64_t s0 = g.cu_seqlens[b], len = g.cu_seqlens[b + 1] - s0;
+        kbase = MODE == 0 ? g.cu_cmp[b] : s0;
+        r0 = s0 + (MODE == 0 ? k0 * g.d + g.l - 1 : k0);
+        r1 = s0 + (MODE == 0 ? len : nsa_min64(k0 + nk - 1 + g.w, len));
+    }
+    const int64_t s0 = g.cu_seqlens[b];
+    const int64_t nrows = r1 > r0 ? (r1 - r0) * g.G : 0, nsteps = (nrows + KM - 1) / KM;
+    /* this chunk's steps; a split item's chunk writes its partial sums (zeros if it has no rows) */
+    const int64_t st0 = nch > 1 ? nsa_min64(c * cs, nsteps) : 0, st1 = nch > 1 ? nsa_min64(st0 + cs, nsteps) : nsteps;
+    if (slot < 0 && (nk <= 0 || st1 <= st0)) return; /* nothing reads these keys: their gradients stay as they are */
+    const T *q = (const T *)in.q.p, *dout = (const T *)in.dout.p;
+    const float *lse_p = (const float *)in.lse.p, *gate_p = (const float *)in.gate.p;
+    const float *delta_p = (const float *)in.delta.p;
+
+    load_tile<T, KN, DQK, SQ, NT>(sK, k + (kbase + k0) * kst + gi * ksh, kd, kvvec,
+                                  [&](int r) -> int64_t { return r < nk ? r * kst : -1; });
+    load_tile<T, KN, DV, SV, NT>(sV, v + (kbase + k0) * vst + gi * vsh, vd, kvvec,
+                                 [&](int r) -> int64_t { return r < nk ? r * vst : -1; });
+    /* row r of the CTA's queries: its global token (-1: past the end) and head */
+    auto row_tok = [&](int64_t r) -> int64_t {
+        if (r >= nrows) return -1;
+        return MODE == 1 ? (int64_t)mlist[r0 + r / g.G] : r0 + r / g.G;
+    };
+    auto load_step = [&](int64_t st, int buf) {
+        const int64_t rb = st * KM;
+        load_tile<T, KM, DQK, SQ, NT>(sQ + buf * KM * SQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
+            const int64_t t = row_tok(rb + r);
+            return t < 0 ? -1 : t * in.q.st + (gi * g.G + (rb + r) % g.G) * in.q.sh;
+        });
+        load_tile<T, KM, DV, SV, NT>(sO + buf * KM * SV, dout, g.Dv, ovec, [&](int r) -> int64_t {
+            const int64_t t = row_tok(rb + r);
+            return t < 0 ? -1 : t * in.dout.st + (gi * g.G + (rb + r) % g.G) * in.dout.sh;
+        });
+        if (threadIdx.x < KM) {
+            const int r = threadIdx.x;
+            const int64_t t = row_tok(rb + r), h = gi * g.G + (rb + r) % g.G;
+            float L = INFINITY, gt = 0.f, dl = 0.f;
+            if (t >= 0) {
+                L = lse2_of(lse_p[t * in.lse.st + h * in.lse.sh]);
+                gt = gate_p[t * in.gate.st + h * in.gate.sh];
+                dl = delta_p[t * in.delta.st + h * in.delta.sh];
+            }
+            sL[buf * KM + r] = L;
+            sG[buf * KM + r] = gt;
+            sD[buf * KM + r] = dl;
+            sT[buf * KM + r] = t < 0 ? -1 : t - s0;
+        }
+    };
+    if (st0 < st1) load_step(st0, 0);
+    cp_async_commit();
+
+    const float sl = g.scale * NSA_LOG2E;
+    const T *sKw = sK + warp * 16 * SQ, *sVw = sV + warp * 16 * SV;
+    int64_t kk[2]; /* this thread's two keys (local), and whether they exist */
+    bool kv[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        kv[i] = r < nk;
+        kk[i] = k0 + r;
+    }
+    float dka[DQK / 8][4], dva[DV / 8][4];
+    zero_frag(dka);
+    zero_frag(dva);
+    const bool warp_has_keys = warp * 16 < nk;
+
+    for (int64_t st = st0; st < st1; st++) {
+        if (st + 1 < st1) load_step(st + 1, (int)((st + 1 - st0) & 1));
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const int buf = (int)((st - st0) & 1);
+        if (warp_has_keys) {
+            const T *sQb = sQ + buf * KM * SQ, *sOb = sO + buf * KM * SV;
+            const float *L = sL + buf * KM, *G = sG + buf * KM, *D = sD + buf * KM;
+            const int64_t *tq = sT + buf * KM;
+            float s[KM / 8][4], e[KM / 8][4];
+            zero_frag(s);
+            zero_frag(e);
+            warp_qk<T, DQK, KM / 8, SQ, false>(s, nullptr, sKw, sQb, 0, lane);
+            warp_qk<T, DV, KM / 8, SV, false>(e, nullptr, sVw, sOb, 0, lane);
+#pragma unroll
+            for (int j = 0; j < KM / 8; j++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int col = j * 8 + 2 * (lane & 3) + (x & 1), i = x >> 1;
+                    const int64_t t = tq[col];
+                    const bool vis = kv[i] && t >= 0 && key_visible<MODE>(g, kk[i], t);
+                    const float p = vis ? fast_ex2(fmaf(s[j][x], sl, -L[col])) : 0.f;
+                    s[j][x] = p * G[col];                                /* g p: dv */
+                    e[j][x] = p * (G[col] * e[j][x] - D[col]) * g.scale; /* scale ds: dk */
+                }
+            warp_pv_exact<T, DV, KM / 16, SV>(dva, s, sOb, lane);
+            warp_pv_exact<T, DQK, KM / 16, SQ>(dka, e, sQb, lane);
+        }
+        __syncthreads();
+    }
+    if (slot >= 0) { /* the partial sums of this chunk: scratch[slot][key][Dqk + Dv] */
+        const int64_t W = g.Dqk + g.Dv;
+        auto sp = [&](int i, int64_t off) {
+            return kv[i] ? scratch + (slot * KN + warp * 16 + (lane >> 2) + 8 * i) * W + off : (float *)nullptr;
+        };
+        warp_add_rows<DQK / 8, false>(dka, g.Dqk, lane, [&](int i) { return sp(i, 0); });
+        warp_add_rows<DV / 8, false>(dva, g.Dv, lane, [&](int i) { return sp(i, g.Dqk); });
+        return;
+    }
+    auto rowp = [&](float *base, int64_t rs, int64_t hs, int i) {
+        return base && kv[i] ? base + (kbase + kk[i]) * rs + gi * hs : (float *)nullptr;
+    };
+    warp_add_rows(dka, g.Dqk, lane, [&](int i) { return rowp(dk, dkst, dksh, i); });
+    warp_add_rows(dva, g.Dv, lane, [&](int i) { return rowp(dv, dvst, dvsh, i); });
+}
+
+/* The split items' partial sums added to dk, dv: for each key row and dim, the
+ * chunks in order (c = 0, 1, ...), then once to the accumulator. MODE 0: the
+ * plan's list of split compressed tiles (k0, keys, sequence, chunks, first slot)
+ * x KV heads; MODE 1: every selected item (those with one chunk return). */
+template <int MODE>
+__global__ void __launch_bounds__(BWD_THREADS)
+    bwd_keys_reduce_kernel(const Geom g, const int64_t *red, const int *choff, const int *sloff,
+                           const int64_t *blk_off, int64_t nb, int nsub, const float *scratch, float *dk,
+                           int64_t dkst, int64_t dksh, float *dv, int64_t dvst, int64_t dvsh)
+{
+    int64_t gi, row0, nk, nch, slot0, hs;
+    if (MODE == 1) {
+        const int64_t i = blockIdx.x;
+        nch = choff[i + 1] - choff[i];
+        if (nch <= 1) return;
+        slot0 = sloff[i];
+        hs = 1;
+        const int64_t sg = i / nsub, J = sg % nb;
+        gi = sg / nb;
+        const int64_t b = find_seq(blk_off, g.B, J);
+        const int64_t s0 = g.cu_seqlens[b], len = g.cu_seqlens[b + 1] - s0, j = J - blk_off[b];
+        const int64_t k0 = j * g.ls + (i % nsub) * BWD_KEYS_BN;
+        nk = nsa_min64(BWD_KEYS_BN, nsa_min64(j * g.ls + g.ls, len) - k0);
+        row0 = s0 + k0;
+    } else {
+        const int64_t *r = red + 5 * (int64_t)blockIdx.x;
+        gi = blockIdx.y;
+        row0 = g.cu_cmp[r[2]] + r[0];
+        nk = r[1];
+        nch = r[3];
+        slot0 = r[4];
+        hs = g.Hkv;
+    }
+    const int64_t W = g.Dqk + g.Dv;
+    for (int64_t e = threadIdx.x; e < nk * W; e += blockDim.x) {
+        const int64_t key = e / W, col = e % W;
+        float acc = 0.f;
+        for (int64_t c = 0; c < nch; c++) acc += scratch[(((slot0 + c) * hs + (MODE == 1 ? 0 : gi)) * BWD_KEYS_BN + key) * W + col];
+        if (col < g.Dqk) {
+            if (dk) dk[(row0 + key) * dkst + gi * dksh + col] += acc;
+        } else if (dv) {
+            dv[(row0 + key) * dvst + gi * dvsh + col - g.Dqk] += acc;
+        }
+    }
+}
+
+/* Chunk counts of the selected keys kernel's items (KV head, batch block, 64-key
+ * sub-tile): ceil(steps / cs) for the block's readers (0: none), and the scratch
+ * slots of split items; [nitems] = 0, so their exclusive scans end with the totals. */
+__global__ void slc_chunks_kernel(const Geom g, const int *moff, int nsub, int64_t cs, int64_t nitems, int *nch,
+                                  int *nsl)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i <= nitems; i += (int64_t)gridDim.x * blockDim.x) {
+        int n = 0;
+        if (i < nitems) {
+            const int64_t sg = i / nsub, cnt = moff[sg + 1] - moff[sg];
+            const int64_t steps = (cnt * g.G + BWD_KEYS_BM - 1) / BWD_KEYS_BM;
+            n = (int)((steps + cs - 1) / cs);
+        }
+        nch[i] = n;
+        nsl[i] = n > 1 ? n : 0;
+    }
+}
+
+/* ------------------------------------------------------------ launch */
+
+template <typename T, int DQK, int DV>
+static cudaError_t bwd_sm80_t(const Geom &g, const Dev &dev, int mode, const BwdTiles &bt, const BwdIn &in, View k,
+                              View v, MView dq, MView dk, MView dv, const SlcMap *map, cudaStream_t s)
+{
+    if (g.T == 0) return cudaSuccess;
+    size_t smem = bwd_sm80_smem(DQK, DV);
+    const bool qvec = vec_ok(in.q.p, in.q.st, in.q.sh, g.Dqk), ovec = vec_ok(in.dout.p, in.dout.st, in.dout.sh, g.Dv);
+    /* the packed compressed rows are padded and aligned */
+    const bool kvvec = mode == 0 || (vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv));
+    const int64_t kd = mode == 0 ? DQK : g.Dqk, vd = mode == 0 ? DV : g.Dv;
+    const T *kp = (const T *)k.p, *vp = (const T *)v.p;
+    cudaError_t e;
+    /* rows */
+    if (mode == 1) {
+        auto kern = bwd_rows_slc_sm80_kernel<T, DQK, DV>;
+        if ((e = launch_smem(kern, dev, smem)) != cudaSuccess) return e;
+        const int nch = (int)((g.G + 15) / 16);
+        const dim3 grid((unsigned)((g.T + BWD_THREADS / 32 - 1) / (BWD_THREADS / 32)), (unsigned)(g.Hkv * nch));
+        kern<<<grid, BWD_THREADS, smem, s>>>(g, in, kp, k.st, k.sh, vp, v.st, v.sh, qvec, ovec, kvvec, (float *)dq.p,
+                                             dq.st, dq.sh, nch);
+    } else if (bt.rows.count > 0) {
+        auto kern = mode == 0 ? bwd_rows_sm80_kernel<T, DQK, DV, 0> : bwd_rows_sm80_kernel<T, DQK, DV, 2>;
+        if ((e = launch_smem(kern, dev, smem)) != cudaSuccess) return e;
+        const dim3 grid((unsigned)bt.rows.count, (unsigned)(g.Hkv * bt.rows.nchunk));
+        kern<<<grid, BWD_THREADS, smem, s>>>(g, bt.rows, in, kp, k.st, k.sh, vp, v.st, v.sh, kd, vd, qvec, ovec,
+                                             kvvec, (float *)dq.p, dq.st, dq.sh);
+    }
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    /* keys */
+    if (!dk.p && !dv.p) return cudaSuccess;
+    dim3 grid;
+    int nsub = 1;
+    const int64_t *kt = nullptr;
+    int64_t cs = 0, nitems = 0;
+    if (mode == 1) {
+        if (!map) return cudaErrorInvalidValue; /* the selected branch needs the inverse map */
+        nsub = bt.slc_nsub;
+        nitems = g.Hkv * map->nb * nsub;
+        cs = bt.slc_cs;
+        slc_chunks_kernel<<<(unsigned)nsa_min64((nitems + 256) / 256, 65535), 256, 0, s>>>(g, map->off, nsub, cs, nitems,
+                                                                                         bt.slc_nch, bt.slc_nsl);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        size_t bytes = bt.slc_tmp_bytes;
+        if ((e = cub::DeviceScan::ExclusiveSum(bt.slc_tmp, bytes, bt.slc_nch, bt.slc_choff, (int)(nitems + 1), s)) !=
+            cudaSuccess)
+            return e;
+        bytes = bt.slc_tmp_bytes;
+        if ((e = cub::DeviceScan::ExclusiveSum(bt.slc_tmp, bytes, bt.slc_nsl, bt.slc_sloff, (int)(nitems + 1), s)) !=
+            cudaSuccess)
+            return e;
+        grid = dim3((unsigned)bt.slc_grid, 1);
+    } else {
+        const int64_t n = mode == 0 ? bt.n_cmp : bt.n_win;
+        if (n == 0) return cudaSuccess;
+        kt = mode == 0 ? bt.kt_cmp : bt.kt_win;
+        cs = mode == 0 ? bt.cmp_cs : 0;
+        grid = dim3((unsigned)n, (unsigned)g.Hkv);
+    }
+    auto kern = mode == 0   ? bwd_keys_sm80_kernel<T, DQK, DV, 0>
+                : mode == 1 ? bwd_keys_sm80_kernel<T, DQK, DV, 1>
+                            : bwd_keys_sm80_kernel<T, DQK, DV, 2>;
+    smem = bwd_sm80_smem(DQK, DV);
+    if ((e = launch_smem(kern, dev, smem)) != cudaSuccess) return e;
+    kern<<<grid, BWD_THREADS, smem, s>>>(g, kt, in, kp, k.st, k.sh, vp, v.st, v.sh, kd, vd, qvec, ovec, kvvec,
+                                         (float *)dk.p, dk.st, dk.sh, (float *)dv.p, dv.st, dv.sh,
+                                         map ? map->list_out : nullptr, map ? map->off : nullptr,
+                                         map ? map->blk_off : nullptr, map ? map->nb : 0, nsub, bt.slc_choff,
+                                         bt.slc_sloff, nitems, cs, bt.scratch);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    /* the split items' partial sums, in chunk order */
+    if (mode == 1) {
+        bwd_keys_reduce_kernel<1><<<(unsigned)nitems, BWD_THREADS, 0, s>>>(
+            g, nullptr, bt.slc_choff, bt.slc_sloff, map->blk_off, map->nb, nsub, bt.scratch, (float *)dk.p, dk.st,
+            dk.sh, (float *)dv.p, dv.st, dv.sh);
+    } else if (mode == 0 && bt.n_red_cmp > 0) {
+        bwd_keys_reduce_kernel<0><<<dim3((unsigned)bt.n_red_cmp, (unsigned)g.Hkv), BWD_THREADS, 0, s>>>(
+            g, bt.red_cmp, nullptr, nullptr, nullptr, 0, 1, bt.scratch, (float *)dk.p, dk.st, dk.sh, (float *)dv.p,
+            dv.st, dv.sh);
+    }
+    return cudaGetLastError();
+}
+
+size_t bwd_slc_scan_bytes(int64_t items)
+{
+    size_t b = 0;
+    cub::DeviceScan::ExclusiveSum(nullptr, b, (const int *)nullptr, (int *)nullptr, (int)(items + 1));
+    return b;
+}
+
+cudaError_t bwd_attn_sm80(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
+                          const BwdIn &in, View k, View v, MView dq, MView dk, MView dv, const SlcMap *map,
+                          cudaStream_t s)
+{
+    NSA_SLC_DISPATCH(bwd_sm80_t, g, dqkp, dvp, g, dev, mode, bt, in, k, v, dq, dk, dv, map, s);
+}
+
+} // namespace nsa_cuda
