@@ -22,6 +22,8 @@
 #   opencl   the small corpus on NVIDIA's OpenCL (needs the module: OPENCL=1 builds it)
 #   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus
 #   bench    nsa bench at BENCH_T per class in BENCH_CLASSES (default sm90)
+#   bwdbench nsa bench --backward with NSA_CUDA_PROFILE per stage, BWD_T (16384,65536) x BWD_SHAPES per
+#            class in BWD_CLASSES (sm90), and .bench/sdpa_baseline.py's dense backward beside it
 #   baseline nsa bench of the tree in .old/ (BASE_T, default 65536; git archive of an
 #            earlier commit, built here in the background) beside this tree, alternating,
 #            BASE_ROUNDS times (default 2), for the ';'-separated nsa flags of BASE_SHAPES
@@ -192,6 +194,27 @@ if has baseline && [ -n "$OLD_PID" ]; then
         note "[$(el)] baseline $cls $tree round $round $args: $(grep -E '^ +[0-9]+ ' /tmp/bb.log | awk '{print $1" "$2" ms"}')"
       done
     done
+  done; done
+fi
+if has bwdbench; then # the backward per stage (NSA_CUDA_PROFILE) and in total at BWD_T, per shape in BWD_SHAPES;
+  # beside it the dense backward of cuDNN / FlashAttention-2 (.bench/sdpa_baseline.py, copied from ../shared/bench)
+  IFS=';' read -ra shapes <<< "${BWD_SHAPES:---dqk 128 --dv 128;--dqk 192 --dv 128;--hq 32 --hkv 8 --dqk 128 --dv 128}"
+  for cls in ${BWD_CLASSES:-sm90}; do for args in "${shapes[@]}"; do
+    tag=$(echo "$cls $args" | tr -d '-' | tr ' ' '_')
+    env $(target $cls) NSA_CUDA_PROFILE=1 timeout 240 $NSA bench --backend cuda --T ${BWD_T:-16384,65536} $args \
+      --backward --iters 5 --warmup 1 --no-stages --no-dense > "$OUT/bwdbench_$tag.log" 2>&1
+    rc=$?; note "[$(el)] bwdbench $cls $args rc=$rc"
+    grep -E "^ +[0-9]+ |bwd" "$OUT/bwdbench_$tag.log" | tee -a "$SUM"
+    for T in $(echo ${BWD_T:-16384,65536} | tr ',' ' '); do
+      grep "T=$T)" "$OUT/bwdbench_$tag.log" | grep BWD_STORE | tail -1 | cut -c1-900 | tee -a "$SUM"
+    done
+    if [ -f .bench/sdpa_baseline.py ] && [ "$cls" = sm90 ]; then
+      hq=$(echo "$args" | grep -oE -- '--hq [0-9]+' | awk '{print $2}'); hkv=$(echo "$args" | grep -oE -- '--hkv [0-9]+' | awk '{print $2}')
+      dqk=$(echo "$args" | grep -oE -- '--dqk [0-9]+' | awk '{print $2}'); dv=$(echo "$args" | grep -oE -- '--dv [0-9]+' | awk '{print $2}')
+      timeout 200 python3 .bench/sdpa_baseline.py --T $(echo ${BWD_T:-16384,65536} | tr ',' ' ') --hq ${hq:-64} \
+        --hkv ${hkv:-4} --dqk ${dqk:-192} --dv ${dv:-128} --iters 5 > "$OUT/sdpa_$tag.log" 2>&1
+      note "[$(el)] sdpa_baseline $args rc=$?"; tee -a "$SUM" < "$OUT/sdpa_$tag.log" | tail -8
+    fi
   done; done
 fi
 if has sdpa; then
