@@ -28,7 +28,7 @@ from ._lib import (BACKWARD_TRUST_INDICES, BackwardArgs, CONFIG_TRAINING, Config
                    Tensor, check, lib, version)
 import ctypes
 
-__all__ = ["attention", "forward", "config", "Error", "version"]
+__all__ = ["attention", "forward", "config", "ops", "Error", "version"]
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _CFG_KEYS = ("cmp_block", "cmp_stride", "slc_block", "num_selected", "num_init", "num_local", "window", "scale")
@@ -206,11 +206,77 @@ def _forward(q, k3, v3, gates, cfg, cu, backend, training):
     return o, lse, sel
 
 
+def _from_dlpack(q, k, v, gates):
+    """Tensors of other frameworks (any object with __dlpack__: NumPy, JAX, CuPy ...) as torch
+    tensors on the same memory, zero copy; torch tensors and None pass unchanged."""
+    def one(x, name):
+        if x is None or isinstance(x, torch.Tensor):
+            return x
+        if hasattr(x, "__dlpack__"):
+            return torch.from_dlpack(x)
+        raise TypeError(f"nsa: {name} must be a torch tensor or an object with __dlpack__, not {type(x).__name__}")
+
+    def many(x, name):  # one tensor or a tuple / list of them
+        if isinstance(x, (tuple, list)):
+            return type(x)(one(y, name) for y in x)
+        return one(x, name)
+    return one(q, "q"), many(k, "k"), many(v, "v"), many(gates, "gates")
+
+
 def forward(q, k, v, gates, cu_seqlens=None, backend=None, **cfg):
-    """The NSA forward (no autograd): returns (o, [lse_cmp, lse_slc, lse_win], selected)."""
+    """The NSA forward (no autograd): returns (o, [lse_cmp, lse_slc, lse_win], selected) as
+    torch tensors; inputs may be torch tensors or any DLPack tensors (NumPy arrays, ...)."""
+    q, k, v, gates = _from_dlpack(q, k, v, gates)
     k3, v3 = _branches(k, "k"), _branches(v, "v")
     spec, cu = _spec(q, k3, v3, gates, cu_seqlens, cfg)
     return _forward(q, k3, v3, tuple(gates), spec, cu, backend, False)
+
+
+def _backward(q, k3, v3, gates, lse, sel, do, spec, cu, backend, shared):
+    """nsa_backward: (dq, dk[3], dv[3], dg[3]). shared = (for k, for v) three flags each: branch
+    b's tensor is branch 0's. A shared tensor's gradient is the library's sum, returned in
+    slot 0 (None in the slots that share it)."""
+    spec = dict(spec, flags=CONFIG_TRAINING)
+    ctx = _context(q, backend)
+    plan, ws_bytes, _ = _plan(ctx, spec, cu)
+    on = tuple(t is not None for t in lse)
+    do = do if do.dim() == 3 and do.stride(2) == 1 else do.contiguous()
+    dq = torch.empty_like(q)
+    dk = [None, None, None]
+    dv = [None, None, None]
+    for b in range(3):  # one gradient tensor per distinct input tensor: the library sums shared ones
+        if not on[b]:
+            continue
+        dk[b] = dk[0] if b > 0 and shared[0][b] and dk[0] is not None else torch.empty_like(k3[b])
+        dv[b] = dv[0] if b > 0 and shared[1][b] and dv[0] is not None else torch.empty_like(v3[b])
+    dg = [torch.empty_like(g) if g is not None and on[b] else None for b, g in enumerate(gates)]
+    ws = torch.empty((max(ws_bytes, 1),), dtype=torch.uint8, device=q.device)
+    w = _Wrap(ctx)
+    try:
+        a = BackwardArgs()
+        a.q = w.view(q, "q", 3)
+        a.dout = w.view(do, "grad", 3)
+        a.dq = w.view(dq, "dq", 3)
+        for b in range(3):
+            if not on[b]:
+                continue
+            a.k[b] = w.view(k3[b], "k", 3)
+            a.v[b] = w.view(v3[b], "v", 3)
+            a.gate[b] = w.view(gates[b], "gate", 2)
+            a.lse[b] = w.view(lse[b], "lse", 2)
+            a.dk[b] = w.view(dk[b], "dk", 3)
+            a.dv[b] = w.view(dv[b], "dv", 3)
+            a.dgate[b] = w.view(dg[b], "dgate", 2)
+        if sel is not None:
+            a.block_indices = w.view(sel, "selected", 3)
+        a.flags = BACKWARD_TRUST_INDICES
+        wsv = w.view(ws, "workspace", 1)
+        check("nsa_backward", lib.nsa_backward_sized(plan, ctypes.byref(a), ctypes.sizeof(a), wsv.buffer))
+    finally:
+        w.free()
+    gk = [dk[b] if dk[b] is not None and (b == 0 or dk[b] is not dk[0]) else None for b in range(3)]
+    gv = [dv[b] if dv[b] is not None and (b == 0 or dv[b] is not dv[0]) else None for b in range(3)]
+    return dq, gk, gv, dg
 
 
 class _Attention(torch.autograd.Function):
@@ -226,57 +292,23 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(actx, do):
         q, k0, k1, k2, v0, v1, v2, g0, g1, g2, l0, l1, l2, sel = actx.saved_tensors
-        k3, v3, gates, lse = (k0, k1, k2), (v0, v1, v2), (g0, g1, g2), (l0, l1, l2)
-        spec, cu = dict(actx.spec, flags=CONFIG_TRAINING), actx.cu
-        ctx = _context(q, actx.backend)
-        plan, ws_bytes, _ = _plan(ctx, spec, cu)
-        on = tuple(t is not None for t in lse)
-        do = do if do.dim() == 3 and do.stride(2) == 1 else do.contiguous()
-        dq = torch.empty_like(q)
-        dk = [None, None, None]
-        dv = [None, None, None]
-        shared_k, shared_v = actx.shared
-        for b in range(3):  # one gradient tensor per distinct input tensor: the library sums shared ones
-            if not on[b]:
-                continue
-            dk[b] = dk[0] if b > 0 and shared_k[b] else torch.empty_like(k3[b])
-            dv[b] = dv[0] if b > 0 and shared_v[b] else torch.empty_like(v3[b])
-        dg = [torch.empty_like(g) if g is not None and on[b] else None for b, g in enumerate(gates)]
-        ws = torch.empty((max(ws_bytes, 1),), dtype=torch.uint8, device=q.device)
-        w = _Wrap(ctx)
-        try:
-            a = BackwardArgs()
-            a.q = w.view(q, "q", 3)
-            a.dout = w.view(do, "grad", 3)
-            a.dq = w.view(dq, "dq", 3)
-            for b in range(3):
-                if not on[b]:
-                    continue
-                a.k[b] = w.view(k3[b], "k", 3)
-                a.v[b] = w.view(v3[b], "v", 3)
-                a.gate[b] = w.view(gates[b], "gate", 2)
-                a.lse[b] = w.view(lse[b], "lse", 2)
-                a.dk[b] = w.view(dk[b], "dk", 3)
-                a.dv[b] = w.view(dv[b], "dv", 3)
-                a.dgate[b] = w.view(dg[b], "dgate", 2)
-            if sel is not None:
-                a.block_indices = w.view(sel, "selected", 3)
-            a.flags = BACKWARD_TRUST_INDICES
-            wsv = w.view(ws, "workspace", 1)
-            check("nsa_backward", lib.nsa_backward_sized(plan, ctypes.byref(a), ctypes.sizeof(a), wsv.buffer))
-        finally:
-            w.free()
-        # a shared tensor's gradient is returned once (autograd would add the repeats)
-        gk = [dk[b] if dk[b] is not None and (b == 0 or dk[b] is not dk[0]) else None for b in range(3)]
-        gv = [dv[b] if dv[b] is not None and (b == 0 or dv[b] is not dv[0]) else None for b in range(3)]
+        dq, gk, gv, dg = _backward(q, (k0, k1, k2), (v0, v1, v2), (g0, g1, g2), (l0, l1, l2), sel, do, actx.spec,
+                                   actx.cu, actx.backend, actx.shared)
         return (dq, gk[0], gk[1], gk[2], gv[0], gv[1], gv[2], dg[0], dg[1], dg[2], None, None, None)
 
 
 def attention(q, k, v, gates, cu_seqlens=None, backend=None, **cfg):
     """NSA attention with autograd: o [T, Hq, Dv]. Gradients flow to q, k, v and the gates
     (through nsa_backward; the block selection is a constant, as in the paper)."""
+    q, k, v, gates = _from_dlpack(q, k, v, gates)
     k3, v3 = _branches(k, "k"), _branches(v, "v")
     gates = tuple(gates)
     spec, cu = _spec(q, k3, v3, gates, cu_seqlens, cfg)
     return _Attention.apply(q, k3[0], k3[1], k3[2], v3[0], v3[1], v3[2], gates[0], gates[1], gates[2], spec, cu,
                             backend)
+
+
+try:  # the torch.library custom ops (torch >= 2.4) use the functions above
+    from . import ops  # noqa: E402
+except ImportError:  # an older torch: nsa.attention and nsa.forward only
+    ops = None

@@ -7,7 +7,10 @@
     backend, which computes in fp64; every block selected, so no selection flips);
   - packed batches equal their sequences run one by one; a shared k gets the sum
     of the branch gradients; bad arguments raise ValueError, library failures
-    nsa.Error with its message; CUDA tensors where a GPU is present (else skipped).
+    nsa.Error with its message; CUDA tensors where a GPU is present (else skipped);
+  - the torch.library ops (nsa.ops) equal the autograd function bitwise, pass
+    torch.library.opcheck and trace under torch.compile(fullgraph=True);
+    NumPy arrays reach the library through DLPack.
 
 Environment: NSA_LIBRARY (libnsa.so) and NSA_TOOL (the nsa program); meson's
 `python` test sets both. Run: python3 -m unittest discover python/tests
@@ -121,6 +124,66 @@ class TestAutograd(unittest.TestCase):
         o2, _, _ = nsa.forward(qb.contiguous(), kb.contiguous(), v.to(torch.bfloat16), gates, **SMALL)
         self.assertEqual(o1.dtype, torch.bfloat16)
         self.assertTrue(torch.equal(o1, o2))
+
+
+class TestCustomOp(unittest.TestCase):
+    """nsa.ops: the torch.library ops libnsa::forward / libnsa::backward."""
+
+    def grads(self, fn, q, k, v, gates):
+        o = fn(q, k, v, gates, **SMALL)
+        do = torch.rand(o.shape, generator=torch.Generator().manual_seed(17)) * 2 - 1
+        leaves = [q] + (list(k) if isinstance(k, (tuple, list)) else [k]) + \
+                 (list(v) if isinstance(v, (tuple, list)) else [v]) + list(gates)
+        return o, torch.autograd.grad(o, leaves, do)
+
+    def test_equals_autograd_function(self):
+        q, k, v, gates = inputs(seed=19, grad=True)
+        o1, g1 = self.grads(nsa.attention, q, k, v, gates)
+        o2, g2 = self.grads(nsa.ops.attention, q, k, v, gates)
+        self.assertTrue(torch.equal(o1, o2))
+        for a, b in zip(g1, g2):
+            self.assertTrue(torch.equal(a, b))
+        k3 = tuple(torch.rand(k.shape, generator=torch.Generator().manual_seed(s)).requires_grad_() for s in (1, 2, 3))
+        o1, g1 = self.grads(nsa.attention, q, k3, v, gates)
+        o2, g2 = self.grads(nsa.ops.attention, q, list(k3), v, gates)
+        self.assertTrue(torch.equal(o1, o2))
+        for a, b in zip(g1, g2):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_opcheck(self):
+        # schema, fake (meta) kernel against the real one, autograd registration, tracing
+        q, k, v, gates = inputs(T=40, seed=23, grad=True)
+        cfg = [SMALL[key] for key in ("cmp_block", "cmp_stride", "slc_block", "num_selected", "num_init",
+                                      "num_local", "window")]
+        torch.library.opcheck(torch.ops.libnsa.forward.default, (q, [k], [v], gates, [0, 17, 40], cfg, 0.0, ""))
+        branch_off = dict(cfg=list(cfg))
+        branch_off["cfg"][3] = 0  # the selected branch off: empty lse_slc and selected, its gate None
+        torch.library.opcheck(torch.ops.libnsa.forward.default,
+                              (q, [k], [v], [gates[0], torch.empty(0), gates[2]], [0, 40], branch_off["cfg"], 0.0,
+                               ""))
+
+    def test_torch_compile(self):
+        q, k, v, gates = inputs(seed=29, grad=True)
+        loss = lambda q, k, v, g0, g1, g2: nsa.ops.attention(q, k, v, [g0, g1, g2], **SMALL).square().sum()
+        compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+        l1, l2 = compiled(q, k, v, *gates), loss(q, k, v, *gates)
+        self.assertTrue(torch.equal(l1, l2))
+        g1 = torch.autograd.grad(l1, [q, k, v, *gates])
+        g2 = torch.autograd.grad(l2, [q, k, v, *gates])
+        for a, b in zip(g1, g2):
+            self.assertTrue(torch.equal(a, b))
+
+
+class TestDLPack(unittest.TestCase):
+    def test_numpy_inputs(self):
+        q, k, v, gates = inputs(seed=31)
+        o1, lse1, sel1 = nsa.forward(q.numpy(), k.numpy(), v.numpy(), [g.numpy() for g in gates], **SMALL)
+        o2, lse2, sel2 = nsa.forward(q, k, v, gates, **SMALL)
+        self.assertIsInstance(o1, torch.Tensor)
+        self.assertTrue(torch.equal(o1, o2) and torch.equal(sel1, sel2))
+        self.assertTrue(np.array_equal(np.from_dlpack(o1), o2.numpy()))  # and back, zero copy
+        with self.assertRaises(TypeError):
+            nsa.forward([1.0], k, v, gates, **SMALL)
 
 
 class TestErrors(unittest.TestCase):
