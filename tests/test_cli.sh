@@ -137,6 +137,9 @@ echo "bad inputs: $badtried tried, $badclean clean errors"
 # figure is well-formed SVG; a missing or malformed file is a usage error with a message
 bench=(bench --backend cpu --T 64,128 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --no-stages)
 expect "bench --backward times the backward" 0 "^ +bwd +[0-9.]+ " -- "$nsa" "${bench[@]}" --backward
+expect "bench times the first plan" 0 "^first: +plan [0-9.]+ ms" -- "$nsa" "${bench[@]}"
+expect "bench --json has the first plan" 0 '"first_plan_s": [0-9.e-]+, "first_plan_log": \["plan on cpu' -- \
+  "$nsa" "${bench[@]}" --json
 expect "bench --backward --json" 0 '"backward_tflops"' -- "$nsa" "${bench[@]}" --backward --json
 printf '%s\n' '{"baseline": "torch-sdpa-cudnn", "T": 64, "hq": 4, "hkv": 1, "dqk": 16, "dv": 16, "fwd_ms": 0.25}' \
   '{"baseline": "torch-sdpa-flash", "T": 64, "error": "unsupported"}' '{"baseline": "x", "T": 64, "hq": 8, "fwd_ms": 1}' \

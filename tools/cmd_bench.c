@@ -76,6 +76,10 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  plans; dO drawn from the seed) and prints a 'bwd' line under each T: total,\n"
             "  TFLOP/s (2 * (3 Dqk + 2 Dv) per visible pair: S again, dP, dV, dQ, dK),\n"
             "  branches and dense by the same differences.\n"
+            "first: the context's first plan is made and timed before the sweep: kernels\n"
+            "  compiled at run time (OpenCL programs) are built, or loaded from the kernel\n"
+            "  cache, there; the library's messages while it is made say which and how long\n"
+            "  (JSON: first_plan_s, first_plan_log). The sweep's times exclude it.\n"
             "--baseline FILE: JSON lines of other implementations' times (what\n"
             "  tools/dense_baseline.py prints: PyTorch's cuDNN and FlashAttention-2 on the same\n"
             "  GPU, measured in the same session); records for the swept T and this shape are\n"
@@ -169,6 +173,46 @@ static estimate estimate_of(const measure m[V_COUNT], const nsa_config *cfg, int
     if (e.dense > 0)
         e.speedup = e.dense / t[V_FULL];
     return e;
+}
+
+/* The context's first plan is where kernels compiled at run time are built, or
+ * loaded from the cache (the OpenCL backend's programs, per dtype): it is made
+ * once before the sweep, timed, and the library's messages while it is made
+ * (level info: which kernels were built from source in how long, or taken from
+ * the cache) are reported with it. Later plans of the context reuse those
+ * kernels, so the sweep's times do not include them. */
+#define FIRST_LOG_LINES 8
+typedef struct {
+    char line[FIRST_LOG_LINES][320];
+    int n, dropped;
+} first_log;
+
+static void first_log_fn(nsa_log_level level, const char *message, void *user)
+{
+    first_log *f = user;
+    (void)level;
+    if (f->n < FIRST_LOG_LINES)
+        snprintf(f->line[f->n++], sizeof f->line[0], "%s", message);
+    else
+        f->dropped++;
+}
+
+/* seconds to make (and destroy) the first plan; < 0 with a message in err on failure */
+static double first_plan(nsa_context *ctx, const tk_case *c, first_log *log, char *err, size_t err_size)
+{
+    memset(log, 0, sizeof *log);
+    nsa_plan *plan = NULL;
+    nsa_set_log(first_log_fn, NSA_LOG_INFO, log);
+    const double t0 = tool_now();
+    nsa_status s = nsa_plan_create(ctx, &c->cfg, c->cu_seqlens, c->batch, &plan);
+    const double t = tool_now() - t0;
+    nsa_set_log(NULL, NSA_LOG_ERROR, NULL); /* back to NSA_LOG */
+    if (s != NSA_SUCCESS) {
+        tool_format_error(err, err_size, "nsa_plan_create", s);
+        return -1.0;
+    }
+    nsa_plan_destroy(plan);
+    return t;
 }
 
 static void print_pct(double value, double peak)
@@ -299,6 +343,10 @@ int cmd_bench(int argc, char **argv)
         }
     }
 
+    first_log flog;
+    char ferr[512] = "";
+    const double first_s = first_plan(ctx, &c0, &flog, ferr, sizeof ferr); /* < 0: failed (the sweep says why) */
+
     if (json) {
         printf("{\"command\": \"bench\", \"version\": ");
         json_str(stdout, nsa_version_string());
@@ -316,6 +364,14 @@ int cmd_bench(int argc, char **argv)
             json_str(stdout, peak_src);
         else
             printf("null");
+        printf(", \"first_plan_s\": ");
+        json_num(stdout, first_s >= 0 ? first_s : NAN);
+        printf(", \"first_plan_log\": [");
+        for (int i = 0; i < flog.n; i++) {
+            printf("%s", i ? ", " : "");
+            json_str(stdout, flog.line[i]);
+        }
+        printf("]");
         printf(", \"results\": [");
     } else {
         char desc[512];
@@ -328,6 +384,15 @@ int cmd_bench(int argc, char **argv)
                             : "--peak-tflops / --peak-gbps");
         else
             printf("peak:    unknown for this device (--peak-tflops / --peak-gbps give %%peak)\n");
+        if (first_s >= 0)
+            printf("first:   plan %.1f ms (run-time kernel builds or cache loads happen in the first plan of a "
+                   "context; not in the times below)\n", first_s * 1e3);
+        else
+            printf("first:   plan failed: %s\n", ferr);
+        for (int i = 0; i < flog.n; i++)
+            printf("         %s\n", flog.line[i]);
+        if (flog.dropped)
+            printf("         (%d more messages)\n", flog.dropped);
         printf("%8s %10s %9s %7s %9s %7s %9s %9s %9s %10s %10s %8s\n", "T", "nsa ms", "TFLOP/s",
                "%peak", "GB/s", "%peak", "cmp ms", "slc ms", "win ms", "dense ms", "dense raw", "speedup");
     }
