@@ -18,6 +18,10 @@ through. dtype float32, float16 or bfloat16 (q, k, v alike); the gradients
 have the input dtype, dg float32. Compression: MEAN (the paper's default);
 LINEAR and EXTERNAL are in the C API only.
 
+Other frameworks' tensors (anything with __dlpack__: NumPy, JAX, CuPy) are taken zero
+copy; results are torch tensors. nsa.ops.attention is nsa.attention as the torch.library
+custom ops libnsa::forward / libnsa::backward (torch.compile traces them; torch >= 2.4).
+
 Errors of the library raise nsa.Error carrying its status and message.
 """
 import threading
