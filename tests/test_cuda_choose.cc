@@ -16,9 +16,14 @@
  *   4. Only sm90 runs the sm90 kernels; G = 16 kernels only at G = 16.
  *   5. NSA_CUDA_TARGET and NSA_CUDA_FORCE parsing, good and bad values, and a
  *      forced kernel that cannot take a shape fails the plan with a message.
+ *   6. The backward's chunk bounds (bwd_slc_chunks): the planned grid and
+ *      scratch hold every chunk for adversarial selection counts.
  * Exit status 0 pass, 1 fail.
  */
 #include <stdio.h>
+
+#include <algorithm>
+#include <vector>
 #include <string.h>
 
 #include <initializer_list>
@@ -263,9 +268,63 @@ static void check_parsing()
           "LINEAR at Dqk 2048: %s", msg);
 }
 
+/* The backward's selected chunks (tiles.h, bwd_slc_chunks): the grid and the
+ * scratch slots the plan sizes from the entry count must hold every chunk the
+ * device counts, whatever the inverse map's counts (the kernel counts
+ * ceil(bwd_steps(cnt, G) / cs) per item, its whole block's readers for each of
+ * the nsub sub-tiles): all readers in one block (the forced first block),
+ * uniform, every block just past one chunk (the most scratch), random. */
+static void check_bwd_chunk_bounds()
+{
+    struct Shape {
+        int64_t entries, G, segments, nsub;
+    };
+    const Shape shapes[] = {{65536 * 4 * 16, 16, 4 * 1024, 1}, {65536 * 8 * 16, 4, 8 * 1024, 1},
+                            {333 * 16, 16, 6, 1},          {1000 * 2 * 3, 1, 2 * 63, 2},
+                            {524288 * 4 * 16, 16, 4 * 8192, 1}, {7, 3, 5, 3}};
+    uint64_t rng = 12345;
+    auto next = [&]() { return (rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+    int cases = 0;
+    for (const Shape &sh : shapes) {
+        const int64_t items = sh.segments * sh.nsub;
+        const BwdSlcChunks ch = bwd_slc_chunks(sh.entries, sh.G, items, sh.nsub);
+        CHECK(ch.cs >= BWD_CHUNK_MIN, "cs %lld below the minimum", (long long)ch.cs);
+        for (int dist = 0; dist < 4; dist++) {
+            std::vector<int64_t> cnt(sh.segments, 0);
+            int64_t left = sh.entries;
+            if (dist == 0) cnt[0] = left;
+            if (dist == 1)
+                for (int64_t i = 0; i < sh.segments; i++) cnt[i] = sh.entries / sh.segments;
+            if (dist == 2) { /* each block one row past cs steps: two chunks each */
+                const int64_t per = (ch.cs * BWD_KEYS_BM) / sh.G + 1;
+                for (int64_t i = 0; i < sh.segments && left >= per; i++, left -= per) cnt[i] = per;
+            }
+            if (dist == 3)
+                for (int64_t e = 0; e < std::min<int64_t>(sh.entries, 2000000); e++) cnt[next() % sh.segments]++;
+            int64_t chunks = 0, slots = 0;
+            for (int64_t i = 0; i < items; i++) {
+                const int64_t n = (bwd_steps(cnt[i / sh.nsub], sh.G) + ch.cs - 1) / ch.cs;
+                chunks += n;
+                slots += n > 1 ? n : 0;
+            }
+            CHECK(chunks <= ch.grid, "entries %lld, distribution %d: %lld chunks but a grid of %lld",
+                  (long long)sh.entries, dist, (long long)chunks, (long long)ch.grid);
+            CHECK(slots <= ch.slots, "entries %lld, distribution %d: %lld scratch slots but %lld planned",
+                  (long long)sh.entries, dist, (long long)slots, (long long)ch.slots);
+            cases++;
+        }
+    }
+    /* 64k, paper shape: the forced first block is split, the scratch stays near 134 MB at D 128 */
+    const BwdSlcChunks p = bwd_slc_chunks(65536LL * 4 * 16, 16, 4 * 1024, 1);
+    CHECK(bwd_steps(65536, 16) > p.cs && p.slots * BWD_KEYS_BN * 256 * 4 < ((int64_t)160 << 20),
+          "64k: cs %lld, %lld slots", (long long)p.cs, (long long)p.slots);
+    printf("backward chunk bounds: %d shapes x distributions\n", cases);
+}
+
 int main()
 {
     check_every_class_has_tc();
+    check_bwd_chunk_bounds();
     check_f32_reference();
     check_paper_shape();
     check_parsing();

@@ -110,8 +110,6 @@ static nsa_status make_tiles(const nsa_bk_plan *plan, int rows, Tiles *out, int6
  * stage wait for them. Split tiles get scratch slots and a reduce item (k0,
  * keys, sequence, chunks, first slot). Window tiles have w + 63 readers and
  * are not split. */
-constexpr int64_t BWD_CHUNK_TARGET = 1024, BWD_CHUNK_MIN = 256;
-
 static nsa_status make_key_tiles(const nsa_bk_plan *plan, int mode, CudaPlan *p, int64_t *slots)
 {
     const nsa_config *cfg = &plan->cfg;
@@ -130,7 +128,7 @@ static nsa_status make_key_tiles(const nsa_bk_plan *plan, int mode, CudaPlan *p,
             const int64_t nrows = mode == 0 ? plan->cu_cmp[b + 1] - plan->cu_cmp[b] : len;
             for (int64_t k0 = 0; k0 < nrows; k0 += BWD_KEYS_BN) {
                 const int64_t nk = std::min<int64_t>(BWD_KEYS_BN, nrows - k0);
-                const int64_t steps = (readers(b, k0, nk) * G + BWD_KEYS_BM - 1) / BWD_KEYS_BM;
+                const int64_t steps = bwd_steps(readers(b, k0, nk), G);
                 if (steps == 0) continue; /* nothing reads these keys */
                 t.insert(t.end(), {k0, nk, b, steps});
                 total += steps;
@@ -144,7 +142,7 @@ static nsa_status make_key_tiles(const nsa_bk_plan *plan, int mode, CudaPlan *p,
     for (int64_t i = 0; i < n; i++) order[i] = i;
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return t[4 * a + 3] > t[4 * b + 3]; });
     const int64_t per_head = std::max<int64_t>(1, BWD_CHUNK_TARGET / cfg->num_kv_heads);
-    const int64_t cs = mode == 0 ? std::max(BWD_CHUNK_MIN, (total + per_head - 1) / per_head) : INT64_MAX;
+    const int64_t cs = mode == 0 ? bwd_chunk_steps(total, per_head) : INT64_MAX;
     int64_t slot = 0;
     try {
         for (int64_t i = 0; i < n; i++) {
@@ -199,23 +197,20 @@ static nsa_status make_slc_chunks(const nsa_bk_plan *plan, CudaPlan *p, int64_t 
     const int64_t G = cfg->num_q_heads / cfg->num_kv_heads, nsub = (cfg->slc_block + BWD_KEYS_BN - 1) / BWD_KEYS_BN;
     const int64_t items = cfg->num_kv_heads * p->slc_map.nb * nsub;
     const int64_t entries = plan->total_tokens * cfg->num_kv_heads * cfg->num_selected;
-    /* every item's chunk count uses its whole block's readers: sum of steps <= entries G nsub / BM + items */
-    const double est = (double)entries * (double)G * (double)nsub / BWD_KEYS_BM + (double)items;
-    const int64_t cs = std::max<int64_t>(BWD_CHUNK_MIN, (int64_t)(est / BWD_CHUNK_TARGET) + 1);
-    const double grid = est / (double)cs + (double)items + 1, sl = 2.0 * est / (double)cs + 2;
-    if (items + 1 >= ((int64_t)1 << 31) || grid >= (double)((int64_t)1 << 31))
+    const BwdSlcChunks ch = bwd_slc_chunks(entries, G, items, nsub); /* the bounds: tiles.h */
+    if (items + 1 >= ((int64_t)1 << 31) || ch.grid >= ((int64_t)1 << 31))
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: the backward's selected items (%lld) exceed a grid",
                     (long long)items);
     BwdTiles &bt = p->bwd;
     bt.slc_nsub = (int)nsub;
-    bt.slc_cs = cs;
-    bt.slc_grid = (int64_t)grid;
+    bt.slc_cs = ch.cs;
+    bt.slc_grid = ch.grid;
     bt.slc_tmp_bytes = bwd_slc_scan_bytes(items);
     const size_t n4 = (size_t)(items + 1) * sizeof(int);
     int **arr[] = {&bt.slc_nch, &bt.slc_nsl, &bt.slc_choff, &bt.slc_sloff};
     for (int **a : arr) CU(cudaMalloc((void **)a, n4), "plan_prepare (backward selected chunks)");
     CU(cudaMalloc(&bt.slc_tmp, bt.slc_tmp_bytes ? bt.slc_tmp_bytes : 16), "plan_prepare (backward selected chunks)");
-    *slots = (int64_t)sl;
+    *slots = ch.slots;
     return NSA_SUCCESS;
 }
 

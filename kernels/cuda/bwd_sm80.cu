@@ -570,8 +570,7 @@ __global__ void slc_chunks_kernel(const Geom g, const int *moff, int nsub, int64
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i <= nitems; i += (int64_t)gridDim.x * blockDim.x) {
         int n = 0;
         if (i < nitems) {
-            const int64_t sg = i / nsub, cnt = moff[sg + 1] - moff[sg];
-            const int64_t steps = (cnt * g.G + BWD_KEYS_BM - 1) / BWD_KEYS_BM;
+            const int64_t sg = i / nsub, steps = bwd_steps(moff[sg + 1] - moff[sg], g.G);
             n = (int)((steps + cs - 1) / cs);
         }
         nch[i] = n;

@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nsa_blocks.h" /* NSA_HD: bwd_steps is shared with the device */
+
 namespace nsa_cuda {
 
 constexpr int TC_BM = 128;      /* query rows per CTA of the tiled kernels: tokens x heads of one KV group */
@@ -282,6 +284,39 @@ constexpr size_t bwd_sm80_smem(int dqk, int dv)
     /* rows: Q, dO of 64 rows + two K/V tiles of 32; keys: K/V of 64 + two Q/dO steps of 32 (+ their
      * per-row values); selected rows: 4 warps x two K/V chunks of 16 */
     return 2 * (size_t)(BWD_ROWS_BM + 2 * BWD_ROWS_BN) * (size_t)(dqk + 8 + dv + 8) + 2 * BWD_KEYS_BM * 24;
+}
+/* Steps of BWD_KEYS_BM rows that `readers` tokens x G heads take in the keys kernel. */
+NSA_HD int64_t bwd_steps(int64_t readers, int64_t G) { return (readers * G + BWD_KEYS_BM - 1) / BWD_KEYS_BM; }
+/* A reader list longer than cs steps is split into ceil(steps / cs) chunks; cs is
+ * chosen so that a plan's items make about BWD_CHUNK_TARGET chunks (never fewer
+ * than BWD_CHUNK_MIN steps each). The first compressed tiles and the forced
+ * selection blocks are read by every later token, 32x the average at 64k. */
+constexpr int64_t BWD_CHUNK_TARGET = 1024, BWD_CHUNK_MIN = 256;
+inline int64_t bwd_chunk_steps(int64_t total_steps, int64_t target)
+{
+    const int64_t t = target > 0 ? target : 1, cs = (total_steps + t - 1) / t;
+    return cs > BWD_CHUNK_MIN ? cs : BWD_CHUNK_MIN;
+}
+/* The selected branch's chunks are counted on the device from the inverse map;
+ * the plan sizes the grid and the scratch for any counts of `entries` (T Hkv n)
+ * map entries over `items` items (KV heads x batch blocks x nsub 64-key
+ * sub-tiles, each counting its whole block's readers). Every item's steps are
+ * <= cnt G / BM + 1 and sum to at most est = entries G nsub / BM + items, so
+ * sum ceil(steps / cs) <= est / cs + items (grid), and an item split into
+ * n > 1 chunks has steps > (n - 1) cs >= n cs / 2, so the split items' chunks
+ * (scratch slots) sum to at most 2 est / cs. test_cuda_choose checks both on
+ * adversarial counts. */
+struct BwdSlcChunks {
+    int64_t cs, grid, slots;
+};
+inline BwdSlcChunks bwd_slc_chunks(int64_t entries, int64_t G, int64_t items, int64_t nsub)
+{
+    const double est = (double)entries * (double)G * (double)nsub / BWD_KEYS_BM + (double)items;
+    BwdSlcChunks c;
+    c.cs = bwd_chunk_steps((int64_t)est + 1, BWD_CHUNK_TARGET);
+    c.grid = (int64_t)(est / (double)c.cs) + items + 1;
+    c.slots = (int64_t)(2.0 * est / (double)c.cs) + 2;
+    return c;
 }
 inline bool bwd_sm80_takes(int dqkp, int dvp, int64_t limit)
 {
