@@ -103,11 +103,37 @@ double tk_round_to_dtype(double x, nsa_dtype dtype)
     return fabs(r) > max ? copysign(INFINITY, x) : r;
 }
 
+void tk_compress_row(const tk_case *c, const tk_inputs *in, int kv, int64_t h, const float *const *rows,
+                     double *out)
+{
+    const nsa_config *g = &c->cfg;
+    const int64_t l = g->cmp_block;
+    const int64_t D = kv == 0 ? g->head_dim_qk : g->head_dim_v;
+    const float *W = kv == 0 ? in->w_k : in->w_v;
+    const float *pe = kv == 0 ? in->pe_k : in->pe_v;
+    for (int64_t x = 0; x < D; ++x) out[x] = 0.0;
+    for (int64_t j = 0; j < l; ++j) {
+        const float *kr = rows[j] + h * D; /* token i*d + j of the block, head h */
+        if (g->compress == NSA_COMPRESS_MEAN) {
+            for (int64_t x = 0; x < D; ++x) out[x] += (double)kr[x];
+        } else { /* LINEAR: (k[j] + pe[h, j]) @ W[h, j], W[h, j] is [D_in, D_out] */
+            for (int64_t xi = 0; xi < D; ++xi) {
+                double a = (double)kr[xi] + (pe ? (double)pe[IDX3(h, j, xi, l, D)] : 0.0);
+                const float *wrow = W + ((h * l + j) * D + xi) * D;
+                for (int64_t xo = 0; xo < D; ++xo) out[xo] += a * (double)wrow[xo];
+            }
+        }
+    }
+    if (g->compress == NSA_COMPRESS_MEAN)
+        for (int64_t x = 0; x < D; ++x) out[x] /= (double)l;
+    for (int64_t x = 0; x < D; ++x) out[x] = tk_round_to_dtype(out[x], g->dtype);
+}
+
 /* Compressed keys and values of one sequence (rows 0 .. Nc-1), fp64, each element
  * rounded once to the case dtype (semantics 7: kc and vc are tensors of the call's
  * dtype). */
 static void compress_sequence(const tk_case *c, const tk_inputs *in, int64_t seq, int64_t nc,
-                              double *kc, double *vc)
+                              double *kc, double *vc, const float **rows /* [l] scratch */)
 {
     const nsa_config *g = &c->cfg;
     int64_t Hkv = g->num_kv_heads, l = g->cmp_block, d = g->cmp_stride;
@@ -119,34 +145,17 @@ static void compress_sequence(const tk_case *c, const tk_inputs *in, int64_t seq
     for (int pass = 0; pass < 2; ++pass) { /* 0: keys, 1: values */
         int64_t D = pass == 0 ? g->head_dim_qk : g->head_dim_v;
         const float *src = pass == 0 ? in->k[NSA_BRANCH_CMP] : in->v[NSA_BRANCH_CMP];
-        const float *W = pass == 0 ? in->w_k : in->w_v;
-        const float *pe = pass == 0 ? in->pe_k : in->pe_v;
         const float *ext = pass == 0 ? in->kc : in->vc;
         double *dst = pass == 0 ? kc : vc;
         for (int64_t i = 0; i < nc; ++i) {
+            for (int64_t j = 0; j < l && g->compress != NSA_COMPRESS_EXTERNAL; ++j)
+                rows[j] = src + IDX3(base + i * d + j, 0, 0, Hkv, D); /* token i*d + j of the sequence */
             for (int64_t h = 0; h < Hkv; ++h) {
                 double *row = dst + IDX3(i, h, 0, Hkv, D);
-                for (int64_t x = 0; x < D; ++x) row[x] = 0.0;
-                if (g->compress == NSA_COMPRESS_EXTERNAL) {
+                if (g->compress == NSA_COMPRESS_EXTERNAL)
                     for (int64_t x = 0; x < D; ++x) row[x] = ext[IDX3(cmp_base + i, h, x, Hkv, D)];
-                    continue;
-                }
-                for (int64_t j = 0; j < l; ++j) {
-                    int64_t tok = base + i * d + j; /* token i*d + j of the sequence */
-                    const float *kr = src + IDX3(tok, h, 0, Hkv, D);
-                    if (g->compress == NSA_COMPRESS_MEAN) {
-                        for (int64_t x = 0; x < D; ++x) row[x] += (double)kr[x];
-                    } else { /* LINEAR: (k[j] + pe[h, j]) @ W[h, j], W[h, j] is [D_in, D_out] */
-                        for (int64_t xi = 0; xi < D; ++xi) {
-                            double a = (double)kr[xi] + (pe ? (double)pe[IDX3(h, j, xi, l, D)] : 0.0);
-                            const float *wrow = W + ((h * l + j) * D + xi) * D;
-                            for (int64_t xo = 0; xo < D; ++xo) row[xo] += a * (double)wrow[xo];
-                        }
-                    }
-                }
-                if (g->compress == NSA_COMPRESS_MEAN)
-                    for (int64_t x = 0; x < D; ++x) row[x] /= (double)l;
-                for (int64_t x = 0; x < D; ++x) row[x] = tk_round_to_dtype(row[x], g->dtype);
+                else
+                    tk_compress_row(c, in, pass, h, rows, row);
             }
         }
     }
@@ -207,11 +216,13 @@ nsa_status tk_oracle_run(const tk_case *c, const tk_inputs *in, const int32_t *i
     ALLOC(ov_count, max_nc * span);
     ALLOC(ranks, max_ns);
     ALLOC(sel_sorted, n > 0 ? n : 1);
+    const float **crows;
+    ALLOC(crows, l);
 #undef ALLOC
     nsa_status st = NSA_SUCCESS;
     if (!out->o || !out->lse[0] || (slc_on && (!out->lse[1] || !out->sel || !out->scores)) ||
         (win_on && !out->lse[2]) || !kc || !vc || !p || !pcmp || !keys || !koff || !voff || !o_cmp || !o_slc ||
-        !o_win || !ov_first || !ov_count || !ranks || !sel_sorted) {
+        !o_win || !ov_first || !ov_count || !ranks || !sel_sorted || !crows) {
         st = NSA_ERR_OUT_OF_MEMORY;
         goto done;
     }
@@ -222,7 +233,7 @@ nsa_status tk_oracle_run(const tk_case *c, const tk_inputs *in, const int32_t *i
         const int64_t nc = tk_num_cmp_blocks(g, len);
         const int64_t ns = tk_num_slc_blocks(g, len);
         if (len == 0) continue;
-        compress_sequence(c, in, b, nc, kc, vc);
+        compress_sequence(c, in, b, nc, kc, vc, crows);
 
         /* token-by-token overlap counting */
         for (int64_t i = 0; i < nc; ++i) {
@@ -359,6 +370,7 @@ done:
     free(ov_count);
     free(ranks);
     free(sel_sorted);
+    free((void *)crows);
     if (st != NSA_SUCCESS) tk_oracle_free(out);
     return st;
 }

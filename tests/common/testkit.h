@@ -157,6 +157,43 @@ typedef struct tk_oracle {
  * from the formats' parameters, independent of the library's conversions. */
 double tk_round_to_dtype(double x, nsa_dtype dtype);
 
+/* One compressed row (semantics 1 and 7) of head h for kv = 0 (keys, Dqk) or 1
+ * (values, Dv): rows[j] points at token i*d + j of the block, [Hkv][D] floats;
+ * MEAN or LINEAR (the inputs' W and pe), in fp64, rounded once to the dtype. The
+ * oracle and the paged decode cache (decode.c) both form their rows with it. */
+void tk_compress_row(const tk_case *c, const tk_inputs *in, int kv, int64_t h, const float *const *rows,
+                     double *out);
+
+/* ------------------------------------------------------------------ decoding (decode.c)
+ * A paged KV cache (semantics section 10) on the host: pools of pages
+ * [num_pages * page_size][Hkv][D] of each branch's raw k, v (one pool where the
+ * inputs share a tensor) and of the compressed rows [num_cpages * cpage_size][Hkv]
+ * [D]; per sequence a page table (table[b * max_pages + p], ctable likewise) into
+ * a shuffled order of the pools' pages, len[b] cached tokens and nc[b] compressed
+ * rows formed. Pools start as NaN, so a read of anything not yet written shows. */
+typedef struct tk_paged {
+    int64_t page_size, max_pages, num_pages;
+    int64_t cpage_size, max_cpages, num_cpages;
+    int32_t *table, *ctable;
+    int64_t *len, *nc;
+    float *k[3], *v[3]; /* k[b] == k[0] where the inputs share the tensor */
+    float *kc, *vc;     /* values of the dtype */
+} tk_paged;
+/* An empty cache for the case's batch, pages shuffled by seed. */
+nsa_status tk_paged_make(const tk_case *c, const tk_inputs *in, int64_t page_size, int64_t cpage_size,
+                         uint64_t seed, tk_paged *pc);
+void tk_paged_free(tk_paged *pc);
+/* Appends the next tq tokens of sequence b (their k, v from the inputs) and forms
+ * the compressed blocks their arrival completes, once each, from the cached
+ * tokens (EXTERNAL: the inputs' rows). */
+nsa_status tk_paged_append(const tk_case *c, const tk_inputs *in, tk_paged *pc, int64_t b, int64_t tq);
+/* Rows [t0, t1) of sequence b (local positions, t1 <= len[b]) as the forward of
+ * its cached prefix computes them: the oracle on the prefix read back through the
+ * page tables, compressed rows from the compressed cache. rows->o, lse, sel hold
+ * t1 - t0 rows (free with tk_oracle_free; scores are not kept). */
+nsa_status tk_paged_rows(const tk_case *c, const tk_inputs *in, const tk_paged *pc, int64_t b, int64_t t0,
+                         int64_t t1, tk_oracle *rows);
+
 /* Computes the reference in fp64 from the (rounded) inputs. indices: NULL for
  * the top-n selection, or [T, Hkv, n] block indices to use instead (fixed-indices
  * mode; they are copied to sel). When c->fixed_indices is set the caller passes
