@@ -26,7 +26,7 @@ extern "C" {
 
 /* Bumped whenever any struct or function below changes. The loader refuses a
  * module whose nsa_backend_api_version differs (NSA_ERR_VERSION_MISMATCH). */
-#define NSA_BACKEND_API_VERSION 5
+#define NSA_BACKEND_API_VERSION 6
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -143,6 +143,7 @@ typedef struct nsa_bk_plan {
     int64_t dev_tiles;
 
     void *backend_plan;        /* set by plan_prepare, released by plan_release */
+    size_t backend_bytes;      /* device memory plan_prepare allocated for the plan (nsa_plan_info) */
 } nsa_bk_plan;
 
 /* One gradient BWD_STORE rounds to the dtype: rows x heads x dim elements of

@@ -32,7 +32,7 @@ NSA_INTERNAL extern const nsa_host_api nsa_host;
  * structs' sizes; the first added field freezes them at today's values. */
 #define NSA_CONFIG_SIZE_FIRST offsetof(nsa_config, flags) /* flags: added in 0.3 */
 #define NSA_FORWARD_ARGS_SIZE_FIRST sizeof(nsa_forward_args)
-#define NSA_PLAN_INFO_SIZE_FIRST sizeof(nsa_plan_info)
+#define NSA_PLAN_INFO_SIZE_FIRST offsetof(nsa_plan_info, backend_bytes) /* backend_bytes: added in 0.3 */
 #define NSA_BACKEND_INFO_SIZE_FIRST sizeof(nsa_backend_info)
 #define NSA_BACKWARD_ARGS_SIZE_FIRST sizeof(nsa_backward_args) /* added in 0.3 */
 /* A struct the caller passes in: size bytes at src (size >= first; any bytes

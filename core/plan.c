@@ -378,6 +378,8 @@ nsa_status nsa_plan_get_info_sized(const nsa_plan *plan, nsa_plan_info *out, siz
     info->max_cmp_blocks = plan->bk.max_nc;
     info->max_slc_blocks = plan->bk.max_ns;
     info->workspace_bytes = plan->ws.bytes;
+    /* the core's device tables (sequence offsets, each token's sequence) and the backend's own */
+    info->backend_bytes = (plan->tables ? plan->tables->size : 0) + plan->bk.backend_bytes;
     info->num_stages = plan->num_stages;
     stage_list(plan, info->stages, sizeof info->stages);
     return nsa_struct_out(out, info_size, NSA_PLAN_INFO_SIZE_FIRST, info, sizeof *info, "nsa_plan_get_info", "info");

@@ -29,7 +29,7 @@
  *
  * Growing structs (the ABI rule): nsa_config, nsa_forward_args,
  * nsa_backward_args, nsa_plan_info and nsa_backend_info gain fields only at
- * their end (nsa_config.flags was added in 0.3). Every function that takes
+ * their end (nsa_config.flags and nsa_plan_info.backend_bytes were added in 0.3). Every function that takes
  * one is a macro here that passes the struct's size as the caller's header
  * defines it to a *_sized entry point (nsa_plan_create -> nsa_plan_create_sized
  * with sizeof(nsa_config)), and the library reads or writes exactly that many
@@ -291,6 +291,14 @@ typedef struct nsa_plan_info {
     int num_stages;          /* stages the forward runs (with caller-given block_indices
                               * it skips the selection stages listed here) */
     char stages[256];        /* their names, space separated ("compress cmp_attn ...") */
+    /* added in 0.3: */
+    size_t backend_bytes;    /* device memory the plan holds outside the workspace, from
+                              * nsa_plan_create to nsa_plan_destroy: its tables (the
+                              * sequences' offsets, each token's sequence) and what the
+                              * backend allocated for its kernels (CUDA: tile lists, packed
+                              * compressed rows; for training plans the selection's inverse
+                              * map and the backward's partial sums; OpenCL: LINEAR's
+                              * staging buffers) */
 } nsa_plan_info;
 
 NSA_API nsa_status nsa_plan_get_info_sized(const nsa_plan *plan, nsa_plan_info *info, size_t info_size);

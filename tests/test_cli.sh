@@ -137,6 +137,8 @@ echo "bad inputs: $badtried tried, $badclean clean errors"
 # figure is well-formed SVG; a missing or malformed file is a usage error with a message
 bench=(bench --backend cpu --T 64,128 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --no-stages)
 expect "bench --backward times the backward" 0 "^ +bwd +[0-9.]+ " -- "$nsa" "${bench[@]}" --backward
+expect "run --backward reports the training plan's memory" 0 '"backward": \{"dout": "seed", "seconds": [0-9.e-]+, "workspace_bytes": [1-9][0-9]*, "backend_bytes": [0-9]+' -- \
+  "$nsa" run --backend cpu --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --backward --json
 expect "bench times the first plan" 0 "^first: +plan [0-9.]+ ms" -- "$nsa" "${bench[@]}"
 expect "bench --json has the first plan" 0 '"first_plan_s": [0-9.e-]+, "first_plan_log": \["plan on cpu' -- \
   "$nsa" "${bench[@]}" --json

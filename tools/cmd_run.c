@@ -284,10 +284,11 @@ int cmd_run(int argc, char **argv)
         json_str(stdout, inputs_dir ? gen_list : "all");
         printf("}, \"plan\": {\"stages\": ");
         json_str(stdout, p.info.stages);
-        printf(", \"num_stages\": %d, \"workspace_bytes\": %llu, \"total_cmp_blocks\": %lld, "
+        printf(", \"num_stages\": %d, \"workspace_bytes\": %llu, \"backend_bytes\": %llu, \"total_cmp_blocks\": %lld, "
                "\"max_slc_blocks\": %lld}, ",
                p.info.num_stages, (unsigned long long)p.info.workspace_bytes,
-               (long long)p.info.total_cmp_blocks, (long long)p.info.max_slc_blocks);
+               (unsigned long long)p.info.backend_bytes, (long long)p.info.total_cmp_blocks,
+               (long long)p.info.max_slc_blocks);
         printf("\"kernels\": ");
         tool_print_kernels(stdout, p.plan, 1);
         printf(", \"time_s\": ");
@@ -332,6 +333,8 @@ int cmd_run(int argc, char **argv)
             json_str(stdout, bw.dout_from);
             printf(", \"seconds\": ");
             json_num(stdout, bw.seconds);
+            printf(", \"workspace_bytes\": %llu, \"backend_bytes\": %llu", (unsigned long long)bw.g.workspace_bytes,
+                   (unsigned long long)bw.g.backend_bytes);
             printf(", \"checked\": %s", bw.checked ? "true" : "false");
             if (bw.checked) {
                 printf(", \"reference\": ");
@@ -357,10 +360,12 @@ int cmd_run(int argc, char **argv)
                    gen_list[0] ? gen_list : "(none)");
         else
             printf("inputs:  drawn from seed %lld (portable generator)\n", (long long)cf.seed);
-        printf("plan:    %d stages (%s), workspace %s, %lld compressed blocks, max %lld "
+        char b2[32];
+        printf("plan:    %d stages (%s), workspace %s, plan memory %s, %lld compressed blocks, max %lld "
                "selection blocks per sequence\n",
                p.info.num_stages, p.info.stages,
                tool_bytes((double)p.info.workspace_bytes, b1, sizeof b1),
+               tool_bytes((double)p.info.backend_bytes, b2, sizeof b2),
                (long long)p.info.total_cmp_blocks, (long long)p.info.max_slc_blocks);
         printf("kernels:\n");
         tool_print_kernels(stdout, p.plan, 0);
@@ -402,9 +407,13 @@ int cmd_run(int argc, char **argv)
         if (backward) {
             double rt, lt;
             tk_grad_tolerance(c.cfg.dtype, &rt, &lt);
+            char w1[32], w2[32];
             printf("backward: %.4g ms for one call (training plan, uploads, nsa_backward, read-back; not a "
                    "kernel timing), dO from %s\n",
                    bw.seconds * 1e3, bw.dout_from);
+            printf("         training plan: workspace %s, plan memory %s\n",
+                   tool_bytes((double)bw.g.workspace_bytes, w1, sizeof w1),
+                   tool_bytes((double)bw.g.backend_bytes, w2, sizeof w2));
             if (bw.checked)
                 printf("         vs %s (%.2f s): %lld gradient elements, max err / tolerance = %.3g: %s "
                        "(|err| <= %g max(rms(ref), 0.1 rms(dO)) + %g |ref|)\n",

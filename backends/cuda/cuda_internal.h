@@ -63,6 +63,7 @@ struct CudaPlan {
     SlcMap slc_map;    /* training plans with a selected branch: the inverse map's memory */
     BwdTiles bwd;      /* training plans on bwd_attn_sm80: its work lists (on the device) */
     int64_t *bwd_dev[4]; /* their lists: rows tiles, compressed and window key items, compressed reduce items */
+    size_t bytes;        /* all of the above (nsa_plan_info.backend_bytes) */
     bool has_slc_map;
 };
 

@@ -24,6 +24,14 @@
 
 namespace nsa_cuda {
 
+/* cudaMalloc that adds the bytes to the plan's count (nsa_plan_info.backend_bytes) */
+template <typename T> static cudaError_t palloc(size_t *acc, T **ptr, size_t bytes)
+{
+    const cudaError_t e = cudaMalloc((void **)ptr, bytes);
+    if (e == cudaSuccess) *acc += bytes;
+    return e;
+}
+
 int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 {
     const CudaCtx *c = (const CudaCtx *)bctx;
@@ -60,7 +68,7 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
 /* Tiles of qt tokens x hc heads (`rows` rows: the forward's 128, the
  * backward's 64), heavy (late) tiles first: a host list (token, count,
  * sequence) uploaded once to *dev. */
-static nsa_status make_tiles(const nsa_bk_plan *plan, int rows, Tiles *out, int64_t **dev)
+static nsa_status make_tiles(const nsa_bk_plan *plan, int rows, Tiles *out, int64_t **dev, size_t *acc)
 {
     const nsa_config *cfg = &plan->cfg;
     const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
@@ -88,7 +96,7 @@ static nsa_status make_tiles(const nsa_bk_plan *plan, int rows, Tiles *out, int6
     for (int64_t i = 0; i < count; i++)
         for (int k = 0; k < 3; k++) sorted[3 * i + k] = t[3 * order[i] + k];
     if (count > 0) {
-        CU(cudaMalloc((void **)dev, sorted.size() * sizeof(int64_t)), "plan_prepare (tile list)");
+        CU(palloc(acc, dev, sorted.size() * sizeof(int64_t)), "plan_prepare (tile list)");
         CU(cudaMemcpy(*dev, sorted.data(), sorted.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
            "plan_prepare (tile list)");
     }
@@ -162,7 +170,7 @@ static nsa_status make_key_tiles(const nsa_bk_plan *plan, int mode, CudaPlan *p,
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: the backward's key tiles (%lld) exceed a grid", (long long)count);
     int64_t *&dev = p->bwd_dev[mode == 0 ? 1 : 2];
     if (count > 0) {
-        CU(cudaMalloc((void **)&dev, items.size() * sizeof(int64_t)), "plan_prepare (backward key tiles)");
+        CU(palloc(&p->bytes, &dev, items.size() * sizeof(int64_t)), "plan_prepare (backward key tiles)");
         CU(cudaMemcpy(dev, items.data(), items.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
            "plan_prepare (backward key tiles)");
     }
@@ -172,7 +180,7 @@ static nsa_status make_key_tiles(const nsa_bk_plan *plan, int mode, CudaPlan *p,
         p->bwd.cmp_cs = cs;
         p->bwd.n_red_cmp = (int64_t)red.size() / 5;
         if (!red.empty()) {
-            CU(cudaMalloc((void **)&p->bwd_dev[3], red.size() * sizeof(int64_t)), "plan_prepare (backward key tiles)");
+            CU(palloc(&p->bytes, &p->bwd_dev[3], red.size() * sizeof(int64_t)), "plan_prepare (backward key tiles)");
             CU(cudaMemcpy(p->bwd_dev[3], red.data(), red.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
                "plan_prepare (backward key tiles)");
         }
@@ -208,8 +216,8 @@ static nsa_status make_slc_chunks(const nsa_bk_plan *plan, CudaPlan *p, int64_t 
     bt.slc_tmp_bytes = bwd_slc_scan_bytes(items);
     const size_t n4 = (size_t)(items + 1) * sizeof(int);
     int **arr[] = {&bt.slc_nch, &bt.slc_nsl, &bt.slc_choff, &bt.slc_sloff};
-    for (int **a : arr) CU(cudaMalloc((void **)a, n4), "plan_prepare (backward selected chunks)");
-    CU(cudaMalloc(&bt.slc_tmp, bt.slc_tmp_bytes ? bt.slc_tmp_bytes : 16), "plan_prepare (backward selected chunks)");
+    for (int **a : arr) CU(palloc(&p->bytes, a, n4), "plan_prepare (backward selected chunks)");
+    CU(palloc(&p->bytes, &bt.slc_tmp, bt.slc_tmp_bytes ? bt.slc_tmp_bytes : 16), "plan_prepare (backward selected chunks)");
     *slots = ch.slots;
     return NSA_SUCCESS;
 }
@@ -241,16 +249,16 @@ static nsa_status make_slc_map(const nsa_bk_plan *plan, CudaPlan *p)
                     (long long)entries);
     m.tmp_bytes = slc_map_tmp_bytes(entries, segments);
     const size_t e4 = (size_t)entries * sizeof(int), s4 = (size_t)(segments + 1) * sizeof(int);
-    CU(cudaMalloc((void **)&m.blk_off, off.size() * sizeof(int64_t)), "plan_prepare (selection map)");
+    CU(palloc(&p->bytes, &m.blk_off, off.size() * sizeof(int64_t)), "plan_prepare (selection map)");
     CU(cudaMemcpy((void *)m.blk_off, off.data(), off.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
        "plan_prepare (selection map)");
-    CU(cudaMalloc((void **)&m.cnt, s4), "plan_prepare (selection map)");
-    CU(cudaMalloc((void **)&m.off, s4), "plan_prepare (selection map)");
-    CU(cudaMalloc((void **)&m.list_in, e4), "plan_prepare (selection map)");
-    CU(cudaMalloc((void **)&m.list_out, e4), "plan_prepare (selection map)");
-    CU(cudaMalloc((void **)&m.seg, e4), "plan_prepare (selection map)");
-    CU(cudaMalloc((void **)&m.seg_out, e4), "plan_prepare (selection map)");
-    CU(cudaMalloc(&m.tmp, m.tmp_bytes ? m.tmp_bytes : 16), "plan_prepare (selection map)");
+    CU(palloc(&p->bytes, &m.cnt, s4), "plan_prepare (selection map)");
+    CU(palloc(&p->bytes, &m.off, s4), "plan_prepare (selection map)");
+    CU(palloc(&p->bytes, &m.list_in, e4), "plan_prepare (selection map)");
+    CU(palloc(&p->bytes, &m.list_out, e4), "plan_prepare (selection map)");
+    CU(palloc(&p->bytes, &m.seg, e4), "plan_prepare (selection map)");
+    CU(palloc(&p->bytes, &m.seg_out, e4), "plan_prepare (selection map)");
+    CU(palloc(&p->bytes, &m.tmp, m.tmp_bytes ? m.tmp_bytes : 16), "plan_prepare (selection map)");
     p->has_slc_map = true;
     return NSA_SUCCESS;
 }
@@ -262,13 +270,13 @@ static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     nsa_status s = choose(c->lim, *cfg, plan->max_ns, c->force, &p->ch, msg, sizeof msg);
     if (s != NSA_SUCCESS) return FAIL(s, "%s", msg);
     p->scores_topn = cfg->num_selected > 0 && offers_scores_topn(c->lim, *cfg, c->force);
-    if (p->ch.tiles && (s = make_tiles(plan, TC_BM, &p->tiles, &p->tiles_dev)) != NSA_SUCCESS) return s;
+    if (p->ch.tiles && (s = make_tiles(plan, TC_BM, &p->tiles, &p->tiles_dev, &p->bytes)) != NSA_SUCCESS) return s;
     if ((cfg->flags & NSA_CONFIG_TRAINING) && cfg->num_selected > 0 && plan->total_tokens > 0 &&
         (s = make_slc_map(plan, p)) != NSA_SUCCESS)
         return s;
     if (p->ch.bwd_tiles) {
         int64_t cmp_slots = 0, win_slots = 0, slc_slots = 0;
-        if ((s = make_tiles(plan, BWD_ROWS_BM, &p->bwd.rows, &p->bwd_dev[0])) != NSA_SUCCESS) return s;
+        if ((s = make_tiles(plan, BWD_ROWS_BM, &p->bwd.rows, &p->bwd_dev[0], &p->bytes)) != NSA_SUCCESS) return s;
         if (plan->total_cmp > 0 && (s = make_key_tiles(plan, 0, p, &cmp_slots)) != NSA_SUCCESS) return s;
         if (cfg->window > 0 && (s = make_key_tiles(plan, 2, p, &win_slots)) != NSA_SUCCESS) return s;
         if (p->has_slc_map && (s = make_slc_chunks(plan, p, &slc_slots)) != NSA_SUCCESS) return s;
@@ -277,19 +285,19 @@ static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
         const double bytes = (double)slots * BWD_KEYS_BN * (double)(cfg->head_dim_qk + cfg->head_dim_v) * 4.0;
         if (bytes > 1e15)
             return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: the backward's partial sums would take %.3g bytes", bytes);
-        if (slots > 0) CU(cudaMalloc((void **)&p->bwd.scratch, (size_t)bytes), "plan_prepare (backward partial sums)");
+        if (slots > 0) CU(palloc(&p->bytes, &p->bwd.scratch, (size_t)bytes), "plan_prepare (backward partial sums)");
     }
     const size_t rows = (size_t)plan->total_cmp * (size_t)cfg->num_kv_heads;
     if (p->ch.kc16 && rows > 0) {
-        CU(cudaMalloc(&p->kc16, rows * p->ch.dqkp * 2), "plan_prepare (packed compressed keys)");
+        CU(palloc(&p->bytes, &p->kc16, rows * p->ch.dqkp * 2), "plan_prepare (packed compressed keys)");
         const Kern ck = p->ch.st[NSA_STAGE_CMP_ATTN].k;
         if (ck == K_ATTN_SM80 || ck == K_ATTN_SM90 || p->ch.bwd_tiles)
-            CU(cudaMalloc(&p->vc16, rows * p->ch.dvp * 2), "plan_prepare (packed compressed values)");
+            CU(palloc(&p->bytes, &p->vc16, rows * p->ch.dvp * 2), "plan_prepare (packed compressed values)");
     }
     if (p->scores_topn && !p->ch.fused_topn && plan->total_tokens > 0) {
         /* the bytes the core reserves for the unfused stages (it checked the product) */
         const size_t bytes = (size_t)plan->total_tokens * (size_t)cfg->num_kv_heads * (size_t)plan->max_ns * 4;
-        CU(cudaMalloc((void **)&p->sc_rows, bytes), "plan_prepare (score rows)");
+        CU(palloc(&p->bytes, &p->sc_rows, bytes), "plan_prepare (score rows)");
     }
     return NSA_SUCCESS;
 }
@@ -302,6 +310,7 @@ nsa_status cu_plan_prepare(void *bctx, nsa_bk_plan *plan)
     if (!p) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: cannot allocate a plan record");
     plan->backend_plan = p;
     const nsa_status s = prepare(c, plan, p);
+    plan->backend_bytes = p->bytes;
     if (s != NSA_SUCCESS) {
         cudaGetLastError(); /* a failed allocation is not sticky; clear it for the next call */
         cu_plan_release(bctx, plan);

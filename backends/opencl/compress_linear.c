@@ -108,6 +108,7 @@ nsa_status ocl_linear_prepare(ocl_context *c, const nsa_bk_plan *plan, ocl_plan 
      * always gets a valid buffer. */
     if (!(op->gemm_tmp = alloc_f32(c, need ? need : 1, &s, "CLBlast temporary buffer"))) return s;
     op->gemm_tmp_bytes = (need ? need : 1) * sizeof(float);
+    op->bytes = (H * T * D + H * l * D * D + H * l * D + H * D) * sizeof(float) + op->gemm_tmp_bytes;
     return NSA_SUCCESS;
 }
 

@@ -90,6 +90,7 @@ typedef struct ocl_context {
 /* Per-plan state (nsa_bk_plan.backend_plan). */
 typedef struct ocl_plan {
     ocl_program *prog;
+    size_t bytes;     /* device memory of the buffers below (nsa_plan_info.backend_bytes) */
     size_t wg_attn;   /* cmp / slc / win attention work-group size (version 1) */
     int attn_v2;      /* 1: the group-shared version 2 of the attention kernels */
     size_t wg_v2;     /* its work-group size */

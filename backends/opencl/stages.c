@@ -313,6 +313,7 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
         return s;
     }
     plan->backend_plan = op;
+    plan->backend_bytes = op->bytes;
     return NSA_SUCCESS;
 }
 

@@ -123,6 +123,11 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
     nsa_plan *plan = NULL;
     nsa_status s = nsa_plan_create(ctx, &cfg, c->cu_seqlens, c->batch, &plan);
     if (s != NSA_SUCCESS) return failed(r, "nsa_plan_create (training)", s);
+    nsa_plan_info pi;
+    if (nsa_plan_get_info(plan, &pi) == NSA_SUCCESS) {
+        out->workspace_bytes = pi.workspace_bytes;
+        out->backend_bytes = pi.backend_bytes;
+    }
 
     nsa_backward_args a;
     memset(&a, 0, sizeof a);

@@ -258,6 +258,7 @@ typedef struct tk_grads {
     void *raw[TK_G_COUNT];
     size_t raw_bytes[TK_G_COUNT];
     int shared;
+    size_t workspace_bytes, backend_bytes; /* the training plan's (nsa_plan_info) */
 } tk_grads;
 
 /* 1 when the branches that read k / v (EXTERNAL: not cmp) share one tensor
