@@ -19,9 +19,11 @@
 #            the small corpus, 20 processes of nsa run --backward (one gradient hash expected)
 #   det      20 processes, one o.npy hash expected
 #   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles)
-#   opencl   the small corpus on NVIDIA's OpenCL (needs the module: OPENCL=1 builds it)
+#   opencl   the small corpus on NVIDIA's OpenCL, forward and backward (needs the module: OPENCL=1 builds it)
 #   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus
 #   bench    nsa bench at BENCH_T per class in BENCH_CLASSES (default sm90)
+#   bwdlong  nsa run --backward against the cpu backend where reader lists split (T = BWDLONG_T, 4096, D 64,
+#            G 16 and 4), and T = 524288 (paper shape, D 128) with its workspace and per-stage profile
 #   bwdbench nsa bench --backward with NSA_CUDA_PROFILE per stage, BWD_T (16384,65536) x BWD_SHAPES per
 #            class in BWD_CLASSES (sm90), and .bench/sdpa_baseline.py's dense backward beside it
 #   baseline nsa bench of the tree in .old/ (BASE_T, default 65536; git archive of an
@@ -137,6 +139,19 @@ if has backward; then # nsa_backward against the fp64 gradient reference, per cl
   done | sort | uniq -c > /tmp/bdet.txt
   note "[$(el)] backward determinism: 20 processes, $(wc -l < /tmp/bdet.txt) distinct dq+dk+dv hash(es)"
 fi
+if has bwdlong; then # the backward at shapes whose reader lists split into chunks, checked against the cpu
+  # backend (whole problem: --check-gflop), G = 16 and G = 4; then T = 524288, paper shape, with its workspace
+  for sh in "--hq 16 --hkv 1" "--hq 16 --hkv 4"; do
+    timeout 300 $NSA run --backend cuda --T ${BWDLONG_T:-4096} $sh --dqk 64 --dv 64 --backward --iters 1 --warmup 0 \
+      --check-gflop 400 > /tmp/bl.log 2>&1
+    rc=$?; note "[$(el)] backward T=${BWDLONG_T:-4096} $sh D 64 vs cpu: rc=$rc"
+    grep -iE "gradient elements|PASS|FAIL" /tmp/bl.log | tail -2 | cut -c1-300 | tee -a "$SUM"
+  done
+  NSA_CUDA_PROFILE=1 timeout 400 $NSA run --backend cuda --T 524288 --dqk 128 --dv 128 --backward --iters 1 --warmup 0 \
+    --check-tokens 0 --json > "$OUT/bwd_512k.json" 2> "$OUT/bwd_512k.err"
+  rc=$?; note "[$(el)] backward T=524288 D 128: rc=$rc $(grep -oE '"(workspace|backend)_bytes": [0-9]+' "$OUT/bwd_512k.json" | tr '\n' ' ')"
+  grep BWD_STORE "$OUT/bwd_512k.err" | tail -1 | cut -c1-700 | tee -a "$SUM"
+fi
 if has det; then
   for i in $(seq 1 20); do
     $NSA run --backend cuda --T 8192 --iters 1 --warmup 0 --check-tokens 0 --outputs /tmp/det >/dev/null 2>&1
@@ -160,6 +175,10 @@ if has opencl; then
   NSA_OPENCL_PLATFORM=NVIDIA timeout 200 $B/tests/test_oracle opencl f32,f16,bf16,fixed small > /tmp/ocl.log 2>&1
   rc=$?; note "[$(el)] parity-opencl (NVIDIA OpenCL, small corpus) rc=$rc"
   grep -E "^parity-opencl|^FAIL|:F:" /tmp/ocl.log | head -6 | tee -a "$SUM"
+  NSA_OPENCL_PLATFORM=NVIDIA CK_FORK=no timeout 300 $B/tests/test_backward opencl f32,f16,bf16 ${OCL_BWD_CORPUS:-small} \
+    > /tmp/oclb.log 2>&1
+  rc=$?; note "[$(el)] backward-opencl (NVIDIA OpenCL): rc=$rc $(grep -cE '^FAIL|:F:' /tmp/oclb.log) failures; $(grep -E '^backward-' /tmp/oclb.log | tail -1)"
+  grep -E ":F:" /tmp/oclb.log | head -3 | cut -c1-400 | tee -a "$SUM"
 fi
 if has hip; then # the HIP backend's sources on CUDA (tests/hip_on_cuda): its parity on the H200
   bash tests/hip_on_cuda/build.sh /tmp/hipcu 90 > "$OUT/hip_build.log" 2>&1
