@@ -20,14 +20,6 @@
 
 static int failures = 0;
 
-static uint64_t mix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* rows of a step against the oracle's rows at global tokens g0 .. g0 + m - 1 */
 static int same_rows(const tk_case *c, const tk_oracle *full, const tk_oracle *got, int64_t g0, int64_t m,
                      char *why, size_t size)
@@ -97,7 +89,7 @@ int main(int argc, char **argv)
                 if (!ok) snprintf(why, sizeof why, "the cache could not be made");
                 for (int64_t b = 0; b < c.batch && ok; b++) {
                     const int64_t len = c.cu_seqlens[b + 1] - c.cu_seqlens[b];
-                    int64_t done = 0, tq = (int64_t)(mix(&rng) % (uint64_t)(len + 1)); /* the prefill */
+                    int64_t done = 0, tq = (int64_t)(tk_splitmix64(&rng) % (uint64_t)(len + 1)); /* the prefill */
                     while (ok) {
                         tk_oracle got;
                         if (tk_paged_append(&c, &in, &pc, b, tq) != NSA_SUCCESS ||
@@ -114,7 +106,7 @@ int main(int argc, char **argv)
                         done += tq;
                         if (done == len) break;
                         const int64_t left = len - done;
-                        tq = 1 + (int64_t)(mix(&rng) % (uint64_t)(left < 16 ? left : 16));
+                        tq = 1 + (int64_t)(tk_splitmix64(&rng) % (uint64_t)(left < 16 ? left : 16));
                     }
                 }
                 if (!ok) {

@@ -186,7 +186,7 @@ static const spec small_specs[] = {
 /* Number of seeded random cases appended to the full corpus. */
 #define FULL_RANDOM 40
 
-static uint64_t splitmix64(uint64_t *state)
+uint64_t tk_splitmix64(uint64_t *state)
 {
     uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -196,7 +196,7 @@ static uint64_t splitmix64(uint64_t *state)
 
 static int64_t pick(uint64_t *st, int64_t lo, int64_t hi) /* uniform in [lo, hi] */
 {
-    return lo + (int64_t)(splitmix64(st) % (uint64_t)(hi - lo + 1));
+    return lo + (int64_t)(tk_splitmix64(st) % (uint64_t)(hi - lo + 1));
 }
 
 static uint64_t label_hash(const char *s)

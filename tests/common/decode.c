@@ -23,14 +23,6 @@
 
 #define IDX3(a, b, c, B, C) (((a) * (B) + (b)) * (C) + (c))
 
-static uint64_t mix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 void tk_paged_free(tk_paged *pc)
 {
     for (int b = 0; b < 3; b++) {
@@ -51,7 +43,7 @@ static void shuffle(int32_t *p, int64_t n, uint64_t *s)
 {
     for (int64_t i = 0; i < n; i++) p[i] = (int32_t)i;
     for (int64_t i = n - 1; i > 0; i--) {
-        const int64_t j = (int64_t)(mix(s) % (uint64_t)(i + 1));
+        const int64_t j = (int64_t)(tk_splitmix64(s) % (uint64_t)(i + 1));
         const int32_t t = p[i];
         p[i] = p[j];
         p[j] = t;

@@ -83,6 +83,10 @@ typedef struct tk_case {
  * list on every machine. Every case passes nsa_config_validate. */
 int tk_corpus(const char *name, tk_case **cases);
 
+/* The next value of a splitmix64 stream (the corpus's generator; also the decode
+ * tests' page shuffles and step lengths). */
+uint64_t tk_splitmix64(uint64_t *state);
+
 /* Sets cfg.dtype (F32, F16 or BF16). */
 void tk_case_set_dtype(tk_case *c, nsa_dtype dtype);
 
