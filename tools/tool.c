@@ -121,31 +121,65 @@ int tool_on_cpu(const nsa_context *ctx)
     return nsa_context_device_kind(ctx, &kind) == NSA_SUCCESS && kind == NSA_DEVICE_KIND_CPU;
 }
 
-void tool_print_kernels(FILE *f, const nsa_plan *plan, int json)
+/* appends to buf[*len .. size) (truncating; buf stays terminated) */
+static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
 {
+    if (*len + 1 >= size) return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(buf + *len, size - *len, fmt, ap);
+    va_end(ap);
+    if (n > 0) *len += (size_t)n < size - *len ? (size_t)n : size - *len - 1;
+}
+
+/* a JSON string's escaped characters (json_str's rules) */
+static void append_json(char *buf, size_t size, size_t *len, const char *s)
+{
+    append(buf, size, len, "\"");
+    for (; *s; s++) {
+        const unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') append(buf, size, len, "\\%c", ch);
+        else if (ch < 0x20) append(buf, size, len, "\\u%04x", ch);
+        else append(buf, size, len, "%c", ch);
+    }
+    append(buf, size, len, "\"");
+}
+
+void tool_format_kernels(char *buf, size_t size, const nsa_plan *plan, int json)
+{
+    size_t len = 0;
+    if (size == 0) return;
+    buf[0] = 0;
     nsa_plan_info info;
     if (nsa_plan_get_info(plan, &info) != NSA_SUCCESS) {
-        if (json) fprintf(f, "{}");
+        if (json) append(buf, size, &len, "{}");
         return;
     }
     const char *p = info.stages;
-    if (json) fprintf(f, "{");
+    if (json) append(buf, size, &len, "{");
     for (int i = 0; i < info.num_stages; i++) {
         while (*p == ' ') p++;
-        size_t len = strcspn(p, " ");
+        size_t n = strcspn(p, " ");
         char stage[64], kernel[NSA_NAME_MAX];
-        snprintf(stage, sizeof stage, "%.*s", (int)(len < sizeof stage ? len : sizeof stage - 1), p);
-        p += len;
+        snprintf(stage, sizeof stage, "%.*s", (int)(n < sizeof stage ? n : sizeof stage - 1), p);
+        p += n;
         nsa_status s = nsa_plan_stage_kernel(plan, i, kernel, sizeof kernel);
         if (s != NSA_SUCCESS) snprintf(kernel, sizeof kernel, "(%s)", nsa_status_string(s));
         if (json) {
-            fprintf(f, "%s", i ? ", " : "");
-            json_str(f, stage);
-            fprintf(f, ": ");
-            json_str(f, kernel);
+            append(buf, size, &len, "%s", i ? ", " : "");
+            append_json(buf, size, &len, stage);
+            append(buf, size, &len, ": ");
+            append_json(buf, size, &len, kernel);
         } else {
-            fprintf(f, "           %-13s %s\n", stage, kernel);
+            append(buf, size, &len, "           %-13s %s\n", stage, kernel);
         }
     }
-    if (json) fprintf(f, "}");
+    if (json) append(buf, size, &len, "}");
+}
+
+void tool_print_kernels(FILE *f, const nsa_plan *plan, int json)
+{
+    char buf[TOOL_KERNELS_MAX];
+    tool_format_kernels(buf, sizeof buf, plan, json);
+    fputs(buf, f);
 }

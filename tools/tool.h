@@ -58,6 +58,10 @@ void json_num(FILE *f, double v);
  * {"stage": "kernel", ...} (no newline). Stages whose kernel cannot be read
  * show the status name. */
 void tool_print_kernels(FILE *f, const nsa_plan *plan, int json);
+/* The same text into buf (truncated to size; TOOL_KERNELS_MAX holds 16
+ * stages' names at NSA_NAME_MAX), for a caller that frees the plan first. */
+#define TOOL_KERNELS_MAX (16 * (NSA_NAME_MAX + 96) + 8)
+void tool_format_kernels(char *buf, size_t size, const nsa_plan *plan, int json);
 
 /* Median of n values (sorts v in place); NaN for n = 0. */
 double tool_median(double *v, int n);

@@ -19,6 +19,7 @@
  * would otherwise measure something other than it says.
  */
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,18 +109,18 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: device %d (%s) is sm_%d%d; this module needs sm_80 or newer",
                     device, p.name, p.major, p.minor);
     CU(cudaSetDevice(device), "cudaSetDevice");
-    /* no NSA_CUDA_* variable but the three this version reads */
+    /* no NSA_CUDA_* variable but the four this version reads */
     for (char **e = environ; e && *e; e++) {
         if (strncmp(*e, "NSA_CUDA_", 9) != 0) continue;
         const char *eq = strchr(*e, '=');
         const size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
-        const char *known[] = {"NSA_CUDA_TARGET", "NSA_CUDA_FORCE", "NSA_CUDA_PROFILE"};
+        const char *known[] = {"NSA_CUDA_TARGET", "NSA_CUDA_FORCE", "NSA_CUDA_PROFILE", "NSA_CUDA_SCORE_ROWS_MAX"};
         bool ok = false;
         for (const char *k : known) ok = ok || (strlen(k) == len && strncmp(*e, k, len) == 0);
         if (!ok)
             return FAIL(NSA_ERR_INVALID_VALUE,
                         "cuda backend: the environment sets %.*s, which this version does not read (its variables are "
-                        "NSA_CUDA_TARGET, NSA_CUDA_FORCE and NSA_CUDA_PROFILE; kernel switches of earlier versions "
+                        "NSA_CUDA_TARGET, NSA_CUDA_FORCE, NSA_CUDA_PROFILE and NSA_CUDA_SCORE_ROWS_MAX; kernel switches of earlier versions "
                         "are gone: NSA_CUDA_FORCE=stage:kernel forces a kernel, docs/cuda.md); unset it",
                         (int)len, *e);
     }
@@ -141,8 +142,21 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     if (!parse_force(getenv("NSA_CUDA_FORCE"), &force, msg, sizeof msg))
         return FAIL(NSA_ERR_INVALID_VALUE, "cuda backend: %s", msg);
 
+    int64_t score_rows_max = (int64_t)1 << 30;
+    const char *srm = getenv("NSA_CUDA_SCORE_ROWS_MAX");
+    if (srm && *srm) {
+        char *end = NULL;
+        errno = 0;
+        const long long v = strtoll(srm, &end, 10);
+        if (errno || *end || v < 1)
+            return FAIL(NSA_ERR_INVALID_VALUE,
+                        "cuda backend: NSA_CUDA_SCORE_ROWS_MAX=\"%s\" is not a positive number of bytes", srm);
+        score_rows_max = v;
+    }
+
     CudaCtx *c = (CudaCtx *)calloc(1, sizeof *c);
     if (!c) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: cannot allocate a context");
+    c->score_rows_max = score_rows_max;
     c->device = device;
     c->device_cls = dcls;
     c->lim = lim;

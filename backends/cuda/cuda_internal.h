@@ -36,6 +36,7 @@ struct CudaCtx {
     Limits lim;     /* the class plans are made for: the device's, or NSA_CUDA_TARGET's */
     Dev dev;        /* shared memory per SM of both, for the launchers (emulation) */
     Force force;    /* NSA_CUDA_FORCE */
+    int64_t score_rows_max; /* NSA_CUDA_SCORE_ROWS_MAX: the most bytes of an unfused SCORES_TOPN's rows (1 GiB) */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
      * waits for its stream and prints the stage times and kernels to stderr
      * (for measuring only: this synchronizes). */
@@ -53,13 +54,22 @@ struct CudaBuf {
 
 /* Memory a plan owns outside the workspace, allocated once in plan_prepare
  * (never in run()). */
+/* one chunk of the SCORES_TOPN stage: tiles [off, off + count) of
+ * sc_tiles_dev cover tokens [t0, t1) */
+struct ScoreChunk {
+    int64_t off, count, t0, t1;
+};
+
 struct CudaPlan {
     Choice ch;
     bool scores_topn;  /* the core planned the fused SCORES_TOPN stage */
     Tiles tiles;       /* tile list of the tiled kernels (tiles.tiles on the device) */
     int64_t *tiles_dev;
     void *kc16, *vc16; /* compressed keys / values in the input type, padded to dqkp / dvp */
-    float *sc_rows;    /* SCORES_TOPN whose rows do not fit in shared memory: f32 [T, Hkv, max_ns] */
+    float *sc_rows;    /* SCORES_TOPN whose rows do not fit in shared memory: f32 [rows, Hkv, max_ns] */
+    ScoreChunk *sc_chunks; /* and when [T, Hkv, max_ns] exceeds score_rows_max: the chunks (host) */
+    int64_t n_sc_chunks;   /* 0: one pass over p->tiles, rows = T */
+    int64_t *sc_tiles_dev; /* the chunks' tiles, chunk after chunk, heavy first within each */
     SlcMap slc_map;    /* training plans with a selected branch: the inverse map's memory */
     BwdTiles bwd;      /* training plans on bwd_attn_sm80: its work lists (on the device) */
     int64_t *bwd_dev[4]; /* their lists: rows tiles, compressed and window key items, compressed reduce items */

@@ -12,7 +12,10 @@
  *     (total_cmp * Hkv * (Dqk' + Dv') * 2 bytes);
  *   the score rows [T, Hkv, max_ns] f32 when the fused SCORES_TOPN stage is
  *     planned but the chosen scores kernel cannot hold its rows in shared
- *     memory (then the stage runs the scores kernel and topn on them).
+ *     memory (then the stage runs the scores kernel and topn on them); past
+ *     the context's score_rows_max bytes (NSA_CUDA_SCORE_ROWS_MAX, 1 GiB;
+ *     T = 524288 at the paper's shape would take 68.7 GB) the stage runs in
+ *     chunks of consecutive tiles that fit it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +60,8 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     if (p->kc16) cudaFree(p->kc16);
     if (p->vc16) cudaFree(p->vc16);
     if (p->sc_rows) cudaFree(p->sc_rows);
+    if (p->sc_tiles_dev) cudaFree(p->sc_tiles_dev);
+    free(p->sc_chunks);
     SlcMap &m = p->slc_map;
     void *maps[] = {(void *)m.blk_off, m.cnt, m.off, m.list_in, m.list_out, m.seg, m.seg_out, m.tmp};
     for (void *x : maps)
@@ -105,6 +110,69 @@ static nsa_status make_tiles(const nsa_bk_plan *plan, int rows, Tiles *out, int6
     out->qt = qt;
     out->hc = hc;
     out->nchunk = (int)((G + hc - 1) / hc);
+    out->row0 = 0;
+    return NSA_SUCCESS;
+}
+
+/* The score rows of an unfused SCORES_TOPN: one buffer of [T, Hkv, max_ns]
+ * f32 where it takes at most `budget` bytes (p->tiles in one pass);
+ * otherwise chunks of consecutive tiles (in token order, across sequences)
+ * spanning at most `span` tokens, each chunk's tiles heavy (late) first like
+ * make_tiles, and a buffer for one chunk's rows. The default budget, 1 GiB,
+ * keeps a chunk's launch at thousands of CTAs on the paper's shape at
+ * T = 524288 (8192 tokens x 4 groups, 64 chunks). */
+static nsa_status make_score_rows(const nsa_bk_plan *plan, CudaPlan *p, int64_t budget)
+{
+    const nsa_config *cfg = &plan->cfg;
+    const double row_bytes = (double)cfg->num_kv_heads * (double)plan->max_ns * 4.0;
+    const int64_t T = plan->total_tokens, qt = p->tiles.qt;
+    if (row_bytes > 1e12)
+        return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: score rows of %.3g bytes per token", row_bytes);
+    const int64_t rb = (int64_t)row_bytes;
+    int64_t span = qt > 0 ? std::max<int64_t>(budget / rb / qt * qt, qt) : T;
+    if (span >= T) { /* one pass over p->tiles (or the untiled kernels' own walk) */
+        CU(palloc(&p->bytes, &p->sc_rows, (size_t)T * (size_t)rb), "plan_prepare (score rows)");
+        return NSA_SUCCESS;
+    }
+    std::vector<int64_t> t, sorted;
+    std::vector<ScoreChunk> ch;
+    try {
+        for (int64_t b = 0; b < plan->batch; b++) {
+            const int64_t s0 = plan->cu_seqlens[b], len = plan->cu_seqlens[b + 1] - s0;
+            for (int64_t lt = 0; lt < len; lt += qt) {
+                const int64_t n = std::min<int64_t>(qt, len - lt), t0 = s0 + lt;
+                if (ch.empty() || t0 + n - ch.back().t0 > span)
+                    ch.push_back(ScoreChunk{(int64_t)t.size() / 3, 0, t0, t0});
+                ch.back().count++;
+                ch.back().t1 = t0 + n;
+                t.push_back(t0);
+                t.push_back(n);
+                t.push_back(b);
+            }
+        }
+        sorted.resize(t.size());
+    } catch (...) {
+        return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory for the score chunks");
+    }
+    int64_t rows = 0;
+    for (const ScoreChunk &c : ch) {
+        std::vector<int64_t> order(c.count);
+        for (int64_t i = 0; i < c.count; i++) order[i] = c.off + i;
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+            return t[3 * a] - plan->cu_seqlens[t[3 * a + 2]] > t[3 * b] - plan->cu_seqlens[t[3 * b + 2]];
+        });
+        for (int64_t i = 0; i < c.count; i++)
+            for (int k = 0; k < 3; k++) sorted[3 * (c.off + i) + k] = t[3 * order[i] + k];
+        rows = std::max(rows, c.t1 - c.t0);
+    }
+    p->sc_chunks = (ScoreChunk *)malloc(ch.size() * sizeof(ScoreChunk));
+    if (!p->sc_chunks) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory for the score chunks");
+    memcpy(p->sc_chunks, ch.data(), ch.size() * sizeof(ScoreChunk));
+    p->n_sc_chunks = (int64_t)ch.size();
+    CU(palloc(&p->bytes, &p->sc_tiles_dev, sorted.size() * sizeof(int64_t)), "plan_prepare (score chunks)");
+    CU(cudaMemcpy(p->sc_tiles_dev, sorted.data(), sorted.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
+       "plan_prepare (score chunks)");
+    CU(palloc(&p->bytes, &p->sc_rows, (size_t)rows * (size_t)rb), "plan_prepare (score rows)");
     return NSA_SUCCESS;
 }
 
@@ -294,11 +362,8 @@ static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
         if (ck == K_ATTN_SM80 || ck == K_ATTN_SM90 || p->ch.bwd_tiles)
             CU(palloc(&p->bytes, &p->vc16, rows * p->ch.dvp * 2), "plan_prepare (packed compressed values)");
     }
-    if (p->scores_topn && !p->ch.fused_topn && plan->total_tokens > 0) {
-        /* the bytes the core reserves for the unfused stages (it checked the product) */
-        const size_t bytes = (size_t)plan->total_tokens * (size_t)cfg->num_kv_heads * (size_t)plan->max_ns * 4;
-        CU(palloc(&p->bytes, &p->sc_rows, bytes), "plan_prepare (score rows)");
-    }
+    if (p->scores_topn && !p->ch.fused_topn && plan->total_tokens > 0 && (s = make_score_rows(plan, p, c->score_rows_max)) != NSA_SUCCESS)
+        return s;
     return NSA_SUCCESS;
 }
 

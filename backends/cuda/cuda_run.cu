@@ -168,19 +168,33 @@ nsa_status run_scores(const Run &r, bool fused)
     if (!is_tc_attn(r.p->ch.st[NSA_STAGE_CMP_ATTN].k))
         LAUNCH(pack_cmp16(r.g, view(a->kc), r.g.Dqk, r.p->ch.dqkp, r.p->kc16, r.s));
     /* where the scores land and whether the kernel ranks them */
-    MView sc = fused ? none : mview(a->scores), idx = fused ? mview(a->indices) : none;
-    if (fused && !c.rows_smem) {
-        sc = MView{r.p->sc_rows, r.g.Hkv * r.g.max_ns, r.g.max_ns};
-        idx = none;
+    const MView sc = fused ? none : mview(a->scores), idx = fused ? mview(a->indices) : none;
+    auto scores = [&](const Tiles &tl, MView rows, MView out) {
+        return c.k == K_SCORES_SM90_G16
+                   ? scores_sm90_g16(r.g, r.c->dev, c.scores, tl, r.p->ch.dqkp, q, r.kc16(), lse, rows, out, r.s)
+                   : scores_sm80(r.g, r.c->dev, c.scores, c.k == K_SCORES_SM80_G16, c.rows_smem, tl, r.p->ch.dqkp, q,
+                                 r.kc16(), lse, rows, out, r.s);
+    };
+    if (!fused || c.rows_smem) {
+        LAUNCH(scores(r.p->tiles, sc, idx));
+        return NSA_SUCCESS;
     }
-    if (c.k == K_SCORES_SM90_G16)
-        LAUNCH(scores_sm90_g16(r.g, r.c->dev, c.scores, r.p->tiles, r.p->ch.dqkp, q, r.kc16(), lse, sc, idx, r.s));
-    else
-        LAUNCH(scores_sm80(r.g, r.c->dev, c.scores, c.k == K_SCORES_SM80_G16, c.rows_smem, r.p->tiles, r.p->ch.dqkp,
-                           q, r.kc16(), lse, sc, idx, r.s));
-    if (fused && !c.rows_smem) {
-        const View scv = {r.p->sc_rows, r.g.Hkv * r.g.max_ns, r.g.max_ns};
-        LAUNCH(select_topn(r.g, scv, mview(a->indices), r.s));
+    /* the rows in the plan's buffer, then topn on them: in one pass, or chunk by chunk (make_score_rows) */
+    const MView rows = {r.p->sc_rows, r.g.Hkv * r.g.max_ns, r.g.max_ns};
+    const View rows_in = {rows.p, rows.st, rows.sh};
+    if (r.p->n_sc_chunks == 0) {
+        LAUNCH(scores(r.p->tiles, rows, none));
+        LAUNCH(select_topn(r.g, rows_in, 0, r.g.T, mview(a->indices), r.s));
+        return NSA_SUCCESS;
+    }
+    for (int64_t i = 0; i < r.p->n_sc_chunks; i++) {
+        const ScoreChunk &ck = r.p->sc_chunks[i];
+        Tiles tl = r.p->tiles;
+        tl.tiles = r.p->sc_tiles_dev + 3 * ck.off;
+        tl.count = ck.count;
+        tl.row0 = ck.t0;
+        LAUNCH(scores(tl, rows, none));
+        LAUNCH(select_topn(r.g, rows_in, ck.t0, ck.t1, mview(a->indices), r.s));
     }
     return NSA_SUCCESS;
 }
@@ -189,7 +203,7 @@ nsa_status run_topn(const Run &r)
 {
     NEED(r.a->scores, "scores");
     NEED(r.a->indices, "indices");
-    LAUNCH(select_topn(r.g, view(r.a->scores), mview(r.a->indices), r.s));
+    LAUNCH(select_topn(r.g, view(r.a->scores), 0, r.g.T, mview(r.a->indices), r.s));
     return NSA_SUCCESS;
 }
 

@@ -120,6 +120,19 @@ if has long; then
       --hq 16 --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 --check-tokens 0 > /tmp/long2.log 2>&1
     rc=$?; note "[$(el)] memcheck T=140000 rc=$rc $(grep -E 'ERROR SUMMARY' /tmp/long2.log | tail -1)"
   fi
+  # the score rows in chunks (NSA_CUDA_SCORE_ROWS_MAX below the 140000 x 2188 x 4 bytes they take):
+  # the same indices and outputs bitwise as one pass, and the check against the cpu backend
+  for lim in default 100000000; do
+    env $([ $lim = default ] && echo X_UNUSED=1 || echo NSA_CUDA_SCORE_ROWS_MAX=$lim) NSA_CUDA_PROFILE=1 timeout 120 \
+      $NSA run --backend cuda --T 140000 --hq 16 --hkv 1 --dqk 64 --dv 64 --iters 1 --warmup 0 \
+      --outputs /tmp/rows_$lim > /tmp/rows_$lim.log 2>&1
+    rc=$?; note "[$(el)] score rows $lim: rc=$rc $(grep -E 'PASS|FAIL|plan:' /tmp/rows_$lim.log | tr '\n' ' ' | cut -c1-260)"
+    grep -oE "scores_topn [^|]*" /tmp/rows_$lim.log | tail -1 | tee -a "$SUM"
+  done
+  for f in o.npy selected.npy; do
+    cmp -s /tmp/rows_default/$f /tmp/rows_100000000/$f && note "  $f bitwise equal (chunked vs one pass)" \
+      || note "  $f DIFFERS (chunked vs one pass) or missing"
+  done
 fi
 if has backward; then # nsa_backward against the fp64 gradient reference, per class; memcheck / racecheck
   for cls in ${CLASSES:-sm90 sm80 sm86}; do
@@ -150,7 +163,7 @@ if has bwdlong; then # the backward at shapes whose reader lists split into chun
   NSA_CUDA_PROFILE=1 timeout 400 $NSA run --backend cuda --T 524288 --dqk 128 --dv 128 --backward --iters 1 --warmup 0 \
     --check-tokens 0 --json > "$OUT/bwd_512k.json" 2> "$OUT/bwd_512k.err"
   rc=$?; note "[$(el)] backward T=524288 D 128: rc=$rc $(grep -oE '"(workspace|backend)_bytes": [0-9]+' "$OUT/bwd_512k.json" | tr '\n' ' ')"
-  grep BWD_STORE "$OUT/bwd_512k.err" | tail -1 | cut -c1-700 | tee -a "$SUM"
+  grep -E "bwd_store|cudaError|NSA_ERR" "$OUT/bwd_512k.err" | tail -2 | cut -c1-700 | tee -a "$SUM"
 fi
 if has det; then
   for i in $(seq 1 20); do

@@ -53,11 +53,14 @@ struct Dev {
 /* A work decomposition for the tiled tensor-core kernels (made per plan):
  * tiles[3*i] = first global token, tiles[3*i+1] = tokens (<= qt), tiles[3*i+2]
  * = sequence. A tile covers qt tokens x hc query heads of one KV group (rows
- * = tokens x heads, 128 per CTA); nchunk = ceil(G / hc). */
+ * = tokens x heads, 128 per CTA); nchunk = ceil(G / hc). row0: the global
+ * token whose score row is row 0 of the scores kernels' sc (0, or the first
+ * token of a chunk of score rows, cuda_plan.cu). */
 struct Tiles {
     const int64_t *tiles;
     int64_t count;
     int qt, hc, nchunk;
+    int64_t row0;
 };
 
 /* compress.cu: kc/vc (f32, dense [total_cmp, Hkv, D]) */
@@ -112,7 +115,8 @@ cudaError_t scores_sm90_g16(const Geom &g, const Dev &dev, const ScoresTile &til
                             View kc, View lse, MView sc, MView idx, cudaStream_t s);
 
 /* topn.cu: indices [T, Hkv, n], ascending, -1 padded */
-cudaError_t select_topn(const Geom &g, View scores, MView idx, cudaStream_t s);
+/* tokens [t0, t1) whose score rows are scores' rows 0 .. t1 - t0 - 1 */
+cudaError_t select_topn(const Geom &g, View scores, int64_t t0, int64_t t1, MView idx, cudaStream_t s);
 
 /* slc_sm80.cu: group-centric selected attention, one token x 16 heads per
  * CTA, any G, f16 / bf16, any alignment. */

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(TC_THREADS, G16 ? 2 : 1)
     const int64_t khi = nsa_cmp_visible(tlast, g.l, g.d) - 1;
     const T *kg = k + g.cu_cmp[c.seq] * kst + c.gi * ksh;
     /* row of token t0 + tok at scg + tok * sst (unused when FUSED: sc may be NULL) */
-    float *scg = FUSED ? nullptr : sc + c.t0 * sst + c.gi * ssh;
+    float *scg = FUSED ? nullptr : sc + (c.t0 - tl.row0) * sst + c.gi * ssh;
 
     auto qrow = [&](int r) -> int64_t {
         return r < c.nrows ? (c.t0 + r / c.hca) * qst + (c.h0 + r % c.hca) * qsh : -1;

@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2)
         for (int tok = warp; tok < c.ntok; tok += NT / 32)
             warp_select_row(g, sAcc + tok * accw, c.tl0 + tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane, cand);
     } else {
-        store_score_rows(g, sAcc, accw, sc + c.t0 * sst + c.gi * ssh, sst, c.ntok, c.tl0,
+        store_score_rows(g, sAcc, accw, sc + (c.t0 - tl.row0) * sst + c.gi * ssh, sst, c.ntok, c.tl0,
                          nsa_slc_last(tlast, g.ls) + 1, tid, NT);
     }
 #endif

@@ -15,26 +15,26 @@
 
 namespace nsa_cuda {
 
-__global__ void __launch_bounds__(128) topn_kernel(const Geom g, const float *sc, int64_t sst, int64_t ssh, int *out,
-                                                   int64_t ost, int64_t osh)
+__global__ void __launch_bounds__(128) topn_kernel(const Geom g, int64_t t0, int64_t t1, const float *sc, int64_t sst,
+                                                   int64_t ssh, int *out, int64_t ost, int64_t osh)
 {
     __shared__ uint64_t cand[4][TOPN_CAND];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t pairs = g.T * g.Hkv;
+    const int64_t pairs = (t1 - t0) * g.Hkv;
     for (int64_t pr = (int64_t)blockIdx.x * 4 + warp; pr < pairs; pr += (int64_t)gridDim.x * 4) {
-        const int64_t t = pr / g.Hkv, gi = pr % g.Hkv;
+        const int64_t r = pr / g.Hkv, gi = pr % g.Hkv, t = t0 + r;
         const int64_t tl = t - g.cu_seqlens[g.tok_seq[t]];
-        warp_select_row(g, sc + t * sst + gi * ssh, tl, out + t * ost + gi * osh, lane, cand[warp]);
+        warp_select_row(g, sc + r * sst + gi * ssh, tl, out + t * ost + gi * osh, lane, cand[warp]);
     }
 }
 
-cudaError_t select_topn(const Geom &g, View scores, MView idx, cudaStream_t s)
+cudaError_t select_topn(const Geom &g, View scores, int64_t t0, int64_t t1, MView idx, cudaStream_t s)
 {
-    const int64_t pairs = g.T * g.Hkv;
+    const int64_t pairs = (t1 - t0) * g.Hkv;
     if (pairs == 0 || g.n == 0) return cudaSuccess;
     int64_t blocks = (pairs + 3) / 4;
     if (blocks > (1 << 30)) blocks = 1 << 30;
-    topn_kernel<<<(unsigned)blocks, 128, 0, s>>>(g, (const float *)scores.p, scores.st, scores.sh, (int *)idx.p,
+    topn_kernel<<<(unsigned)blocks, 128, 0, s>>>(g, t0, t1, (const float *)scores.p, scores.st, scores.sh, (int *)idx.p,
                                                  idx.st, idx.sh);
     return cudaGetLastError();
 }
