@@ -17,6 +17,7 @@
 #   long     T = 140000, G = 16 (score rows past shared memory), with memcheck unless LONG_SAN=0
 #   backward test_backward cuda (full corpus) per class in CLASSES, memcheck and racecheck on
 #            the small corpus, 20 processes of nsa run --backward (one gradient hash expected)
+#   python   python/tests/cuda_device_check.py (CUDA tensors vs nsa run, copies, stream) and the unit tests
 #   det      20 processes, one o.npy hash expected
 #   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles)
 #   opencl   the small corpus on NVIDIA's OpenCL, forward and backward (needs the module: OPENCL=1 builds it)
@@ -164,6 +165,15 @@ if has bwdlong; then # the backward at shapes whose reader lists split into chun
     --check-tokens 0 --json > "$OUT/bwd_512k.json" 2> "$OUT/bwd_512k.err"
   rc=$?; note "[$(el)] backward T=524288 D 128: rc=$rc $(grep -oE '"(workspace|backend)_bytes": [0-9]+' "$OUT/bwd_512k.json" | tr '\n' ' ')"
   grep -E "bwd_store|cudaError|NSA_ERR" "$OUT/bwd_512k.err" | tail -2 | cut -c1-700 | tee -a "$SUM"
+fi
+if has python; then # the Python package on CUDA tensors (python/tests/cuda_device_check.py): equal to nsa run,
+  # no tensor copies, the caller's stream; then the package's unit tests with the GPU present
+  NSA_LIBRARY=$PWD/$B/core/libnsa.so NSA_TOOL=$PWD/$NSA timeout 200 python3 python/tests/cuda_device_check.py \
+    > "$OUT/python_cuda.log" 2>&1
+  rc=$?; note "[$(el)] python cuda check: rc=$rc"; grep -E "^(PASS|FAIL|SKIP)" "$OUT/python_cuda.log" | cut -c1-400 | tee -a "$SUM"
+  ( cd python && NSA_LIBRARY=$PWD/../$B/core/libnsa.so NSA_TOOL=$PWD/../$NSA timeout 300 python3 -m unittest discover tests ) \
+    > "$OUT/python_unit.log" 2>&1
+  rc=$?; note "[$(el)] python unit tests (GPU present): rc=$rc $(tail -3 "$OUT/python_unit.log" | tr '\n' ' ')"
 fi
 if has det; then
   for i in $(seq 1 20); do
