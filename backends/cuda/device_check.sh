@@ -37,7 +37,7 @@
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
 #   ldgsts   dev/cuda/ldgsts_l2.cu: cp.async's L2 reads per shared-memory layout (not in the default)
 # Needs .debs (check, libsubunit, libclblast .deb files, unpacked with dpkg -x; the
-# machine has no internet). Logs go to $OUT (or /tmp/nsa-out); the summary is printed last.
+# machine has no internet). Logs go to $OUT (or /tmp/nsa-out) as logs.tgz beside summary.txt; the summary is printed.
 OUT=${OUT:-/tmp/nsa-out}
 mkdir -p "$OUT"
 SUM=$OUT/summary.txt
@@ -302,3 +302,6 @@ if has ldgsts; then # L2 sectors per data sector of cp.async by shared-memory la
   grep -E "data sectors|copy_chunks|lts__t_sectors|gpu__time" "$OUT/ldgsts.log" | sed 's/(int \*)//' | tee -a "$SUM"
 fi
 note "[$(el)] done"
+# the device tool brings back at most 8 files: every log in one archive, the summary beside it
+( cd "$OUT" && tar czf /tmp/nsa-logs.tgz --exclude=logs.tgz . ) && find "$OUT" -mindepth 1 ! -name summary.txt -delete &&
+  mv /tmp/nsa-logs.tgz "$OUT/logs.tgz"
