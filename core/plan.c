@@ -264,15 +264,17 @@ nsa_status (nsa_plan_create)(nsa_context *ctx, const nsa_config *cfg, const int6
 static void log_plan(const nsa_plan *p);
 
 /* The plan's stage names, space-separated (nsa_plan_info.stages, the log) */
-static void stage_list(const nsa_plan *p, char *buf, size_t size)
+static void stage_names(const nsa_stage *st, int count, char *buf, size_t size)
 {
     size_t used = 0;
     buf[0] = '\0';
-    for (int i = 0; i < p->num_stages; i++) {
-        int n = snprintf(buf + used, size - used, "%s%s", i ? " " : "", nsa_stage_name(p->stages[i]));
+    for (int i = 0; i < count; i++) {
+        int n = snprintf(buf + used, size - used, "%s%s", i ? " " : "", nsa_stage_name(st[i]));
         if (n > 0 && (size_t)n < size - used) used += (size_t)n;
     }
 }
+
+static void stage_list(const nsa_plan *p, char *buf, size_t size) { stage_names(p->stages, p->num_stages, buf, size); }
 
 nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, size_t cfg_size,
                                  const int64_t *cu_seqlens, int64_t batch, nsa_plan **out)
@@ -382,6 +384,8 @@ nsa_status nsa_plan_get_info_sized(const nsa_plan *plan, nsa_plan_info *out, siz
     info->backend_bytes = (plan->tables ? plan->tables->size : 0) + plan->bk.backend_bytes;
     info->num_stages = plan->num_stages;
     stage_list(plan, info->stages, sizeof info->stages);
+    info->num_bwd_stages = plan->num_bwd_stages;
+    stage_names(plan->bwd_stages, plan->num_bwd_stages, info->bwd_stages, sizeof info->bwd_stages);
     return nsa_struct_out(out, info_size, NSA_PLAN_INFO_SIZE_FIRST, info, sizeof *info, "nsa_plan_get_info", "info");
 }
 
@@ -392,10 +396,11 @@ nsa_status nsa_plan_stage_kernel(const nsa_plan *plan, int index, char *name, si
     if (!name) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_stage_kernel: name is NULL");
     if (size == 0) return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_plan_stage_kernel: size is 0");
     name[0] = '\0';
-    if (index < 0 || index >= plan->num_stages)
-        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_plan_stage_kernel: index = %d, but the plan has %d stages",
-                             index, plan->num_stages);
-    const nsa_stage st = plan->stages[index];
+    if (index < 0 || index >= plan->num_stages + plan->num_bwd_stages)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE,
+                             "nsa_plan_stage_kernel: index = %d, but the plan has %d stages (%d forward, %d backward)",
+                             index, plan->num_stages + plan->num_bwd_stages, plan->num_stages, plan->num_bwd_stages);
+    const nsa_stage st = index < plan->num_stages ? plan->stages[index] : plan->bwd_stages[index - plan->num_stages];
     if (!plan->ctx->be->stage_kernel || !plan->prepared) {
         snprintf(name, size, "%s", nsa_stage_name(st));
         return NSA_SUCCESS;

@@ -299,6 +299,9 @@ typedef struct nsa_plan_info {
                               * compressed rows; for training plans the selection's inverse
                               * map and the backward's partial sums; OpenCL: LINEAR's
                               * staging buffers) */
+    int num_bwd_stages;      /* stages nsa_backward runs (0 unless the plan was made with
+                              * NSA_CONFIG_TRAINING) */
+    char bwd_stages[128];    /* their names, space separated ("bwd_cmp_attn ... bwd_store") */
 } nsa_plan_info;
 
 NSA_API nsa_status nsa_plan_get_info_sized(const nsa_plan *plan, nsa_plan_info *info, size_t info_size);
@@ -306,12 +309,13 @@ NSA_API nsa_status nsa_plan_get_info(const nsa_plan *plan, nsa_plan_info *info);
 #define nsa_plan_get_info(plan, info) nsa_plan_get_info_sized((plan), (info), sizeof(nsa_plan_info))
 
 /* The kernel the plan runs for its stage `index` (0 <= index < num_stages, in
- * the order of nsa_plan_info.stages), as the backend chose it when the plan
- * was made from the device and the shape: for example
- * "attn_sm90[bn128,1cta,tma]" (cuda: kernel[tile]; docs/cuda.md lists them).
- * Backends without a choice report the stage's name. name receives at most
- * size bytes, NUL-terminated; NSA_ERR_INVALID_VALUE for an index out of range
- * or size 0. */
+ * the order of nsa_plan_info.stages; then num_stages <= index < num_stages +
+ * num_bwd_stages for the backward's stages, in the order of bwd_stages), as
+ * the backend chose it when the plan was made from the device and the shape:
+ * for example "attn_sm90[bn128,1cta,tma]" (cuda: kernel[tile]; docs/cuda.md
+ * lists them). Backends without a choice report the stage's name. name
+ * receives at most size bytes, NUL-terminated; NSA_ERR_INVALID_VALUE for an
+ * index out of range or size 0. */
 NSA_API nsa_status nsa_plan_stage_kernel(const nsa_plan *plan, int index, char *name, size_t size);
 
 /* ------------------------------------------------------------------ forward */

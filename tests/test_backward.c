@@ -174,6 +174,74 @@ START_TEST(test_threads)
 }
 END_TEST
 
+/* The backward stages a training plan lists (nsa_plan_info.bwd_stages, the
+ * order of semantics section 9) and their kernels through
+ * nsa_plan_stage_kernel past the forward's indices; a plan made without
+ * NSA_CONFIG_TRAINING lists none and refuses those indices. */
+START_TEST(test_stage_kernels)
+{
+    static const struct {
+        int64_t n, w;
+        nsa_compress_mode compress;
+        int training;
+        const char *want;
+    } cases[] = {
+        {4, 32, NSA_COMPRESS_MEAN, 1, "compress bwd_cmp_attn bwd_compress bwd_slc_attn bwd_win_attn bwd_store"},
+        {0, 0, NSA_COMPRESS_MEAN, 1, "compress bwd_cmp_attn bwd_compress bwd_store"},
+        {4, 0, NSA_COMPRESS_EXTERNAL, 1, "compress bwd_cmp_attn bwd_slc_attn bwd_store"},
+        {4, 32, NSA_COMPRESS_MEAN, 0, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        nsa_config cfg;
+        nsa_config_init(&cfg);
+        cfg.num_q_heads = 4;
+        cfg.num_kv_heads = 2;
+        cfg.head_dim_qk = 32;
+        cfg.head_dim_v = 16;
+        cfg.cmp_block = 16;
+        cfg.cmp_stride = 8;
+        cfg.slc_block = 16;
+        cfg.num_selected = cases[i].n;
+        cfg.num_init = cases[i].n ? 1 : 0;
+        cfg.num_local = cases[i].n ? 1 : 0;
+        cfg.window = cases[i].w;
+        cfg.compress = cases[i].compress;
+        cfg.flags = cases[i].training ? NSA_CONFIG_TRAINING : 0;
+        const int64_t cu[3] = {0, 100, 170};
+        nsa_plan *p = NULL;
+        nsa_status s = nsa_plan_create(g_ctx, &cfg, cu, 2, &p);
+        if (s == NSA_ERR_UNSUPPORTED) continue; /* a configuration this backend lacks */
+        ck_assert_msg(s == NSA_SUCCESS, "case %zu: nsa_plan_create: %s", i, nsa_last_error());
+        nsa_plan_info info;
+        ck_assert_int_eq(nsa_plan_get_info(p, &info), NSA_SUCCESS);
+        ck_assert_str_eq(info.bwd_stages, cases[i].want);
+        int words = 0;
+        for (const char *q = cases[i].want; *q; q++) words += (q == cases[i].want || q[-1] == ' ') && *q != ' ';
+        ck_assert_int_eq(info.num_bwd_stages, words);
+        const char *q = info.bwd_stages;
+        for (int k = 0; k < info.num_bwd_stages; k++) {
+            char name[NSA_NAME_MAX];
+            ck_assert_msg(nsa_plan_stage_kernel(p, info.num_stages + k, name, sizeof name) == NSA_SUCCESS,
+                          "case %zu, backward stage %d: %s", i, k, nsa_last_error());
+            ck_assert_msg(name[0] != '\0', "case %zu, backward stage %d: empty kernel name", i, k);
+            const size_t len = strcspn(q, " ");
+            /* backends without a choice report the stage's name; cuda's backward kernels start with it */
+            if (strcmp(g_backend, "cuda") != 0)
+                ck_assert_msg(strlen(name) == len && strncmp(name, q, len) == 0, "case %zu: stage %.*s reports %s",
+                              i, (int)len, q, name);
+            q += len;
+            while (*q == ' ') q++;
+        }
+        char name[8];
+        ck_assert_int_eq(nsa_plan_stage_kernel(p, info.num_stages + info.num_bwd_stages, name, sizeof name),
+                         NSA_ERR_INVALID_VALUE);
+        ck_assert_ptr_nonnull(strstr(nsa_last_error(), "backward"));
+        ck_assert_int_eq(nsa_plan_stage_kernel(p, -1, name, sizeof name), NSA_ERR_INVALID_VALUE);
+        nsa_plan_destroy(p);
+    }
+}
+END_TEST
+
 /* Is name one of the comma-separated items of g_modes? */
 static int has_mode(const char *name)
 {
@@ -225,6 +293,7 @@ int main(int argc, char **argv)
     if (has_mode("f16")) tcase_add_test(tc, test_f16);
     if (has_mode("bf16")) tcase_add_test(tc, test_bf16);
     tcase_add_test(tc, test_threads);
+    tcase_add_test(tc, test_stage_kernels);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_NOFORK);

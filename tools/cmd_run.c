@@ -74,8 +74,10 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  [T,Hkv,n] (<i4, n > 0); with --backward also the gradients (<f4): dq, dk and dv\n"
             "  (one k/v for every branch) or dk_cmp dk_slc dk_win / dv_*, dg_cmp dg_slc dg_win,\n"
             "  dw_k dw_v dpe_k dpe_v (LINEAR), dkc dvc (EXTERNAL).\n"
-            "--backward runs the backward pass too (a training plan) from the forward's LSEs\n"
-            "  and selection and dO: --inputs DIR/do.npy [T,Hq,Dv], else drawn from the seed.\n"
+            "--backward runs the backward pass too (a training plan, made after the forward's\n"
+            "  is freed; its workspace, plan memory and backward kernels are printed) from the\n"
+            "  forward's LSEs and selection and dO: --inputs DIR/do.npy [T,Hq,Dv], else drawn\n"
+            "  from the seed.\n"
             "  Its check compares every gradient of the whole problem (no causal prefix\n"
             "  exists for gradients) with the cpu backend, or on cpu with the tests' fp64\n"
             "  gradient reference, when that fits the --check-gflop budget.\n\n"
@@ -341,6 +343,8 @@ int cmd_run(int argc, char **argv)
             json_num(stdout, bw.seconds);
             printf(", \"workspace_bytes\": %llu, \"backend_bytes\": %llu", (unsigned long long)bw.g.workspace_bytes,
                    (unsigned long long)bw.g.backend_bytes);
+            printf(", \"kernels\": ");
+            json_str(stdout, bw.g.bwd_kernels);
             printf(", \"checked\": %s", bw.checked ? "true" : "false");
             if (bw.checked) {
                 printf(", \"reference\": ");
@@ -420,6 +424,7 @@ int cmd_run(int argc, char **argv)
             printf("         training plan: workspace %s, plan memory %s\n",
                    tool_bytes((double)bw.g.workspace_bytes, w1, sizeof w1),
                    tool_bytes((double)bw.g.backend_bytes, w2, sizeof w2));
+            printf("         kernels: %s\n", bw.g.bwd_kernels);
             if (bw.checked)
                 printf("         vs %s (%.2f s): %lld gradient elements, max err / tolerance = %.3g: %s "
                        "(|err| <= %g max(rms(ref), 0.1 rms(dO)) + %g |ref|)\n",

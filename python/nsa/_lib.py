@@ -82,6 +82,7 @@ class PlanInfo(ctypes.Structure):
         ("max_cmp_blocks", c_int64), ("max_slc_blocks", c_int64), ("workspace_bytes", ctypes.c_size_t),
         ("num_stages", ctypes.c_int), ("stages", ctypes.c_char * 256),
         ("backend_bytes", ctypes.c_size_t),  # libnsa 0.3: zero from a library that lacks it
+        ("num_bwd_stages", ctypes.c_int), ("bwd_stages", ctypes.c_char * 128),  # libnsa 0.3, the same
     ]
 
 

@@ -127,6 +127,19 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
     if (nsa_plan_get_info(plan, &pi) == NSA_SUCCESS) {
         out->workspace_bytes = pi.workspace_bytes;
         out->backend_bytes = pi.backend_bytes;
+        size_t used = 0;
+        const char *p = pi.bwd_stages;
+        for (int i = 0; i < pi.num_bwd_stages; i++) {
+            while (*p == ' ') p++;
+            const size_t len = strcspn(p, " ");
+            char kern[NSA_NAME_MAX];
+            if (nsa_plan_stage_kernel(plan, pi.num_stages + i, kern, sizeof kern) != NSA_SUCCESS)
+                snprintf(kern, sizeof kern, "?");
+            const size_t room = sizeof out->bwd_kernels - used;
+            const int n = snprintf(out->bwd_kernels + used, room, "%s%.*s %s", i ? "; " : "", (int)len, p, kern);
+            if (n > 0) used += (size_t)n < room ? (size_t)n : room - 1;
+            p += len;
+        }
     }
 
     nsa_backward_args a;

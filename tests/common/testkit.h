@@ -263,6 +263,7 @@ typedef struct tk_grads {
     size_t raw_bytes[TK_G_COUNT];
     int shared;
     size_t workspace_bytes, backend_bytes; /* the training plan's (nsa_plan_info) */
+    char bwd_kernels[640]; /* its backward stages' kernels, "stage kernel" pairs, "; " separated */
 } tk_grads;
 
 /* 1 when the branches that read k / v (EXTERNAL: not cmp) share one tensor
