@@ -70,6 +70,34 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     plan->backend_plan = NULL;
 }
 
+/* Tiles of qt tokens of one sequence in token order: (first token, tokens,
+ * sequence) triples. Throws std::bad_alloc (the callers catch it). */
+static void token_tiles(const nsa_bk_plan *plan, int64_t qt, std::vector<int64_t> &t)
+{
+    for (int64_t b = 0; b < plan->batch; b++) {
+        const int64_t s0 = plan->cu_seqlens[b], len = plan->cu_seqlens[b + 1] - s0;
+        for (int64_t lt = 0; lt < len; lt += qt) {
+            t.push_back(s0 + lt);
+            t.push_back(std::min<int64_t>(qt, len - lt));
+            t.push_back(b);
+        }
+    }
+}
+
+/* tiles [off, off + count) of t into the same places of out, heavy (late in
+ * their sequence) first, ties in token order. Throws std::bad_alloc. */
+static void heavy_first(const nsa_bk_plan *plan, const std::vector<int64_t> &t, int64_t off, int64_t count,
+                        std::vector<int64_t> &out)
+{
+    std::vector<int64_t> order(count);
+    for (int64_t i = 0; i < count; i++) order[i] = off + i;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return t[3 * a] - plan->cu_seqlens[t[3 * a + 2]] > t[3 * b] - plan->cu_seqlens[t[3 * b + 2]];
+    });
+    for (int64_t i = 0; i < count; i++)
+        for (int k = 0; k < 3; k++) out[3 * (off + i) + k] = t[3 * order[i] + k];
+}
+
 /* Tiles of qt tokens x hc heads (`rows` rows: the forward's 128, the
  * backward's 64), heavy (late) tiles first: a host list (token, count,
  * sequence) uploaded once to *dev. */
@@ -80,26 +108,13 @@ static nsa_status make_tiles(const nsa_bk_plan *plan, int rows, Tiles *out, int6
     const int hc = (int)(G < rows ? G : rows), qt = rows / hc;
     std::vector<int64_t> t, sorted;
     try {
-        for (int64_t b = 0; b < plan->batch; b++) {
-            const int64_t s0 = plan->cu_seqlens[b], len = plan->cu_seqlens[b + 1] - s0;
-            for (int64_t lt = 0; lt < len; lt += qt) {
-                t.push_back(s0 + lt);
-                t.push_back(std::min<int64_t>(qt, len - lt));
-                t.push_back(b);
-            }
-        }
+        token_tiles(plan, qt, t);
         sorted.resize(t.size());
+        heavy_first(plan, t, 0, (int64_t)t.size() / 3, sorted);
     } catch (...) {
         return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory for the tile list");
     }
     const int64_t count = (int64_t)t.size() / 3;
-    std::vector<int64_t> order(count);
-    for (int64_t i = 0; i < count; i++) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-        return t[3 * a] - plan->cu_seqlens[t[3 * a + 2]] > t[3 * b] - plan->cu_seqlens[t[3 * b + 2]];
-    });
-    for (int64_t i = 0; i < count; i++)
-        for (int k = 0; k < 3; k++) sorted[3 * i + k] = t[3 * order[i] + k];
     if (count > 0) {
         CU(palloc(acc, dev, sorted.size() * sizeof(int64_t)), "plan_prepare (tile list)");
         CU(cudaMemcpy(*dev, sorted.data(), sorted.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
@@ -129,41 +144,29 @@ static nsa_status make_score_rows(const nsa_bk_plan *plan, CudaPlan *p, int64_t 
     if (row_bytes > 1e12)
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: score rows of %.3g bytes per token", row_bytes);
     const int64_t rb = (int64_t)row_bytes;
-    int64_t span = qt > 0 ? std::max<int64_t>(budget / rb / qt * qt, qt) : T;
+    const int64_t span = qt > 0 ? std::max<int64_t>(budget / rb / qt * qt, qt) : T;
     if (span >= T) { /* one pass over p->tiles (or the untiled kernels' own walk) */
         CU(palloc(&p->bytes, &p->sc_rows, (size_t)T * (size_t)rb), "plan_prepare (score rows)");
         return NSA_SUCCESS;
     }
     std::vector<int64_t> t, sorted;
     std::vector<ScoreChunk> ch;
+    int64_t rows = 0;
     try {
-        for (int64_t b = 0; b < plan->batch; b++) {
-            const int64_t s0 = plan->cu_seqlens[b], len = plan->cu_seqlens[b + 1] - s0;
-            for (int64_t lt = 0; lt < len; lt += qt) {
-                const int64_t n = std::min<int64_t>(qt, len - lt), t0 = s0 + lt;
-                if (ch.empty() || t0 + n - ch.back().t0 > span)
-                    ch.push_back(ScoreChunk{(int64_t)t.size() / 3, 0, t0, t0});
-                ch.back().count++;
-                ch.back().t1 = t0 + n;
-                t.push_back(t0);
-                t.push_back(n);
-                t.push_back(b);
-            }
+        token_tiles(plan, qt, t);
+        for (int64_t i = 0; 3 * i < (int64_t)t.size(); i++) {
+            const int64_t t0 = t[3 * i], n = t[3 * i + 1];
+            if (ch.empty() || t0 + n - ch.back().t0 > span) ch.push_back(ScoreChunk{i, 0, t0, t0});
+            ch.back().count++;
+            ch.back().t1 = t0 + n;
         }
         sorted.resize(t.size());
+        for (const ScoreChunk &c : ch) {
+            heavy_first(plan, t, c.off, c.count, sorted);
+            rows = std::max(rows, c.t1 - c.t0);
+        }
     } catch (...) {
         return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory for the score chunks");
-    }
-    int64_t rows = 0;
-    for (const ScoreChunk &c : ch) {
-        std::vector<int64_t> order(c.count);
-        for (int64_t i = 0; i < c.count; i++) order[i] = c.off + i;
-        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-            return t[3 * a] - plan->cu_seqlens[t[3 * a + 2]] > t[3 * b] - plan->cu_seqlens[t[3 * b + 2]];
-        });
-        for (int64_t i = 0; i < c.count; i++)
-            for (int k = 0; k < 3; k++) sorted[3 * (c.off + i) + k] = t[3 * order[i] + k];
-        rows = std::max(rows, c.t1 - c.t0);
     }
     p->sc_chunks = (ScoreChunk *)malloc(ch.size() * sizeof(ScoreChunk));
     if (!p->sc_chunks) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory for the score chunks");
