@@ -139,6 +139,10 @@ bench=(bench --backend cpu --T 64,128 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 
 expect "bench --backward times the backward" 0 "^ +bwd +[0-9.]+ " -- "$nsa" "${bench[@]}" --backward
 expect "run --backward reports the training plan's memory" 0 '"backward": \{"dout": "seed", "seconds": [0-9.e-]+, "workspace_bytes": [1-9][0-9]*, "backend_bytes": [0-9]+' -- \
   "$nsa" run --backend cpu --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --backward --json
+expect "run --backward names the backward's kernels" 0 '"kernels": \{"compress": "[^"]+", "bwd_cmp_attn": "[^"]+", "bwd_compress": "[^"]+", "bwd_slc_attn": "[^"]+", "bwd_win_attn": "[^"]+", "bwd_store": "[^"]+"\}' -- \
+  "$nsa" run --backend cpu --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --backward --json
+expect "info --kernels --backward lists both passes" 0 '"cpu": \{"forward": \{"compress": "compress", .*"combine": "combine"\}, "backward": \{"compress": "compress", "bwd_cmp_attn": "bwd_cmp_attn", .*"bwd_store": "bwd_store"\}\}' -- \
+  env NSA_BACKEND=cpu "$nsa" info --kernels --backward --T 512 --json
 expect "bench times the first plan" 0 "^first: +plan [0-9.]+ ms" -- "$nsa" "${bench[@]}"
 expect "bench --json has the first plan" 0 '"first_plan_s": [0-9.e-]+, "first_plan_log": \["plan on cpu' -- \
   "$nsa" "${bench[@]}" --json

@@ -25,7 +25,7 @@ static const char *const env_vars[] = {"NSA_BACKEND",      "NSA_DEVICE",      "N
 static void usage(FILE *f, const args_opt *opts, int n)
 {
     fprintf(f,
-            "usage: nsa info [--json] [--kernels [--T N] [--dqk N] [--dv N] [--hq N] [--hkv N]]\n\n"
+            "usage: nsa info [--json] [--kernels [--backward] [--T N] [--dqk N] [--dv N] [--hq N] [--hkv N]]\n\n"
             "Prints the library version, each backend libnsa knows of (available, or why\n"
             "not; where it was loaded from; its devices) and the environment variables\n"
             "NSA_BACKEND, NSA_DEVICE, NSA_BACKEND_PATH, NSA_CACHE_DIR, NSA_CPU_THREADS, NSA_LOG, NSA_CUDA_TARGET,\n"
@@ -33,17 +33,20 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "--kernels: on device 0 of every available backend, plans one sequence of T\n"
             "tokens (default 65536) of the paper's configuration in bf16 (Hq 64, Hkv 4,\n"
             "Dqk 192, Dv 128 unless given) and prints the kernel each stage would run, as\n"
-            "the backend chose it for that device and shape (no data is allocated).\n\n"
+            "the backend chose it for that device and shape (no data is allocated).\n"
+            "--backward makes it a training plan and lists the backward's stages and\n"
+            "kernels after the forward's (JSON: {\"forward\": ..., \"backward\": ...}).\n\n"
             "flags:\n");
     args_print_options(f, opts, n);
 }
 
 /* --kernels: a plan of the sample shape on device 0 of each available backend */
 static int print_kernels(const nsa_backend_info *infos, int count, int json, int64_t T, int64_t dqk, int64_t dv,
-                         int64_t hq, int64_t hkv)
+                         int64_t hq, int64_t hkv, int backward)
 {
     nsa_config cfg;
     nsa_config_init(&cfg);
+    if (backward) cfg.flags |= NSA_CONFIG_TRAINING;
     cfg.head_dim_qk = dqk;
     cfg.head_dim_v = dv;
     cfg.num_q_heads = hq;
@@ -84,8 +87,14 @@ static int print_kernels(const nsa_backend_info *infos, int count, int json, int
                 printf("           %s\n", err);
             }
             rc = TOOL_EXIT_FAIL;
-        } else {
+        } else if (!backward) {
             tool_print_kernels(stdout, plan, json);
+        } else {
+            static char text[TOOL_KERNELS_MAX];
+            tool_format_stage_kernels(text, sizeof text, plan, json, 0);
+            printf(json ? "{\"forward\": %s" : "%s", text);
+            tool_format_stage_kernels(text, sizeof text, plan, json, 1);
+            printf(json ? ", \"backward\": %s}" : "         backward (training plan):\n%s", text);
         }
         nsa_plan_destroy(plan);
         nsa_context_destroy(ctx);
@@ -97,11 +106,12 @@ static int print_kernels(const nsa_backend_info *infos, int count, int json, int
 
 int cmd_info(int argc, char **argv)
 {
-    int json = 0, kernels = 0;
+    int json = 0, kernels = 0, backward = 0;
     int64_t T = 65536, dqk = 192, dv = 128, hq = 64, hkv = 4;
     args_opt opts[] = {
         {"--json", ARGS_FLAG, &json, NULL, NULL, "print one JSON object", 0},
         {"--kernels", ARGS_FLAG, &kernels, NULL, NULL, "the kernel of every stage for a sample plan", 0},
+        {"--backward", ARGS_FLAG, &backward, NULL, NULL, "a training plan: the backward's kernels too (--kernels)", 0},
         {"--T", ARGS_INT64, &T, "N", NULL, "tokens of the sample plan (--kernels)", 0},
         {"--dqk", ARGS_INT64, &dqk, "N", NULL, "its head dim of q and k", 0},
         {"--dv", ARGS_INT64, &dv, "N", NULL, "its head dim of v", 0},
@@ -200,7 +210,7 @@ int cmd_info(int argc, char **argv)
     if (json)
         printf("}");
     if (kernels)
-        rc_k = print_kernels(infos, count, json, T, dqk, dv, hq, hkv);
+        rc_k = print_kernels(infos, count, json, T, dqk, dv, hq, hkv, backward);
     if (json)
         printf("}\n");
     free(infos);

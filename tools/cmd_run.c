@@ -343,8 +343,14 @@ int cmd_run(int argc, char **argv)
             json_num(stdout, bw.seconds);
             printf(", \"workspace_bytes\": %llu, \"backend_bytes\": %llu", (unsigned long long)bw.g.workspace_bytes,
                    (unsigned long long)bw.g.backend_bytes);
-            printf(", \"kernels\": ");
-            json_str(stdout, bw.g.bwd_kernels);
+            printf(", \"kernels\": {");
+            for (int i = 0; i < bw.g.num_bwd; i++) {
+                printf("%s", i ? ", " : "");
+                json_str(stdout, bw.g.bwd_stage[i]);
+                printf(": ");
+                json_str(stdout, bw.g.bwd_kernel[i]);
+            }
+            printf("}");
             printf(", \"checked\": %s", bw.checked ? "true" : "false");
             if (bw.checked) {
                 printf(", \"reference\": ");
@@ -424,7 +430,8 @@ int cmd_run(int argc, char **argv)
             printf("         training plan: workspace %s, plan memory %s\n",
                    tool_bytes((double)bw.g.workspace_bytes, w1, sizeof w1),
                    tool_bytes((double)bw.g.backend_bytes, w2, sizeof w2));
-            printf("         kernels: %s\n", bw.g.bwd_kernels);
+            printf("         kernels:\n");
+            for (int i = 0; i < bw.g.num_bwd; i++) printf("           %-13s %s\n", bw.g.bwd_stage[i], bw.g.bwd_kernel[i]);
             if (bw.checked)
                 printf("         vs %s (%.2f s): %lld gradient elements, max err / tolerance = %.3g: %s "
                        "(|err| <= %g max(rms(ref), 0.1 rms(dO)) + %g |ref|)\n",

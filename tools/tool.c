@@ -147,6 +147,11 @@ static void append_json(char *buf, size_t size, size_t *len, const char *s)
 
 void tool_format_kernels(char *buf, size_t size, const nsa_plan *plan, int json)
 {
+    tool_format_stage_kernels(buf, size, plan, json, 0);
+}
+
+void tool_format_stage_kernels(char *buf, size_t size, const nsa_plan *plan, int json, int backward)
+{
     size_t len = 0;
     if (size == 0) return;
     buf[0] = 0;
@@ -155,15 +160,16 @@ void tool_format_kernels(char *buf, size_t size, const nsa_plan *plan, int json)
         if (json) append(buf, size, &len, "{}");
         return;
     }
-    const char *p = info.stages;
+    const char *p = backward ? info.bwd_stages : info.stages;
+    const int first = backward ? info.num_stages : 0, count = backward ? info.num_bwd_stages : info.num_stages;
     if (json) append(buf, size, &len, "{");
-    for (int i = 0; i < info.num_stages; i++) {
+    for (int i = 0; i < count; i++) {
         while (*p == ' ') p++;
         size_t n = strcspn(p, " ");
         char stage[64], kernel[NSA_NAME_MAX];
         snprintf(stage, sizeof stage, "%.*s", (int)(n < sizeof stage ? n : sizeof stage - 1), p);
         p += n;
-        nsa_status s = nsa_plan_stage_kernel(plan, i, kernel, sizeof kernel);
+        nsa_status s = nsa_plan_stage_kernel(plan, first + i, kernel, sizeof kernel);
         if (s != NSA_SUCCESS) snprintf(kernel, sizeof kernel, "(%s)", nsa_status_string(s));
         if (json) {
             append(buf, size, &len, "%s", i ? ", " : "");

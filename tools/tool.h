@@ -62,6 +62,8 @@ void tool_print_kernels(FILE *f, const nsa_plan *plan, int json);
  * stages' names at NSA_NAME_MAX), for a caller that frees the plan first. */
 #define TOOL_KERNELS_MAX (16 * (NSA_NAME_MAX + 96) + 8)
 void tool_format_kernels(char *buf, size_t size, const nsa_plan *plan, int json);
+/* backward != 0: the backward's stages of a training plan instead (bwd_stages) */
+void tool_format_stage_kernels(char *buf, size_t size, const nsa_plan *plan, int json, int backward);
 
 /* Median of n values (sorts v in place); NaN for n = 0. */
 double tool_median(double *v, int n);

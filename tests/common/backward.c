@@ -127,17 +127,15 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
     if (nsa_plan_get_info(plan, &pi) == NSA_SUCCESS) {
         out->workspace_bytes = pi.workspace_bytes;
         out->backend_bytes = pi.backend_bytes;
-        size_t used = 0;
         const char *p = pi.bwd_stages;
-        for (int i = 0; i < pi.num_bwd_stages; i++) {
+        for (int i = 0; i < pi.num_bwd_stages && i < 8; i++) {
             while (*p == ' ') p++;
             const size_t len = strcspn(p, " ");
-            char kern[NSA_NAME_MAX];
-            if (nsa_plan_stage_kernel(plan, pi.num_stages + i, kern, sizeof kern) != NSA_SUCCESS)
-                snprintf(kern, sizeof kern, "?");
-            const size_t room = sizeof out->bwd_kernels - used;
-            const int n = snprintf(out->bwd_kernels + used, room, "%s%.*s %s", i ? "; " : "", (int)len, p, kern);
-            if (n > 0) used += (size_t)n < room ? (size_t)n : room - 1;
+            snprintf(out->bwd_stage[i], sizeof out->bwd_stage[i], "%.*s", (int)len, p);
+            if (nsa_plan_stage_kernel(plan, pi.num_stages + i, out->bwd_kernel[i], sizeof out->bwd_kernel[i]) !=
+                NSA_SUCCESS)
+                snprintf(out->bwd_kernel[i], sizeof out->bwd_kernel[i], "(%s)", nsa_last_error());
+            out->num_bwd = i + 1;
             p += len;
         }
     }

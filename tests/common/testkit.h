@@ -263,7 +263,9 @@ typedef struct tk_grads {
     size_t raw_bytes[TK_G_COUNT];
     int shared;
     size_t workspace_bytes, backend_bytes; /* the training plan's (nsa_plan_info) */
-    char bwd_kernels[640]; /* its backward stages' kernels, "stage kernel" pairs, "; " separated */
+    int num_bwd;                       /* its backward stages (nsa_plan_info.bwd_stages) */
+    char bwd_stage[8][24];             /* their names */
+    char bwd_kernel[8][NSA_NAME_MAX];  /* and kernels (nsa_plan_stage_kernel) */
 } tk_grads;
 
 /* 1 when the branches that read k / v (EXTERNAL: not cmp) share one tensor
