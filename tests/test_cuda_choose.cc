@@ -83,7 +83,7 @@ static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &
     case K_ATTN_SM80: return attn_sm80_smem(ch.dqkp, ch.dvp, c.attn.bn);
     case K_ATTN_SM90: return attn_sm90_smem(ch.dqkp, ch.dvp, c.attn.bn);
     case K_SCORES_SM80: return scores_sm80_smem(ch.dqkp, c.scores.bn) + rows;
-    case K_SCORES_SM80_G16: return scores_sm80_g16_smem(ch.dqkp, c.scores.bn, c.scores.nb) + rows;
+    case K_SCORES_SM80_G16: return scores_sm80_g16_smem(ch.dqkp, c.scores.bn, c.scores.nb, rows);
     case K_SCORES_SM90_G16: return scores_sm90_g16_smem(ch.dqkp, c.scores.nb) + rows;
     case K_SLC_SM80: return slc_sm80_smem(ch.dqkp, ch.dvp, cfg.num_selected, cfg.slc_block);
     case K_SLC_SM80_G16: return slc_sm80_g16_smem(ch.dqkp, ch.dvp, c.slc.panel, c.slc.ns);
@@ -192,7 +192,8 @@ static void check_paper_shape()
     expect(CLS_SM86, d192, 1024, NSA_STAGE_BWD_SLC_ATTN, "bwd_attn_sm80[rows16,bn16,keys64x32]");
     expect(CLS_SM80, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn32,2cta,r32]");
     expect(CLS_SM80, d192, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn16,2cta,r32]"); /* bn32: 92 KB, one CTA */
-    expect(CLS_SM80, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,1buf,rows:smem]+topn:fused");
+    /* Q in registers, the K tiles in its place: two CTAs of 66 KB (D 128) / 57 KB (Dqk 192) */
+    expect(CLS_SM80, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn64,2buf,rows:smem]+topn:fused");
     expect(CLS_SM80, d192, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,2buf,rows:smem]+topn:fused");
     expect(CLS_SM80, d128, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,2buf]"); /* three: 192 KB */
     expect(CLS_SM80, d128, 1024, NSA_STAGE_WIN_ATTN, "attn_sm80[bn32,2cta]");
@@ -201,7 +202,7 @@ static void check_paper_shape()
     expect(CLS_SM86, d192, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,1buf]"); /* two: 160 KB */
     expect(CLS_SM80, d192, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,1buf]"); /* two: 160 KB + static > 163 */
     expect(CLS_SM86, d128, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,1buf]");
-    expect(CLS_SM86, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,2buf,rows:smem]+topn:fused");
+    expect(CLS_SM86, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,1buf,rows:smem]+topn:fused"); /* two CTAs */
     /* G = 4 (Llama-3-8B's 32 / 8) */
     const nsa_config g4 = config(32, 8, 128, 128, NSA_DTYPE_BF16);
     expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80");

@@ -5,8 +5,10 @@
  *
  * CTA = 128 query rows (tile_qk.cuh: tokens x heads of one KV group, head
  * fastest): 8 warps of 16 rows, or 4 warps of 32 (two 16-row blocks). The
- * CTA walks the union of its rows' visible key ranges in tiles of BN keys, K/V double-buffered in shared
- * memory with cp.async; per tile each warp computes S = Q K^T (mma.sync
+ * CTA walks the union of its rows' visible key ranges in tiles of BN keys, K/V
+ * double-buffered in shared memory with cp.async, one CTA barrier per tile (the
+ * fetch of tile kt + 1 is issued after it, into the buffer tile kt - 1 left);
+ * per tile each warp computes S = Q K^T (mma.sync
  * m16n8k16, fp32 accumulation), masks keys outside its rows' ranges, does the
  * online-softmax update in fp32 (exp2 with the scale folded in) and adds
  * P V with P taken straight from the accumulator registers (rounded to the
@@ -88,10 +90,13 @@ __global__ void __launch_bounds__(TC_THREADS / RW, MINB)
     for (int h = 0; h < RW; h++) warp_state_init(oacc[h], m[h], ls[h]);
 
     for (int64_t kt = 0; kt < nkt; kt++) {
+        /* tile kt has landed, and every warp is done with tile kt - 1, whose
+         * buffer the fetch of tile kt + 1 (overlapping this tile's work) reuses:
+         * one CTA barrier per tile */
+        cp_async_wait<0>();
+        __syncthreads();
         if (kt + 1 < nkt) load_kv(kt + 1, (int)((kt + 1) & 1));
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
         const int buf = (int)(kt & 1);
         const int64_t ks = klo + kt * BN;
         bool touch = false;
@@ -114,7 +119,6 @@ __global__ void __launch_bounds__(TC_THREADS / RW, MINB)
             if constexpr (RW == 1) warp_pv<T, DV, BN / 16, SV>(oacc[0], s[0], sV + buf * BN * SV, 0, lane);
             else warp_pv_rw<T, DV, BN / 16, SV, RW>(oacc, s, sV + buf * BN * SV, lane);
         }
-        __syncthreads();
     }
 
 #pragma unroll

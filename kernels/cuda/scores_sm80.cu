@@ -22,25 +22,62 @@
  *       heads: the group sum is done by shuffles straight from the
  *       accumulators, the warp maps its own row, so the K-tile loop has one
  *       CTA barrier (the double buffer; two with one K buffer); no
- *       probability tile, Q fragments re-read from shared memory, registers
- *       capped at 128: two CTAs per SM.
+ *       probability tile, registers capped at 128: two CTAs per SM. Up to
+ *       Dqk 192 the warp's Q fragments live in registers and the Q tile is
+ *       only their staging area: the K tiles (in 128-byte-swizzled panels
+ *       where Dqk is a multiple of 64), the group sums and the score rows
+ *       take its place, so two CTAs of 64-key tiles with two buffers fit the
+ *       A100's 164 KB at D 128 (the Q tile re-read per K tile had left room
+ *       for one 32-key buffer). There the product is transposed, S^T = K Q^T
+ *       (keys as MMA rows, the 16 heads as two 8-column blocks), so a key's
+ *       group sum is 4 values in a thread and 2 shuffles within its quad
+ *       (16 shuffles per 64-key tile instead of 48).
  *   general (scores_sm80): the probabilities go to a shared tile [128][BN+4],
  *       a CTA-wide column sum over each token's heads, then the map; three
  *       barriers per tile.
  * Tiles: tiles.h (pick_scores_sm80).
  */
+#include <type_traits>
+
 #include "tile_qk.cuh"
 #include "scores_map.cuh"
 #include "topn.cuh"
 
 namespace nsa_cuda {
 
+/* s[mb][nb] += K Q^T for keys mb*16 .. mb*16 + 15 of the K tile (layout L)
+ * and heads nb*8 .. nb*8 + 7 of the warp's token: accumulator element e of
+ * s[mb][nb] is key mb*16 + lane/4 + 8 (e/2), head nb*8 + 2 (lane%4) + e%2.
+ * qb: Q as the B operand, from the row-major Q tile (q_frags_b). */
+template <typename T, int DQK, int MB, typename L>
+NSA_DEV void warp_kqt(float (&s)[MB][2][4], const uint32_t (&qb)[DQK / 16][4], const T *sK, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; kk++)
+#pragma unroll
+        for (int mb = 0; mb < MB; mb++) {
+            uint32_t a[4];
+            ldsm_x4(a, sK + L::off(mb * 16 + (lane & 15), kk * 16 + ((lane >> 4) << 3)));
+            Mma<T>::run(s[mb][0], a, qb[kk][0], qb[kk][1]);
+            Mma<T>::run(s[mb][1], a, qb[kk][2], qb[kk][3]);
+        }
+}
+/* The warp's 16 Q rows (stride SQ) as warp_kqt's B fragments: per k-step,
+ * heads 0-7 dims 0-7 and 8-15, then heads 8-15 (the K-tile pattern of warp_qk_l). */
+template <int SQ, int NK> NSA_DEV void q_frags_b(uint32_t (&qb)[NK][4], const void *sQw, int lane)
+{
+    const unsigned short *p = (const unsigned short *)sQw;
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++)
+        ldsm_x4(qb[kk], p + ((lane & 7) + ((lane >> 4) << 3)) * SQ + kk * 16 + (((lane >> 3) & 1) << 3));
+}
+
 /* FUSED (SCORES_TOPN): the score rows stay in shared memory (accw > 0 is
  * required) and each warp then ranks one token's row (warp_select_row, the
  * same keys as topn_kernel) and writes its n indices; sc is not touched. */
 /* NB: K tile buffers, 2 or (G16 only) 1: a CTA then waits for its own fetch
- * while the other CTA on the SM computes (the A100's 164 KB per SM fits two
- * CTAs only so, tiles.h). */
+ * while the other CTA on the SM computes (the sm86 class's 100 KB per SM fits
+ * two CTAs only so, tiles.h). */
 template <typename T, int DQK, int BN, bool FUSED, bool G16, int NB = 2>
 __global__ void __launch_bounds__(TC_THREADS, G16 ? 2 : 1)
     scores_sm80_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
@@ -49,14 +86,22 @@ __global__ void __launch_bounds__(TC_THREADS, G16 ? 2 : 1)
                      int *idx, int64_t ist, int64_t ish)
 {
     constexpr int BM = TC_BM, NT = TC_THREADS;
-    constexpr int SQ = DQK + 8, SP = BN + 4; /* SQ: row stride of the Q / K tiles */
-    constexpr bool QREG = !G16 && DQK <= 192;
+    constexpr int SQ = DQK + 8, SP = BN + 4; /* SQ: row stride of the Q tile (and of padded K tiles) */
+    /* QREG: the Q fragments in registers. ALIAS (G16): the Q tile is only
+     * their staging area, the K tiles, sums and rows take its place after */
+    constexpr bool QREG = G16 ? scores_g16_qreg(DQK) : DQK <= 192;
+    constexpr bool ALIAS = G16 && QREG, PANEL = G16 && scores_g16_panel(DQK);
+    constexpr bool TRANS = ALIAS; /* S^T = K Q^T (warp_kqt) */
+    using KL = typename std::conditional<PANEL, PanelTile<(PANEL ? DQK : 64), BN>, PadTile<SQ, BN>>::type;
+    constexpr int KT = KL::elems; /* elements of one K tile */
     static_assert(NB == 2 || (NB == 1 && G16), "one K buffer in the G16 loop only");
-    static_assert(NB * BN * SQ * 2 >= (TC_THREADS / 32) * TOPN_CAND * 8, "the ranking's scratch fits the K tiles");
+    static_assert(NB * KT * 2 >= (TC_THREADS / 32) * TOPN_CAND * 8, "the ranking's scratch fits the K tiles");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T *sQ = (T *)smem_raw;
-    T *sK = sQ + BM * SQ;                     /* [NB][BN][SQ] keys */
-    float *sP = (float *)(sK + NB * BN * SQ); /* [BM][SP] probabilities (not G16) */
+    /* panels start on a 128-byte boundary (tiles.h counts the 128 bytes for every G16 layout) */
+    unsigned char *base = G16 ? smem_raw + ((128 - (smem_u32(smem_raw) & 127)) & 127) : smem_raw;
+    T *sQ = (T *)base;
+    T *sK = ALIAS ? sQ : sQ + BM * SQ;        /* [NB][KT] keys */
+    float *sP = (float *)(sK + NB * KT);      /* [BM][SP] probabilities (not G16) */
     float *sC = sP + (G16 ? 0 : BM * SP);    /* [tokens][BN] group sums */
     float *sAcc = sC + (G16 ? BM / 16 : BM) * BN; /* [tokens][accw] score rows (accw > 0) */
     __shared__ int64_t sNc[TC_BM];            /* nc(t) of the tile's tokens */
@@ -74,12 +119,22 @@ __global__ void __launch_bounds__(TC_THREADS, G16 ? 2 : 1)
     };
     load_tile<T, BM, DQK, SQ, NT>(sQ, q, g.Dqk, qvec, qrow);
     cp_async_commit();
+    const T *sQw = sQ + warp * 16 * SQ;
+    uint32_t qf[QREG ? DQK / 16 : 1][4];
+    if (ALIAS) { /* the fragments out of the staging area before the K tiles overwrite it */
+        cp_async_wait<0>();
+        __syncthreads();
+        q_frags_b<SQ>(qf, sQw, lane);
+        __syncthreads();
+    }
     const int64_t nkt = khi >= 0 ? (khi + BN) / BN : 0;
     auto load_k = [&](int64_t kt, int buf) {
         const int64_t ks = kt * BN;
         const int nv = (int)nsa_min64(BN, khi - ks + 1);
         /* packed rows: aligned, kst = Hkv * DQK (the launcher checks rs32_ok) */
-        load_rows_vec<T, BN, DQK, SQ, NT>(sK + buf * BN * SQ, kg + ks * kst, (int)kst, nv, DQK);
+        T *dst = sK + buf * KT;
+        load_rows_vec_to<T, BN, DQK, NT>([&](int r, int cc) { return dst + KL::off(r, cc * 8); }, kg + ks * kst,
+                                         (int)kst, nv, DQK);
     };
     if (nkt > 0) load_k(0, 0);
     cp_async_commit();
@@ -117,6 +172,14 @@ __global__ void __launch_bounds__(TC_THREADS, G16 ? 2 : 1)
     wmaxhi = warp_max64(wmaxhi);
     wminhi = warp_min64(wminhi);
     const bool warp_rows = warp * 16 < c.nrows;
+    /* TRANS: the lse of the thread's four heads, nb*8 + 2 (lane%4) + e (token `warp`) */
+    float lseh[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    if (TRANS && warp_rows)
+#pragma unroll
+        for (int nb = 0; nb < 2; nb++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                lseh[nb][e] = lse[(c.t0 + warp) * lst + (c.h0 + nb * 8 + 2 * (lane & 3) + e) * lsh] * NSA_LOG2E;
     /* G16: every token's score row is owned by its warp (group sum by
      * shuffles, overlap map by the warp's lanes), so one barrier per K tile
      * suffices (the double buffer) and warps overlap their phases */
@@ -140,11 +203,13 @@ __global__ void __launch_bounds__(TC_THREADS, G16 ? 2 : 1)
             scg[tok * sst + j] += acc;
     };
 
-    cp_async_wait<1>();
-    __syncthreads();
-    const T *sQw = sQ + warp * 16 * SQ;
-    uint32_t qf[QREG ? DQK / 16 : 1][4];
-    q_frags<SQ, QREG>(qf, sQw, lane);
+    if (!ALIAS) { /* Q has landed (K tile 0 may still be in flight) */
+        cp_async_wait<1>();
+        __syncthreads();
+        q_frags<SQ, QREG>(qf, sQw, lane);
+    }
+    /* ALIAS: the loop's first barrier orders the zeroed rows and the map
+     * table before their first use */
     const float sl = g.scale * NSA_LOG2E;
 
     for (int64_t kt = 0; kt < nkt; kt++) {
@@ -170,77 +235,110 @@ __global__ void __launch_bounds__(TC_THREADS, G16 ? 2 : 1)
         }
         const int buf = NB == 2 ? (int)(kt & 1) : 0;
         const int64_t ks = kt * BN;
-        float s[BN / 8][4];
+        if constexpr (TRANS) {
+            /* one token per warp: hi[0] is its last visible key */
+            float st[BN / 16][2][4];
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        if (warp_rows) {
-            if (ks <= wmaxhi) warp_qk<T, DQK, BN / 8, SQ, QREG>(s, qf, sQw, sK + buf * BN * SQ, 0, lane);
-            const bool full = ks + BN - 1 <= wminhi;
-            /* p = 2^(s*scale*log2e - lse*log2e); keys past the row's nc give 0 */
-            if (full) {
+            for (int mb = 0; mb < BN / 16; mb++)
 #pragma unroll
-                for (int j = 0; j < BN / 8; j++)
+                for (int nb = 0; nb < 2; nb++) st[mb][nb][0] = st[mb][nb][1] = st[mb][nb][2] = st[mb][nb][3] = 0.f;
+            if (warp_rows) {
+                if (ks <= hi[0]) warp_kqt<T, DQK, BN / 16, KL>(st, qf, sK + buf * KT, lane);
+                const int64_t lim = hi[0] - ks; /* keys past it give 0 */
 #pragma unroll
-                    for (int e = 0; e < 4; e++) s[j][e] = fast_ex2(fmaf(s[j][e], sl, -lse2[e >> 1]));
-            } else {
-                const int64_t lim0 = hi[0] - ks, lim1 = hi[1] - ks;
+                for (int mb = 0; mb < BN / 16; mb++)
 #pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int col = j * 8 + 2 * (lane & 3) + (e & 1);
-                        const float p = fast_ex2(fmaf(s[j][e], sl, -lse2[e >> 1]));
-                        s[j][e] = col <= ((e >> 1) ? lim1 : lim0) ? p : 0.f;
+                    for (int h = 0; h < 2; h++) {
+                        const int key = mb * 16 + (lane >> 2) + 8 * h;
+                        /* p = 2^(s*scale*log2e - lse*log2e), summed over the thread's heads, then its quad's */
+                        float v = fast_ex2(fmaf(st[mb][0][2 * h], sl, -lseh[0][0]));
+                        v += fast_ex2(fmaf(st[mb][0][2 * h + 1], sl, -lseh[0][1]));
+                        v += fast_ex2(fmaf(st[mb][1][2 * h], sl, -lseh[1][0]));
+                        v += fast_ex2(fmaf(st[mb][1][2 * h + 1], sl, -lseh[1][1]));
+                        v = key <= lim ? v : 0.f;
+                        v += __shfl_xor_sync(0xffffffffu, v, 1);
+                        v += __shfl_xor_sync(0xffffffffu, v, 2);
+                        if ((lane & 3) == 0) sC[warp * BN + key] = v;
                     }
             }
-            if (!g16) {
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sP[(warp * 16 + (lane >> 2) + 8 * (e >> 1)) * SP + j * 8 + 2 * (lane & 3) + (e & 1)] = s[j][e];
-            }
-            if (g16) {
-                /* the warp's 16 rows are the 16 heads of token `warp`: column
-                 * sums by shuffles (rows g and g+8, then over g) */
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                    for (int b = 0; b < 2; b++) {
-                        float v = s[j][b] + s[j][2 + b];
-                        v += __shfl_xor_sync(0xffffffffu, v, 4);
-                        v += __shfl_xor_sync(0xffffffffu, v, 8);
-                        v += __shfl_xor_sync(0xffffffffu, v, 16);
-                        if (lane < 4) sC[warp * BN + j * 8 + 2 * lane + b] = v;
-                    }
-            }
-        }
-        if (wown) {
-            /* token `warp`'s row: sC[warp] was written by this warp's lanes 0..3 */
+            /* token `warp`'s row: sC[warp] was written by this warp's lanes */
             __syncwarp();
             if (warp_rows)
                 map_tile_row(g, sTab, tab_ne, tab_per, BN, kt, khi, sNc[warp], sC + warp * BN,
                              FUSED || accw > 0 ? sAcc + warp * accw : scg + warp * sst, lane);
-            continue;
-        }
-        __syncthreads();
-        if (!g16) {
-            /* group sum over each token's heads */
-            for (int e = tid; e < c.ntok * BN; e += NT) {
-                const int tok = e / BN, col = e % BN;
-                const float *pp = sP + tok * c.hca * SP + col;
-                float acc = 0.f;
-                for (int hh = 0; hh < c.hca; hh++) acc += pp[hh * SP];
-                sC[e] = acc;
+        } else {
+            float s[BN / 8][4];
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            if (warp_rows) {
+                if (ks <= wmaxhi) warp_qk_l<T, DQK, BN / 8, SQ, QREG, KL>(s, qf, sQw, sK + buf * KT, 0, lane);
+                const bool full = ks + BN - 1 <= wminhi;
+                /* p = 2^(s*scale*log2e - lse*log2e); keys past the row's nc give 0 */
+                if (full) {
+#pragma unroll
+                    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) s[j][e] = fast_ex2(fmaf(s[j][e], sl, -lse2[e >> 1]));
+                } else {
+                    const int64_t lim0 = hi[0] - ks, lim1 = hi[1] - ks;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int col = j * 8 + 2 * (lane & 3) + (e & 1);
+                            const float p = fast_ex2(fmaf(s[j][e], sl, -lse2[e >> 1]));
+                            s[j][e] = col <= ((e >> 1) ? lim1 : lim0) ? p : 0.f;
+                        }
+                }
+                if (!g16) {
+#pragma unroll
+                    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            sP[(warp * 16 + (lane >> 2) + 8 * (e >> 1)) * SP + j * 8 + 2 * (lane & 3) + (e & 1)] = s[j][e];
+                }
+                if (g16) {
+                    /* the warp's 16 rows are the 16 heads of token `warp`: column
+                     * sums by shuffles (rows g and g+8, then over g) */
+#pragma unroll
+                    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                        for (int b = 0; b < 2; b++) {
+                            float v = s[j][b] + s[j][2 + b];
+                            v += __shfl_xor_sync(0xffffffffu, v, 4);
+                            v += __shfl_xor_sync(0xffffffffu, v, 8);
+                            v += __shfl_xor_sync(0xffffffffu, v, 16);
+                            if (lane < 4) sC[warp * BN + j * 8 + 2 * lane + b] = v;
+                        }
+                }
+            }
+            if (wown) {
+                /* token `warp`'s row: sC[warp] was written by this warp's lanes 0..3 */
+                __syncwarp();
+                if (warp_rows)
+                    map_tile_row(g, sTab, tab_ne, tab_per, BN, kt, khi, sNc[warp], sC + warp * BN,
+                                 FUSED || accw > 0 ? sAcc + warp * accw : scg + warp * sst, lane);
+                continue;
             }
             __syncthreads();
+            if (!g16) {
+                /* group sum over each token's heads */
+                for (int e = tid; e < c.ntok * BN; e += NT) {
+                    const int tok = e / BN, col = e % BN;
+                    const float *pp = sP + tok * c.hca * SP + col;
+                    float acc = 0.f;
+                    for (int hh = 0; hh < c.hca; hh++) acc += pp[hh * SP];
+                    sC[e] = acc;
+                }
+                __syncthreads();
+            }
+            /* overlap map onto the selection blocks this tile touches */
+            const int64_t last = nsa_min64(ks + BN - 1, khi);
+            const int64_t jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
+            const int nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
+            for (int e = tid; e < c.ntok * nj; e += NT) overlap_entry(e / nj, e % nj, ks, jlo);
+            __syncthreads();
         }
-        /* overlap map onto the selection blocks this tile touches */
-        const int64_t last = nsa_min64(ks + BN - 1, khi);
-        const int64_t jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
-        const int nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
-        for (int e = tid; e < c.ntok * nj; e += NT) overlap_entry(e / nj, e % nj, ks, jlo);
-        __syncthreads();
     }
     cp_async_wait<0>();
     __syncthreads(); /* the rows are complete (the G16 loop ends without a barrier) */
@@ -265,9 +363,9 @@ static cudaError_t launch_sm80(const Dev &dev, bool rows_smem, const Geom &g, co
     if ((fused && !rows_smem) || (G16 && (g.G != 16 || tl.qt != TC_BM / 16)) || tl.nchunk != 1 ||
         !rs32_ok(kc.st, BN))
         return cudaErrorInvalidValue;
-    size_t smem = G16 ? scores_sm80_g16_smem(DQK, BN, NB) : scores_sm80_smem(DQK, BN);
+    const size_t rows = rows_smem ? scores_rows_smem(tl.qt, g.max_ns) : 0;
+    size_t smem = G16 ? scores_sm80_g16_smem(DQK, BN, NB, rows) : scores_sm80_smem(DQK, BN) + rows;
     const int accw = rows_smem ? (int)g.max_ns : 0;
-    if (rows_smem) smem += scores_rows_smem(tl.qt, g.max_ns);
     auto kern = fused ? scores_sm80_kernel<T, DQK, BN, true, G16, NB> : scores_sm80_kernel<T, DQK, BN, false, G16, NB>;
     cudaError_t e = launch_smem(kern, dev, smem);
     if (e != cudaSuccess) return e;

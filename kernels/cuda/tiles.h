@@ -150,10 +150,20 @@ constexpr size_t scores_sm80_smem(int dqk, int bn)
 {
     return 2 * (size_t)(TC_BM * (dqk + 8) + 2 * bn * (dqk + 8)) + sizeof(float) * (size_t)(TC_BM * (bn + 4) + TC_BM * bn);
 }
-/* G = 16: no probability tile; group sums of the CTA's 8 tokens; nb K buffers */
-constexpr size_t scores_sm80_g16_smem(int dqk, int bn, int nb)
+/* G = 16 (scores_sm80_g16): no probability tile. Where Q fits in registers
+ * (padded Dqk <= 192) the Q tile is only a staging area for its fragments, so
+ * the K tiles, the group sums of the CTA's 8 tokens and the score rows (rows:
+ * their bytes, 0 when they are in global memory) take its place afterwards;
+ * K tiles in 128-byte-swizzled panels where Dqk is a multiple of 64 (+128 for
+ * their alignment), else 16-byte-padded rows. */
+constexpr bool scores_g16_qreg(int dqk) { return dqk <= 192; }
+constexpr bool scores_g16_panel(int dqk) { return dqk % 64 == 0; }
+constexpr size_t scores_sm80_g16_smem(int dqk, int bn, int nb, size_t rows)
 {
-    return 2 * (size_t)(TC_BM * (dqk + 8) + nb * bn * (dqk + 8)) + sizeof(float) * (size_t)(TC_BM / 16 * bn);
+    const size_t q = 2 * (size_t)TC_BM * (size_t)(dqk + 8);
+    const size_t after = 2 * (size_t)nb * (size_t)bn * (size_t)(scores_g16_panel(dqk) ? dqk : dqk + 8) +
+                         sizeof(float) * (size_t)(TC_BM / 16 * bn) + rows;
+    return 128 + (scores_g16_qreg(dqk) ? (q > after ? q : after) : q + after);
 }
 /* 1 KB of swizzle alignment, Q and nb K tiles of 64 keys unpadded, two sums tiles [8][72] */
 constexpr size_t scores_sm90_g16_smem(int dqk, int nb)
@@ -179,21 +189,24 @@ inline ScoresTile pick_scores_sm80(bool g16, int dqkp, size_t rows, int64_t limi
     /* the candidates, best first: two K buffers of each size, then (G16) one buffer of the smaller */
     const ScoresTile cand[3] = {{first, 2, true}, {last, 2, true}, {last, 1, true}};
     const int nc = g16 ? 3 : 2;
-    auto base = [&](const ScoresTile &t) {
-        return (int64_t)(g16 ? scores_sm80_g16_smem(dqkp, t.bn, t.nb) : scores_sm80_smem(dqkp, t.bn));
+    /* bytes of a candidate without (with_rows false) or with its score rows */
+    auto bytes = [&](const ScoresTile &t, bool with_rows) {
+        return (int64_t)(g16 ? scores_sm80_g16_smem(dqkp, t.bn, t.nb, with_rows ? rows : 0)
+                             : scores_sm80_smem(dqkp, t.bn) + (with_rows ? rows : 0));
     };
-    /* G16 is built for two CTAs per SM: the first candidate with rows that lets two fit (the A100's 164 KB
-     * fits them only with one K buffer of 32 keys at D 128: 2 x 80 KB), then the first with rows, then the
-     * first without (each CTA also holds its static shared memory and the runtime's 1 KB) */
+    /* G16 is built for two CTAs per SM: the first candidate with rows that lets two fit (the A100's
+     * 164 KB at D 128, 64k: 2 x 66 KB with two 64-key buffers in Q's place; before Q moved to registers
+     * only one 32-key buffer fit, 2 x 80 KB: 17.3 ms), then the first with rows, then the first without
+     * (each CTA also holds its static shared memory and the runtime's 1 KB) */
     if (g16 && per_sm > 0)
         for (int i = 0; i < nc; i++)
-            if (2 * (base(cand[i]) + (int64_t)rows + SMEM_STATIC_MARGIN + 1024) <= per_sm) return cand[i];
+            if (2 * (bytes(cand[i], true) + SMEM_STATIC_MARGIN + 1024) <= per_sm) return cand[i];
     /* the general kernel keeps its larger tile with the rows in global memory (G = 4 at 64k: 83.0 ms
      * against 84.3 for 32-key tiles with the rows in shared memory, one run each) */
     for (int i = 0; g16 && i < nc; i++)
-        if (base(cand[i]) + (int64_t)rows <= limit) return cand[i];
+        if (bytes(cand[i], true) <= limit) return cand[i];
     for (int i = 0; i < 2; i++)
-        if (base(cand[i]) <= limit) return ScoresTile{cand[i].bn, 2, base(cand[i]) + (int64_t)rows <= limit};
+        if (bytes(cand[i], false) <= limit) return ScoresTile{cand[i].bn, 2, bytes(cand[i], true) <= limit};
     return none;
 }
 /* scores_sm90_g16, padded Dqk 64 / 128 / 192. Its score rows must be in shared
