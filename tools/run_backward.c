@@ -138,6 +138,11 @@ int run_backward_write(const char *cmd, const char *dir, const tk_case *c, const
             shape[0] = Nc, shape[1] = Hkv, shape[2] = i == TK_G_KC ? Dk : Dv;
         }
         const int64_t n = r->g.n[i];
+        if (c->cfg.dtype == NSA_DTYPE_F64) { /* '<f8': the gradients as computed */
+            int rc = run_outputs_write_f64(cmd, dir, name, nd, shape, r->g.t[i]);
+            if (rc) return rc;
+            continue;
+        }
         float *f = malloc((size_t)(n + 1) * sizeof *f);
         if (!f) {
             fprintf(stderr, "%s: out of memory writing %s\n", cmd, name);
