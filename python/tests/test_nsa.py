@@ -271,6 +271,14 @@ class TestFloat64(unittest.TestCase):
                                                           cu_seqlens=CU64, **CFG64)
         self.assertTrue(torch.autograd.gradcheck(fn, (q, *k3, gates[0]), fast_mode=True, **self.DEFAULTS))
 
+    @unittest.skipIf(nsa.ops is None, "torch.library.custom_op needs torch >= 2.4")
+    def test_opcheck(self):
+        # the fake kernel's float64 LSEs match the real ones (dtype and shape), and the rest of opcheck
+        q, k, v, gates = inputs64(seed=47)
+        cfg = [CFG64[key] for key in ("cmp_block", "cmp_stride", "slc_block", "num_selected", "num_init",
+                                      "num_local", "window")]
+        torch.library.opcheck(torch.ops.libnsa.forward.default, (q, [k], [v], gates, CU64, cfg, 0.0, ""))
+
     def test_refused_where_the_backend_lacks_it(self):
         # what a float64 CUDA tensor meets: the GPU backends refuse f64 at plan creation; here a
         # fake module without f64 stands in for one (tests/fake, fakeplan)
