@@ -25,21 +25,33 @@ extern "C" {
 #endif
 
 /* Bumped whenever any struct or function below changes. The loader refuses a
- * module whose nsa_backend_api_version differs (NSA_ERR_VERSION_MISMATCH). */
-#define NSA_BACKEND_API_VERSION 6
+ * module whose nsa_backend_api_version differs (NSA_ERR_VERSION_MISMATCH).
+ * 7: NSA_DTYPE_F64 and nsa_bk_float_dtype (a module of version 6 could not know
+ * the dtype, and its supports() might have said yes to it). */
+#define NSA_BACKEND_API_VERSION 7
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
 #define NSA_BACKEND_VERSION_SYMBOL "nsa_backend_api_version"
 
+/* The float type of a call of dtype dt: f64 for an F64 call, f32 otherwise. The
+ * tensors the comments below call "float" have it: gates, LSEs, dgate, and the
+ * workspace's compressed rows (kc, vc), per-branch outputs (o_b), backward
+ * accumulators (*_acc) and delta. Block scores stay f32 in every call (they
+ * only rank blocks; section 7's near-tie rule covers their rounding). */
+static inline nsa_dtype nsa_bk_float_dtype(nsa_dtype dt)
+{
+    return dt == NSA_DTYPE_F64 ? NSA_DTYPE_F64 : NSA_DTYPE_F32;
+}
+
 /* The stages. Values are fixed. Fused stages are optional: the planner uses
  * one only when supports() says yes, and falls back to the plain stages. */
 typedef enum nsa_stage {
     /* reads k[CMP], v[CMP] and (MEAN) nothing else, (LINEAR) w_k, w_v, pe_k, pe_v
-     * (pe may be absent), (EXTERNAL) kc_in, vc_in; writes kc, vc (fp32). Rows of
+     * (pe may be absent), (EXTERNAL) kc_in, vc_in; writes kc, vc (float). Rows of
      * sequence b are plan->cu_cmp[b] .. plan->cu_cmp[b+1]-1. */
     NSA_STAGE_COMPRESS = 0,
-    /* reads q, kc, vc; writes o_b[CMP] (fp32) and lse[CMP] (always given). A query
+    /* reads q, kc, vc; writes o_b[CMP] (float) and lse[CMP] (always given). A query
      * with nc(t) = 0 gets o = 0 and lse = -inf. */
     NSA_STAGE_CMP_ATTN = 1,
     /* reads q, kc, lse[CMP]; writes scores[t, g, j] = s(t, g, j) for every
@@ -62,7 +74,7 @@ typedef enum nsa_stage {
      * no scores buffer exists. */
     NSA_STAGE_SCORES_TOPN = 7,
     /* Backward stages (section 9), run in this order after COMPRESS (which
-     * recomputes kc, vc as the forward did). Every *_acc tensor is f32 workspace
+     * recomputes kc, vc as the forward did). Every *_acc tensor is float workspace
      * that the core zero-fills before the first of them; each stage ADDS its
      * part, so branches that share an accumulator (one dk for several branches)
      * sum in stage order. delta is scratch of the stage that uses it. */
@@ -78,7 +90,7 @@ typedef enum nsa_stage {
     NSA_STAGE_BWD_SLC_ATTN = 10,
     /* the same for the window branch */
     NSA_STAGE_BWD_WIN_ATTN = 11,
-    /* converts each store[i].acc (f32) to store[i].out (cfg dtype) */
+    /* converts each store[i].acc (float) to store[i].out (cfg dtype) */
     NSA_STAGE_BWD_STORE = 12,
     NSA_STAGE_COUNT = 13
 } nsa_stage;
@@ -147,39 +159,40 @@ typedef struct nsa_bk_plan {
 } nsa_bk_plan;
 
 /* One gradient BWD_STORE rounds to the dtype: rows x heads x dim elements of
- * the f32 accumulator acc into out. */
+ * the float accumulator acc into out. */
 typedef struct nsa_bk_store {
     nsa_bk_tensor acc, out;
     int64_t rows, heads, dim;
 } nsa_bk_store;
 
 /* Every tensor any stage reads or writes; run() uses those its stage names.
- * The core fills user tensors and workspace views; dtypes are set. */
+ * The core fills user tensors and workspace views; dtypes are set. "float" is
+ * nsa_bk_float_dtype(cfg.dtype): f32, or f64 in an F64 call. */
 typedef struct nsa_bk_args {
     const nsa_bk_plan *plan;
     nsa_bk_tensor q;           /* [T, Hq, Dqk] cfg dtype */
     nsa_bk_tensor k[3], v[3];  /* [T, Hkv, D] cfg dtype */
-    nsa_bk_tensor gate[3];     /* [T, Hq] f32 */
+    nsa_bk_tensor gate[3];     /* [T, Hq] float */
     nsa_bk_tensor w_k, w_v;    /* LINEAR weights, contiguous */
     nsa_bk_tensor pe_k, pe_v;  /* LINEAR position encodings, contiguous, may be absent */
     nsa_bk_tensor kc_in, vc_in;/* EXTERNAL compressed K/V, cfg dtype */
-    nsa_bk_tensor kc, vc;      /* f32 [total_cmp, Hkv, D], dense (workspace) */
-    nsa_bk_tensor o_b[3];      /* f32 [T, Hq, Dv], dense (workspace); NULL buf: branch off */
-    nsa_bk_tensor lse[3];      /* f32 [T, Hq]; lse[CMP] always given to CMP_ATTN */
+    nsa_bk_tensor kc, vc;      /* float [total_cmp, Hkv, D], dense (workspace) */
+    nsa_bk_tensor o_b[3];      /* float [T, Hq, Dv], dense (workspace); NULL buf: branch off */
+    nsa_bk_tensor lse[3];      /* float [T, Hq]; lse[CMP] always given to CMP_ATTN */
     nsa_bk_tensor scores;      /* f32 [T, Hkv, max_ns], dense (workspace) */
     nsa_bk_tensor indices;     /* i32 [T, Hkv, n] */
     nsa_bk_tensor o;           /* [T, Hq, Dv] cfg dtype */
 
     /* backward stages only (NULL buf: not wanted) */
     nsa_bk_tensor dout;        /* [T, Hq, Dv] cfg dtype */
-    nsa_bk_tensor dq_acc;      /* f32 [T, Hq, Dqk] */
-    nsa_bk_tensor dk_acc[3], dv_acc[3]; /* f32 [T, Hkv, D]; two branches may share one
+    nsa_bk_tensor dq_acc;      /* float [T, Hq, Dqk] */
+    nsa_bk_tensor dk_acc[3], dv_acc[3]; /* float [T, Hkv, D]; two branches may share one
                                 * (same buf and offset): the sum is wanted */
-    nsa_bk_tensor dkc_acc, dvc_acc; /* f32 [total_cmp, Hkv, D] (always given with cmp) */
-    nsa_bk_tensor dw_k_acc, dw_v_acc;   /* f32 [Hkv, l, D * D], dense */
-    nsa_bk_tensor dpe_k_acc, dpe_v_acc; /* f32 [Hkv, l, D], dense */
-    nsa_bk_tensor delta;       /* f32 [T, Hq] scratch */
-    nsa_bk_tensor dgate[3];    /* f32 [T, Hq] outputs */
+    nsa_bk_tensor dkc_acc, dvc_acc; /* float [total_cmp, Hkv, D] (always given with cmp) */
+    nsa_bk_tensor dw_k_acc, dw_v_acc;   /* float [Hkv, l, D * D], dense */
+    nsa_bk_tensor dpe_k_acc, dpe_v_acc; /* float [Hkv, l, D], dense */
+    nsa_bk_tensor delta;       /* float [T, Hq] scratch */
+    nsa_bk_tensor dgate[3];    /* float [T, Hq] outputs */
     int num_store;             /* BWD_STORE: store[i].out = store[i].acc */
     nsa_bk_store store[12];
 } nsa_bk_args;
@@ -239,7 +252,8 @@ typedef struct nsa_backend {
     nsa_status (*buffer_fill)(void *bctx, void *bbuf, size_t offset, unsigned char value, size_t bytes);
 
     /* 1 if run(stage) works for this config (its dtype included), else 0.
-     * A NULL supports means "every plain stage, no fused stage". */
+     * A NULL supports means "every plain stage, no fused stage, and every dtype
+     * but F64" (the core refuses an F64 plan on such a backend). */
     int (*supports)(void *bctx, nsa_stage stage, const nsa_config *cfg);
 
     int64_t query_tile;        /* tile length for plan->tiles; 0: none */

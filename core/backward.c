@@ -65,7 +65,7 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
     const nsa_config *c = &plan->bk.cfg;
     const int64_t T = plan->bk.total_tokens, hq = c->num_q_heads, hkv = c->num_kv_heads, nc = plan->bk.total_cmp;
     const int64_t dk = c->head_dim_qk, dv = c->head_dim_v, l = c->cmp_block, nsel = c->num_selected;
-    const nsa_dtype dt = c->dtype;
+    const nsa_dtype dt = c->dtype, fdt = nsa_bk_float_dtype(dt); /* gates, LSEs, dgate, workspace */
     const int on[3] = {1, nsel > 0, c->window > 0};
     const int linear = c->compress == NSA_COMPRESS_LINEAR, external = c->compress == NSA_COMPRESS_EXTERNAL;
     nsa_status s;
@@ -106,10 +106,10 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
         snprintf(nm, sizeof nm, "args->v[%s]", nsa_branch_name[b]);
         if (need_kv) CHECK(args->v[b], a.v[b], nm, T, hkv, dv, dt, 1, 0, 0);
         snprintf(nm, sizeof nm, "args->gate[%s]", nsa_branch_name[b]);
-        if (on[b]) CHECK(args->gate[b], a.gate[b], nm, T, hq, 1, NSA_DTYPE_F32, 1, 0, 0);
+        if (on[b]) CHECK(args->gate[b], a.gate[b], nm, T, hq, 1, fdt, 1, 0, 0);
         snprintf(nm, sizeof nm, "args->lse[%s]", nsa_branch_name[b]);
         if (on[b])
-            CHECK(args->lse[b], a.lse[b], nm, T, hq, 1, NSA_DTYPE_F32, 1, 0, 0);
+            CHECK(args->lse[b], a.lse[b], nm, T, hq, 1, fdt, 1, 0, 0);
         else
             REFUSE(args->lse[b], off);
         /* gradients of this branch */
@@ -163,7 +163,7 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
         snprintf(nm, sizeof nm, "args->dv[%s]", nsa_branch_name[b]);
         if (want_dv[b] && vslot[b] == b) CHECK(args->dv[b], dvb[b], nm, T, hkv, dv, dt, 0, 1, 0);
         snprintf(nm, sizeof nm, "args->dgate[%s]", nsa_branch_name[b]);
-        if (on[b]) CHECK(args->dgate[b], a.dgate[b], nm, T, hq, 1, NSA_DTYPE_F32, 0, 1, 0);
+        if (on[b]) CHECK(args->dgate[b], a.dgate[b], nm, T, hq, 1, fdt, 0, 1, 0);
     }
     snprintf(nm, sizeof nm, "args->dw_k");
     if (!linear) REFUSE(args->dw_k, "only LINEAR compression has weights");
@@ -203,20 +203,20 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
     if ((s = nsa_workspace_get(plan, &workspace)) != NSA_SUCCESS) return s;
 
     const nsa_ws_layout *w = &plan->ws;
-    a.kc = nsa_ws_view(workspace, w->kc, hkv, dk, NSA_DTYPE_F32);
-    a.vc = nsa_ws_view(workspace, w->vc, hkv, dv, NSA_DTYPE_F32);
-    a.dkc_acc = nsa_ws_view(workspace, w->dkc_acc, hkv, dk, NSA_DTYPE_F32);
-    a.dvc_acc = nsa_ws_view(workspace, w->dvc_acc, hkv, dv, NSA_DTYPE_F32);
-    a.delta = nsa_ws_view(workspace, w->delta, hq, 1, NSA_DTYPE_F32);
-    if (dq.buf) a.dq_acc = nsa_ws_view(workspace, w->dq_acc, hq, dk, NSA_DTYPE_F32);
+    a.kc = nsa_ws_view(workspace, w->kc, hkv, dk, fdt);
+    a.vc = nsa_ws_view(workspace, w->vc, hkv, dv, fdt);
+    a.dkc_acc = nsa_ws_view(workspace, w->dkc_acc, hkv, dk, fdt);
+    a.dvc_acc = nsa_ws_view(workspace, w->dvc_acc, hkv, dv, fdt);
+    a.delta = nsa_ws_view(workspace, w->delta, hq, 1, fdt);
+    if (dq.buf) a.dq_acc = nsa_ws_view(workspace, w->dq_acc, hq, dk, fdt);
     for (int b = 0; b < 3; b++) {
-        if (want_dk[b]) a.dk_acc[b] = nsa_ws_view(workspace, w->dk_acc[kslot[b]], hkv, dk, NSA_DTYPE_F32);
-        if (want_dv[b]) a.dv_acc[b] = nsa_ws_view(workspace, w->dv_acc[vslot[b]], hkv, dv, NSA_DTYPE_F32);
+        if (want_dk[b]) a.dk_acc[b] = nsa_ws_view(workspace, w->dk_acc[kslot[b]], hkv, dk, fdt);
+        if (want_dv[b]) a.dv_acc[b] = nsa_ws_view(workspace, w->dv_acc[vslot[b]], hkv, dv, fdt);
     }
-    if (dwk.buf) a.dw_k_acc = nsa_ws_view(workspace, w->dw_k_acc, l, dk * dk, NSA_DTYPE_F32);
-    if (dwv.buf) a.dw_v_acc = nsa_ws_view(workspace, w->dw_v_acc, l, dv * dv, NSA_DTYPE_F32);
-    if (dpek.buf) a.dpe_k_acc = nsa_ws_view(workspace, w->dpe_k_acc, l, dk, NSA_DTYPE_F32);
-    if (dpev.buf) a.dpe_v_acc = nsa_ws_view(workspace, w->dpe_v_acc, l, dv, NSA_DTYPE_F32);
+    if (dwk.buf) a.dw_k_acc = nsa_ws_view(workspace, w->dw_k_acc, l, dk * dk, fdt);
+    if (dwv.buf) a.dw_v_acc = nsa_ws_view(workspace, w->dw_v_acc, l, dv * dv, fdt);
+    if (dpek.buf) a.dpe_k_acc = nsa_ws_view(workspace, w->dpe_k_acc, l, dk, fdt);
+    if (dpev.buf) a.dpe_v_acc = nsa_ws_view(workspace, w->dpe_v_acc, l, dv, fdt);
 
     /* what BWD_STORE rounds to the dtype */
 #define STORE(acc_, out_, r_, h_, d_)                                                                  \

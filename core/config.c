@@ -67,9 +67,11 @@ nsa_status nsa_config_check(const nsa_config *c, const char *what)
         return nsa_set_error(NSA_ERR_INVALID_VALUE,
                              "%s: cfg->compress = %d is not a compression mode (MEAN=0, LINEAR=1, EXTERNAL=2)",
                              what, (int)c->compress);
-    if (c->dtype != NSA_DTYPE_F32 && c->dtype != NSA_DTYPE_F16 && c->dtype != NSA_DTYPE_BF16)
+    if (c->dtype != NSA_DTYPE_F32 && c->dtype != NSA_DTYPE_F16 && c->dtype != NSA_DTYPE_BF16 &&
+        c->dtype != NSA_DTYPE_F64)
         return nsa_set_error(NSA_ERR_INVALID_DTYPE,
-                             "%s: cfg->dtype = %d must be NSA_DTYPE_F32, NSA_DTYPE_F16 or NSA_DTYPE_BF16",
+                             "%s: cfg->dtype = %d must be NSA_DTYPE_F32, NSA_DTYPE_F16, NSA_DTYPE_BF16 or "
+                             "NSA_DTYPE_F64 (NSA_DTYPE_I32 is for block indices only)",
                              what, (int)c->dtype);
     if (c->num_q_heads % c->num_kv_heads != 0)
         return nsa_set_error(NSA_ERR_INVALID_CONFIG,

@@ -36,7 +36,7 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
     const nsa_config *c = &plan->bk.cfg;
     const int64_t T = plan->bk.total_tokens, hq = c->num_q_heads, hkv = c->num_kv_heads;
     const int64_t dk = c->head_dim_qk, dv = c->head_dim_v, l = c->cmp_block, nsel = c->num_selected;
-    const nsa_dtype dt = c->dtype;
+    const nsa_dtype dt = c->dtype, fdt = nsa_bk_float_dtype(dt); /* gates, LSEs, dgate, workspace */
     const int on[3] = {1, nsel > 0, c->window > 0};
     const int linear = c->compress == NSA_COMPRESS_LINEAR, external = c->compress == NSA_COMPRESS_EXTERNAL;
     nsa_bk_args a;
@@ -71,9 +71,9 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
         snprintf(nm, sizeof nm, "args->v[%s]", nsa_branch_name[b]);
         CHECK(vb, nm, T, hkv, dv, dt, need_kv, 0, 0);
         snprintf(nm, sizeof nm, "args->gate[%s]", nsa_branch_name[b]);
-        CHECK(gb, nm, T, hq, 1, NSA_DTYPE_F32, on[b], 0, 0);
+        CHECK(gb, nm, T, hq, 1, fdt, on[b], 0, 0);
         snprintf(nm, sizeof nm, "args->lse[%s]", nsa_branch_name[b]);
-        CHECK(lb, nm, T, hq, 1, NSA_DTYPE_F32, 0, 1, 0);
+        CHECK(lb, nm, T, hq, 1, fdt, 0, 1, 0);
         if (need_kv) {
             a.k[b] = kb_out;
             a.v[b] = vb_out;
@@ -141,14 +141,14 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
     const nsa_ws_layout *w = &plan->ws;
     a.q = q_out;
     a.o = o_out;
-    a.kc = nsa_ws_view(workspace, w->kc, hkv, dk, NSA_DTYPE_F32);
-    a.vc = nsa_ws_view(workspace, w->vc, hkv, dv, NSA_DTYPE_F32);
-    if (!a.lse[NSA_BRANCH_CMP].buf) a.lse[NSA_BRANCH_CMP] = nsa_ws_view(workspace, w->lse_cmp, hq, 1, NSA_DTYPE_F32);
+    a.kc = nsa_ws_view(workspace, w->kc, hkv, dk, fdt);
+    a.vc = nsa_ws_view(workspace, w->vc, hkv, dv, fdt);
+    if (!a.lse[NSA_BRANCH_CMP].buf) a.lse[NSA_BRANCH_CMP] = nsa_ws_view(workspace, w->lse_cmp, hq, 1, fdt);
     a.scores = nsa_ws_view(workspace, w->scores, hkv, plan->bk.max_ns, NSA_DTYPE_F32);
     a.indices = given_out.buf ? given_out
                 : selected_out.buf ? selected_out
                                    : nsa_ws_view(workspace, w->indices, hkv, nsel, NSA_DTYPE_I32);
-    for (int b = 0; b < 3; b++) a.o_b[b] = on[b] ? nsa_ws_view(workspace, w->o_b[b], hq, dv, NSA_DTYPE_F32) : (nsa_bk_tensor){0};
+    for (int b = 0; b < 3; b++) a.o_b[b] = on[b] ? nsa_ws_view(workspace, w->o_b[b], hq, dv, fdt) : (nsa_bk_tensor){0};
 
     for (int i = 0; i < plan->num_stages; i++) {
         nsa_stage st = plan->stages[i];

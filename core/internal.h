@@ -132,7 +132,7 @@ NSA_INTERNAL void nsa_buffer_release(nsa_buffer *buf);
 /* Workspace layout: byte offsets into the workspace buffer (-1: not used). */
 typedef struct nsa_ws_layout {
     int64_t kc, vc, lse_cmp, scores, indices, o_b[3];
-    /* training plans: the backward's f32 accumulators lie in [acc_begin, acc_end) */
+    /* training plans: the backward's float accumulators (f32; f64 in an f64 call) lie in [acc_begin, acc_end) */
     int64_t acc_begin, acc_end;
     int64_t dq_acc, dk_acc[3], dv_acc[3], dkc_acc, dvc_acc, dw_k_acc, dw_v_acc, dpe_k_acc, dpe_v_acc, delta;
     size_t bytes;
@@ -175,7 +175,7 @@ NSA_INTERNAL nsa_status nsa_check_tensor(const nsa_plan *p, const char *fn, cons
 /* Caller-given indices: ascending, -1 only as trailing padding, each eligible
  * (reads them back: blocking). name: "args->block_indices". */
 NSA_INTERNAL nsa_status nsa_check_indices(const nsa_plan *p, const nsa_tensor *t, const char *fn, const char *name);
-/* A dense f32/i32 view of the workspace at byte_off (absent when byte_off < 0). */
+/* A dense view of the workspace at byte_off (absent when byte_off < 0), elements of dt. */
 NSA_INTERNAL nsa_bk_tensor nsa_ws_view(nsa_buffer *ws, int64_t byte_off, int64_t heads, int64_t dim, nsa_dtype dt);
 
 /* A caller's workspace (NULL: none) fits the plan; then the one to use: the

@@ -24,7 +24,8 @@ int64_t nsa_num_slc_blocks(int64_t len, int64_t ls) { return (len + ls - 1) / ls
 
 static int supports(const nsa_context *ctx, nsa_stage st, const nsa_config *cfg)
 {
-    if (!ctx->be->supports) return st != NSA_STAGE_SCORES_TOPN && st <= NSA_STAGE_COMBINE;
+    if (!ctx->be->supports)
+        return cfg->dtype != NSA_DTYPE_F64 && st != NSA_STAGE_SCORES_TOPN && st <= NSA_STAGE_COMBINE;
     return ctx->be->supports(ctx->bctx, st, cfg);
 }
 
@@ -45,6 +46,12 @@ static nsa_status plan_stages(nsa_plan *p)
     const nsa_config *c = &p->bk.cfg;
     nsa_stage want[NSA_MAX_STAGES];
     int n = 0;
+    /* the dtype first, whatever the batch: COMBINE depends on nothing else, so a
+     * backend that refuses it lacks the dtype (f64 on a GPU backend) */
+    if (!supports(p->ctx, NSA_STAGE_COMBINE, c))
+        return nsa_set_error(NSA_ERR_UNSUPPORTED, "nsa_plan_create: backend %s does not support dtype %s%s",
+                             p->ctx->backend_name, nsa_dtype_name(c->dtype),
+                             c->dtype == NSA_DTYPE_F64 ? " (f64 runs on the cpu backend only)" : "");
     if (p->bk.total_tokens == 0) {
         p->num_stages = 0;
         return NSA_SUCCESS;
@@ -109,24 +116,28 @@ static nsa_status plan_workspace(nsa_plan *p)
                           .dvc_acc = -1, .dw_k_acc = -1, .dw_v_acc = -1, .dpe_k_acc = -1, .dpe_v_acc = -1,
                           .delta = -1};
     if (T == 0) return NSA_SUCCESS;
+    /* the float type's elements (4 bytes, 8 in an f64 call: nsa_bk_float_dtype);
+     * scores and indices are 4 bytes in every call */
+    const size_t fe = nsa_dtype_size(nsa_bk_float_dtype(c->dtype));
     int64_t nk, nv, nt, ns, ni, no, ck, tk;
     if (nsa_ck_mul(p->bk.total_cmp, hkv, &ck) || nsa_ck_mul(ck, c->head_dim_qk, &nk) ||
         nsa_ck_mul(ck, c->head_dim_v, &nv) || nsa_ck_mul(T, hq, &nt) || nsa_ck_mul(T, hkv, &tk) ||
         nsa_ck_mul(tk, p->bk.max_ns, &ns) || nsa_ck_mul(tk, c->num_selected, &ni) ||
         nsa_ck_mul(nt, c->head_dim_v, &no))
         return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the workspace size overflows 64 bits");
-    if ((s = reserve(ws, nk, 4, &ws->kc)) || (s = reserve(ws, nv, 4, &ws->vc)) ||
-        (s = reserve(ws, nt, 4, &ws->lse_cmp)) || (s = reserve(ws, no, 4, &ws->o_b[NSA_BRANCH_CMP])))
+    if ((s = reserve(ws, nk, fe, &ws->kc)) || (s = reserve(ws, nv, fe, &ws->vc)) ||
+        (s = reserve(ws, nt, fe, &ws->lse_cmp)) || (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_CMP])))
         return s;
     if (c->num_selected > 0) {
         int fused = 0;
         for (int i = 0; i < p->num_stages; i++) fused |= p->stages[i] == NSA_STAGE_SCORES_TOPN;
         if (!fused && (s = reserve(ws, ns, 4, &ws->scores))) return s;
-        if ((s = reserve(ws, ni, 4, &ws->indices)) || (s = reserve(ws, no, 4, &ws->o_b[NSA_BRANCH_SLC]))) return s;
+        if ((s = reserve(ws, ni, 4, &ws->indices)) || (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_SLC]))) return s;
     }
-    if (c->window > 0 && (s = reserve(ws, no, 4, &ws->o_b[NSA_BRANCH_WIN]))) return s;
+    if (c->window > 0 && (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_WIN]))) return s;
     if (!(c->flags & NSA_CONFIG_TRAINING)) return NSA_SUCCESS;
-    /* backward: the f32 accumulators (zero-filled as one range), then delta */
+    /* backward: the float accumulators (zero-filled as one range; f64 in an f64
+     * call, so its gradients keep fp64 accuracy between stages), then delta */
     const int64_t l = c->cmp_block, dk = c->head_dim_qk, dv = c->head_dim_v;
     int64_t nq, tkk, tkv, wk, wv, pk, pv;
     if (nsa_ck_mul(nt, dk, &nq) || nsa_ck_mul(tk, dk, &tkk) || nsa_ck_mul(tk, dv, &tkv) ||
@@ -134,22 +145,22 @@ static nsa_status plan_workspace(nsa_plan *p)
         nsa_ck_mul(hkv * l, dv, &pv))
         return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the backward workspace size overflows 64 bits");
     ws->acc_begin = (int64_t)ws->bytes;
-    if ((s = reserve(ws, nq, 4, &ws->dq_acc)) || (s = reserve(ws, nk, 4, &ws->dkc_acc)) ||
-        (s = reserve(ws, nv, 4, &ws->dvc_acc)))
+    if ((s = reserve(ws, nq, fe, &ws->dq_acc)) || (s = reserve(ws, nk, fe, &ws->dkc_acc)) ||
+        (s = reserve(ws, nv, fe, &ws->dvc_acc)))
         return s;
     const int on[3] = {1, c->num_selected > 0, c->window > 0};
     for (int b = 0; b < 3; b++) {
         ws->dk_acc[b] = ws->dv_acc[b] = -1;
         if (!on[b] || (b == NSA_BRANCH_CMP && c->compress == NSA_COMPRESS_EXTERNAL)) continue;
-        if ((s = reserve(ws, tkk, 4, &ws->dk_acc[b])) || (s = reserve(ws, tkv, 4, &ws->dv_acc[b]))) return s;
+        if ((s = reserve(ws, tkk, fe, &ws->dk_acc[b])) || (s = reserve(ws, tkv, fe, &ws->dv_acc[b]))) return s;
     }
     ws->dw_k_acc = ws->dw_v_acc = ws->dpe_k_acc = ws->dpe_v_acc = -1;
     if (c->compress == NSA_COMPRESS_LINEAR &&
-        ((s = reserve(ws, wk, 4, &ws->dw_k_acc)) || (s = reserve(ws, wv, 4, &ws->dw_v_acc)) ||
-         (s = reserve(ws, pk, 4, &ws->dpe_k_acc)) || (s = reserve(ws, pv, 4, &ws->dpe_v_acc))))
+        ((s = reserve(ws, wk, fe, &ws->dw_k_acc)) || (s = reserve(ws, wv, fe, &ws->dw_v_acc)) ||
+         (s = reserve(ws, pk, fe, &ws->dpe_k_acc)) || (s = reserve(ws, pv, fe, &ws->dpe_v_acc))))
         return s;
     ws->acc_end = (int64_t)ws->bytes;
-    return reserve(ws, nt, 4, &ws->delta);
+    return reserve(ws, nt, fe, &ws->delta);
 }
 
 /* Every count the plan needs, from cu_seqlens alone: allocates nothing, so that

@@ -20,6 +20,7 @@ size_t nsa_dtype_size(nsa_dtype dtype)
     case NSA_DTYPE_F16: return 2;
     case NSA_DTYPE_BF16: return 2;
     case NSA_DTYPE_I32: return 4;
+    case NSA_DTYPE_F64: return 8;
     }
     return 0;
 }
@@ -31,6 +32,7 @@ const char *nsa_dtype_name(nsa_dtype dtype)
     case NSA_DTYPE_F16: return "f16";
     case NSA_DTYPE_BF16: return "bf16";
     case NSA_DTYPE_I32: return "i32";
+    case NSA_DTYPE_F64: return "f64";
     }
     return "unknown";
 }
@@ -95,22 +97,38 @@ static float f16_to_f32(uint16_t h)
     return bits_f32(sign | ((exp - 15 + 127) << 23) | (mant << 13));
 }
 
-static float load_any(const void *p, nsa_dtype dt, int64_t i)
+/* double to float rounded to odd: the float nearest below |d| in magnitude with
+ * its last bit set when d is not a float. Float has at least two more
+ * significand bits than f16 and bf16, so rounding that to nearest even gives
+ * the double's own rounding (one rounding, not two). */
+static float f64_to_f32_odd(double d)
+{
+    float f = (float)d;
+    if ((double)f == d || isnan(d) || isinf(f)) return f;
+    uint32_t b = f32_bits(f);
+    if (fabs((double)f) > fabs(d)) b -= 1u; /* one step toward zero */
+    return bits_f32(b | 1u);
+}
+
+/* Every value of f32, f16 and bf16 is a double: loads are exact. */
+static double load_any(const void *p, nsa_dtype dt, int64_t i)
 {
     switch (dt) {
     case NSA_DTYPE_F32: return ((const float *)p)[i];
     case NSA_DTYPE_F16: return f16_to_f32(((const uint16_t *)p)[i]);
     case NSA_DTYPE_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    default: return 0.0f;
+    case NSA_DTYPE_F64: return ((const double *)p)[i];
+    default: return 0.0;
     }
 }
 
-static void store_any(void *p, nsa_dtype dt, int64_t i, float v)
+static void store_any(void *p, nsa_dtype dt, int64_t i, double v)
 {
     switch (dt) {
-    case NSA_DTYPE_F32: ((float *)p)[i] = v; break;
-    case NSA_DTYPE_F16: ((uint16_t *)p)[i] = f32_to_f16(v); break;
-    case NSA_DTYPE_BF16: ((uint16_t *)p)[i] = f32_to_bf16(v); break;
+    case NSA_DTYPE_F32: ((float *)p)[i] = (float)v; break;
+    case NSA_DTYPE_F16: ((uint16_t *)p)[i] = f32_to_f16(f64_to_f32_odd(v)); break;
+    case NSA_DTYPE_BF16: ((uint16_t *)p)[i] = f32_to_bf16(f64_to_f32_odd(v)); break;
+    case NSA_DTYPE_F64: ((double *)p)[i] = v; break;
     default: break;
     }
 }
@@ -122,16 +140,22 @@ nsa_status nsa_convert(const void *src, nsa_dtype src_dtype, void *dst, nsa_dtyp
         return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_convert: n = %lld is negative", (long long)n);
     if (n > 0 && !src) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_convert: src is NULL");
     if (n > 0 && !dst) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_convert: dst is NULL");
-    const nsa_dtype ok[] = {NSA_DTYPE_F32, NSA_DTYPE_F16, NSA_DTYPE_BF16};
+    const nsa_dtype ok[] = {NSA_DTYPE_F32, NSA_DTYPE_F16, NSA_DTYPE_BF16, NSA_DTYPE_F64};
     int sok = 0, dok = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         sok |= src_dtype == ok[i];
         dok |= dst_dtype == ok[i];
     }
-    if (!sok) return nsa_set_error(NSA_ERR_INVALID_DTYPE, "nsa_convert: src_dtype = %d is not f32, f16 or bf16", (int)src_dtype);
-    if (!dok) return nsa_set_error(NSA_ERR_INVALID_DTYPE, "nsa_convert: dst_dtype = %d is not f32, f16 or bf16", (int)dst_dtype);
-    size_t bytes; /* of the widest dtype, f32: then no element index or byte count below overflows */
-    if (nsa_ck_bytes(n, 4, &bytes))
+    if (!sok)
+        return nsa_set_error(NSA_ERR_INVALID_DTYPE, "nsa_convert: src_dtype = %d is not f32, f16, bf16 or f64",
+                             (int)src_dtype);
+    if (!dok)
+        return nsa_set_error(NSA_ERR_INVALID_DTYPE, "nsa_convert: dst_dtype = %d is not f32, f16, bf16 or f64",
+                             (int)dst_dtype);
+    /* of the wider dtype (4, or 8 with f64): then no element index or byte count below overflows */
+    const int64_t wide = src_dtype == NSA_DTYPE_F64 || dst_dtype == NSA_DTYPE_F64 ? 8 : 4;
+    size_t bytes;
+    if (nsa_ck_bytes(n, wide, &bytes))
         return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_convert: n = %lld elements exceed the address space",
                              (long long)n);
     if (src_dtype == dst_dtype) {

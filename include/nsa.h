@@ -22,7 +22,8 @@
  * 0). A tensor is a buffer plus an element offset and element strides; the last
  * dimension is always contiguous. All sizes, offsets and strides are 64-bit.
  * The default softmax scale is 1/sqrt(Dqk). Log-sum-exp outputs are fp32, natural
- * log, of the scaled logits.
+ * log, of the scaled logits; in an f64 call gates, LSEs and dgate are f64 instead
+ * (the "float type" of the call: f64 for NSA_DTYPE_F64, fp32 otherwise).
  *
  * Thread safety: distinct contexts may be used from distinct threads. One context
  * (and the plans and buffers made from it) must not be used by two threads at once.
@@ -71,7 +72,7 @@ extern "C" {
 #endif
 
 #define NSA_VERSION_MAJOR 0
-#define NSA_VERSION_MINOR 3
+#define NSA_VERSION_MINOR 4
 #define NSA_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------ status */
@@ -106,21 +107,29 @@ NSA_API const char *nsa_status_string(nsa_status status);
  * recent call succeeded. Valid until the thread's next libnsa call. */
 NSA_API const char *nsa_last_error(void);
 
-/* "0.3.0" */
+/* "0.4.0" */
 NSA_API const char *nsa_version_string(void);
 
 /* ------------------------------------------------------------------ types */
 
+/* Fixed values: part of the ABI, never renumbered. */
 typedef enum nsa_dtype {
     NSA_DTYPE_F32 = 0,
     NSA_DTYPE_F16 = 1,
     NSA_DTYPE_BF16 = 2,
-    NSA_DTYPE_I32 = 3 /* block indices only */
+    NSA_DTYPE_I32 = 3, /* block indices only */
+    /* (added in 0.4) IEEE binary64. Backends: cpu only (fp64 end to end: an f64
+     * call's o is its fp64 arithmetic rounded once, and its gradients are those of
+     * the fp64 reference; the dtype gradient checks such as torch's gradcheck
+     * need). In an f64 call the gates, LSEs and dgate are f64 too (nsa_forward_args,
+     * nsa_backward_args). cuda, hip and opencl refuse it in nsa_plan_create with
+     * NSA_ERR_UNSUPPORTED, the message naming the backend and the dtype. */
+    NSA_DTYPE_F64 = 4
 } nsa_dtype;
 
 /* Bytes per element, or 0 for an unknown dtype. */
 NSA_API size_t nsa_dtype_size(nsa_dtype dtype);
-NSA_API const char *nsa_dtype_name(nsa_dtype dtype); /* "f32", "f16", "bf16", "i32" */
+NSA_API const char *nsa_dtype_name(nsa_dtype dtype); /* "f32", "f16", "bf16", "i32", "f64" */
 
 typedef enum nsa_compress_mode {
     NSA_COMPRESS_MEAN = 0,     /* average of the l rows of a block */
@@ -128,7 +137,8 @@ typedef enum nsa_compress_mode {
     NSA_COMPRESS_EXTERNAL = 2  /* the caller passes kc [Nc, Hkv, Dqk] and vc [Nc, Hkv, Dv] */
 } nsa_compress_mode;
 /* kc and vc are of cfg.dtype in every mode: MEAN and LINEAR accumulate in fp32 or
- * wider and round each element once to cfg.dtype (nearest even) before it is used. */
+ * wider (f64: in fp64) and round each element once to cfg.dtype (nearest even)
+ * before it is used. */
 
 /* Every parameter of the semantics. Fill with nsa_config_init() (the paper's
  * defaults) and change what differs. Sizes are int64_t; flags are int. */
@@ -146,7 +156,8 @@ typedef struct nsa_config {
     int64_t window;          /* w >= 0; 0 turns the window branch off */
     float scale;             /* softmax scale, finite and >= 0; 0 means 1/sqrt(Dqk) */
     nsa_compress_mode compress;
-    nsa_dtype dtype;         /* F32, F16 or BF16: q, k, v, kc, vc, W, pe and o */
+    nsa_dtype dtype;         /* F32, F16, BF16 or (cpu only) F64: q, k, v, kc, vc, W, pe
+                              * and o; F64 also makes gates, LSEs and dgate f64 */
     /* (added in 0.3) NSA_CONFIG_* bits, 0 by default */
     uint64_t flags;
 } nsa_config;
@@ -345,7 +356,8 @@ typedef struct nsa_forward_args {
     nsa_tensor q;            /* [T, Hq, Dqk] */
     nsa_tensor k[3];         /* per branch [T, Hkv, Dqk]; may alias each other */
     nsa_tensor v[3];         /* per branch [T, Hkv, Dv]; may alias */
-    /* gates, fp32, [T, Hq], already activated; a disabled branch's gate is not read */
+    /* gates, fp32 (f64 when cfg.dtype is F64), [T, Hq], already activated; a disabled
+     * branch's gate is not read */
     nsa_tensor gate[3];
     /* LINEAR only, dtype = cfg.dtype, contiguous (strides ignored): */
     nsa_tensor w_k;          /* [Hkv, l, Dqk, Dqk] */
@@ -360,7 +372,8 @@ typedef struct nsa_forward_args {
     nsa_tensor block_indices;
     /* outputs */
     nsa_tensor o;            /* [T, Hq, Dv], dtype = cfg.dtype */
-    nsa_tensor lse[3];       /* optional fp32 [T, Hq]; -inf where a branch sees nothing;
+    nsa_tensor lse[3];       /* optional fp32 (F64 calls: f64) [T, Hq]; -inf where a
+                              * branch sees nothing;
                               * giving the LSE of a disabled branch (n = 0 or w = 0)
                               * is NSA_ERR_INVALID_VALUE */
     nsa_tensor selected;     /* optional int32 [T, Hkv, n]: the indices the library
@@ -415,7 +428,7 @@ NSA_API nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa
  *
  * Every gradient is optional: a NULL buffer means "not wanted" and its work is
  * skipped where it is not needed by another. Gradients have the dtype of their
- * input (cfg.dtype; dgate fp32) and the shape and layout rules of the input's
+ * input (cfg.dtype; dgate fp32, f64 in an F64 call) and the shape and layout rules of the input's
  * view (dw_k ... dpe_v contiguous).
  *
  * Shared inputs: when one k (or v) tensor serves several branches, pass the same
@@ -431,11 +444,11 @@ typedef struct nsa_backward_args {
     nsa_tensor q;            /* [T, Hq, Dqk] */
     nsa_tensor k[3];         /* per branch [T, Hkv, Dqk] */
     nsa_tensor v[3];         /* per branch [T, Hkv, Dv] */
-    nsa_tensor gate[3];      /* fp32 [T, Hq] */
+    nsa_tensor gate[3];      /* fp32 [T, Hq] (F64 calls: f64, as all three below) */
     nsa_tensor w_k, w_v, pe_k, pe_v; /* LINEAR */
     nsa_tensor kc, vc;       /* EXTERNAL */
     /* what the forward returned */
-    nsa_tensor lse[3];       /* fp32 [T, Hq]: required for every enabled branch, not
+    nsa_tensor lse[3];       /* fp32 (f64) [T, Hq]: required for every enabled branch, not
                               * allowed for a disabled one */
     nsa_tensor block_indices;/* int32 [T, Hkv, n]: required when n > 0 */
     nsa_tensor dout;         /* [T, Hq, Dv], cfg.dtype: dL/do */
@@ -443,7 +456,7 @@ typedef struct nsa_backward_args {
     nsa_tensor dq;           /* [T, Hq, Dqk] */
     nsa_tensor dk[3];        /* per branch [T, Hkv, Dqk] (see "Shared inputs") */
     nsa_tensor dv[3];        /* per branch [T, Hkv, Dv] */
-    nsa_tensor dgate[3];     /* fp32 [T, Hq]: dL/dg_b = dO . o_b */
+    nsa_tensor dgate[3];     /* fp32 (f64) [T, Hq]: dL/dg_b = dO . o_b */
     nsa_tensor dw_k, dw_v;   /* LINEAR: [Hkv, l, D, D] */
     nsa_tensor dpe_k, dpe_v; /* LINEAR with pe: [Hkv, l, D] */
     nsa_tensor dkc, dvc;     /* EXTERNAL: [total_cmp_blocks, Hkv, D] */
@@ -512,8 +525,10 @@ NSA_API nsa_status nsa_set_backend_path(const char *dirs);
 
 /* ------------------------------------------------------------------ utilities */
 
-/* Converts n elements between f32, f16 and bf16 on the host (round to nearest even).
- * n * 4 bytes must fit in int64 and size_t (NSA_ERR_INVALID_VALUE otherwise). */
+/* Converts n elements between f32, f16, bf16 and (added in 0.4) f64 on the host
+ * (round to nearest even, once; f64 to f16 or bf16 is one rounding, not two).
+ * n * 4 bytes (n * 8 when either dtype is f64) must fit in int64 and size_t
+ * (NSA_ERR_INVALID_VALUE otherwise). */
 NSA_API nsa_status nsa_convert(const void *src, nsa_dtype src_dtype, void *dst, nsa_dtype dst_dtype,
                                int64_t n);
 

@@ -185,6 +185,25 @@ int main(void)
         nsa_buffer_free(ws);
     }
 
+    /* enum values are part of the ABI: the dtypes keep their numbers (f64, added
+     * in 0.4, took the next free one) and the library's names and sizes agree */
+    {
+        static const struct {
+            nsa_dtype dt;
+            int value;
+            size_t size;
+            const char *name;
+        } dts[] = {{NSA_DTYPE_F32, 0, 4, "f32"}, {NSA_DTYPE_F16, 1, 2, "f16"}, {NSA_DTYPE_BF16, 2, 2, "bf16"},
+                   {NSA_DTYPE_I32, 3, 4, "i32"}, {NSA_DTYPE_F64, 4, 8, "f64"}};
+        for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+            CHECK((int)dts[i].dt == dts[i].value, "dtype %s has value %d, the ABI fixed %d", dts[i].name,
+                  (int)dts[i].dt, dts[i].value);
+            CHECK(nsa_dtype_size(dts[i].dt) == dts[i].size && strcmp(nsa_dtype_name(dts[i].dt), dts[i].name) == 0,
+                  "dtype %d: size %zu, name %s", dts[i].value, nsa_dtype_size(dts[i].dt), nsa_dtype_name(dts[i].dt));
+        }
+        CHECK(nsa_dtype_size((nsa_dtype)5) == 0, "dtype 5 is unknown");
+    }
+
 done:
     nsa_plan_destroy(plan);
     nsa_context_destroy(ctx);

@@ -17,8 +17,10 @@
  * Also checked: bitwise determinism run to run, and (cpu) the same bits on one
  * thread as on several.
  *
- * Usage: test_backward [backend] [modes] [corpus]    (defaults: cpu f32,f16,bf16 small)
+ * Usage: test_backward [backend] [modes] [corpus]    (defaults: cpu f32,f16,bf16,f64 small)
  * A backend that is unavailable, or refuses training plans, exits 77 (skipped).
+ * Mode f64 (tolerance 1e-10, semantics 7 "f64") is reported skipped on a backend
+ * that refuses f64 plans (every GPU backend) and must run on cpu.
  */
 #include <check.h>
 #include <math.h>
@@ -29,10 +31,10 @@
 #include "testkit.h"
 
 static const char *g_backend = "cpu";
-static const char *g_modes = "f32,f16,bf16";
+static const char *g_modes = "f32,f16,bf16,f64";
 static const char *g_corpus = "small";
 static nsa_context *g_ctx;
-static double g_worst[3];
+static double g_worst[NSA_DTYPE_F64 + 1]; /* by dtype */
 static long g_elems, g_cases;
 
 /* The forward on ctx for the LSEs and the selection, then the backward. */
@@ -52,7 +54,7 @@ static void run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *in
         ck_assert_ptr_nonnull(sel);
         memcpy(sel, src, (size_t)(T * Hkv * n) * sizeof *sel);
     }
-    s = tk_run_backward(ctx, c, in, dO, fo.lse, sel, got, msg, sizeof msg);
+    s = tk_run_backward(ctx, c, in, dO, fo.lse_d, sel, got, msg, sizeof msg);
     ck_assert_msg(s == NSA_SUCCESS, "%s: %s", c->label, msg);
     tk_output_free(&fo);
     *sel_out = sel;
@@ -133,6 +135,32 @@ END_TEST
 START_TEST(test_f16) { run_mode(NSA_DTYPE_F16); }
 END_TEST
 START_TEST(test_bf16) { run_mode(NSA_DTYPE_BF16); }
+END_TEST
+START_TEST(test_f64)
+{
+    /* a backend without f64 refuses the plan, naming itself and the dtype */
+    nsa_config cfg;
+    nsa_config_init(&cfg);
+    cfg.num_q_heads = 2;
+    cfg.num_kv_heads = 1;
+    cfg.head_dim_qk = cfg.head_dim_v = 8;
+    cfg.dtype = NSA_DTYPE_F64;
+    cfg.flags = NSA_CONFIG_TRAINING;
+    const int64_t cu[2] = {0, 64};
+    nsa_plan *p = NULL;
+    const nsa_status s = nsa_plan_create(g_ctx, &cfg, cu, 1, &p);
+    char m[1024];
+    snprintf(m, sizeof m, "%s", nsa_last_error());
+    nsa_plan_destroy(p);
+    if (s == NSA_ERR_UNSUPPORTED && strcmp(nsa_context_backend(g_ctx), "cpu") != 0) {
+        ck_assert_msg(strstr(m, "f64") && strstr(m, nsa_context_backend(g_ctx)),
+                      "the refusal of f64 must name the dtype and the backend: %s", m);
+        printf("backward-%s f64: SKIPPED, the backend does not support f64 (%s)\n", g_backend, m);
+        return;
+    }
+    ck_assert_msg(s == NSA_SUCCESS, "nsa_plan_create (f64 training): %s: %s", nsa_status_string(s), m);
+    run_mode(NSA_DTYPE_F64);
+}
 END_TEST
 
 /* cpu: one thread gives the same bits as several (the reductions' order does
@@ -292,6 +320,7 @@ int main(int argc, char **argv)
     if (has_mode("f32")) tcase_add_test(tc, test_f32);
     if (has_mode("f16")) tcase_add_test(tc, test_f16);
     if (has_mode("bf16")) tcase_add_test(tc, test_bf16);
+    if (has_mode("f64")) tcase_add_test(tc, test_f64);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_stage_kernels);
     suite_add_tcase(su, tc);
@@ -300,8 +329,10 @@ int main(int argc, char **argv)
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    printf("backward-%s: %ld cases, %ld gradient elements; worst error / tolerance f32 %.3g, f16 %.3g, bf16 %.3g\n",
-           g_backend, g_cases, g_elems, g_worst[NSA_DTYPE_F32], g_worst[NSA_DTYPE_F16], g_worst[NSA_DTYPE_BF16]);
+    printf("backward-%s: %ld cases, %ld gradient elements; worst error / tolerance f32 %.3g, f16 %.3g, bf16 %.3g, "
+           "f64 %.3g\n",
+           g_backend, g_cases, g_elems, g_worst[NSA_DTYPE_F32], g_worst[NSA_DTYPE_F16], g_worst[NSA_DTYPE_BF16],
+           g_worst[NSA_DTYPE_F64]);
     free(g_cases_list);
     nsa_context_destroy(g_ctx);
     return failed ? 1 : 0;

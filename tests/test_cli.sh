@@ -107,6 +107,24 @@ expect_bad "run --seqlens sum overflows"    "--seqlens: the sequence lengths mus
 expect_bad "run --batch x --T overflows"    "--T x --batch: the sequence lengths must be >= 0 and add up" -- "$nsa" run --backend cpu --T 4611686018427387904 --batch 2 --hq 1 --hkv 1 --dqk 1 --dv 1
 expect_bad "run: LINEAR w_k overflows"      "w_k \[Hkv, l, Dqk, Dqk\] would need more than 2\^63 bytes" -- \
   "$nsa" run --backend cpu --T 1 --compress linear --hq 65536 --hkv 65536 --l 1048576 --d 1048576 --ls 1048576 --dqk 16384 --dv 1 --n 0 --w 0
+# f64 (cpu only): checked at the f64 tolerances, outputs and gradients written as '<f8';
+# '<f8' inputs pass the same checks as the others, and (the tool's inputs being f32
+# values) an f64 run refuses a '<f8' value that is not exact in f32
+f64=(run --backend cpu --T 300 --hq 8 --hkv 2 --dqk 16 --dv 16 --n 4 --w 64 --dtype f64)
+expect "run --dtype f64 checks at the f64 tolerance" 0 "PASS \(f64 tolerance" -- "$nsa" "${f64[@]}" --backward --outputs "$tmp/f64o"
+expect "run --dtype f64 --backward checks the gradients" 0 "gradient elements.*PASS" -- "$nsa" "${f64[@]}" --backward
+for f in o lse_cmp dq dk dg_win; do
+  if head -c 64 "$tmp/f64o/$f.npy" 2>/dev/null | grep -q "'<f8'"; then ok "f64 wrote $f.npy as <f8"; else bad "f64 wrote $f.npy as <f8"; fi
+done
+mkdir -p "$tmp/f64in" "$tmp/f64bad" "$tmp/f64lie"
+"$python" "$craft" npy "$tmp/f64in/q.npy" 300,8,16 '<f8' 307200          # zeros: exact in f32
+expect "--inputs takes a <f8 q" 0 "read from .*: q" -- "$nsa" "${f64[@]}" --inputs "$tmp/f64in"
+cp "$tmp/f64o/o.npy" "$tmp/f64bad/q.npy"                                   # fp64 values
+expect_bad "--inputs: f64 q not exact in f32 is refused" "is not exact in f32" -- "$nsa" "${f64[@]}" --inputs "$tmp/f64bad"
+expect "--inputs: a <f8 q rounds to bf16" 0 "PASS" -- "$nsa" run --backend cpu --T 300 --hq 8 --hkv 2 --dqk 16 --dv 16 --n 4 --w 64 --dtype bf16 --inputs "$tmp/f64bad"
+"$python" "$craft" npy "$tmp/f64lie/q.npy" 1152921504606846976,4,1 '<f8' 0  # 2^60 rows of 8 bytes
+expect_bad "--inputs: <f8 q.npy header claims 2^60 rows" "needs 4611686018427387904 elements, but the file has only 0 bytes" -- "$nsa" run --backend cpu --dtype f64 --inputs "$tmp/f64lie"
+
 # .npy headers that lie about their size, trailing bytes, missing files
 mkdir -p "$tmp/lie60" "$tmp/lie4g" "$tmp/lie62" "$tmp/trail" "$tmp/dangle"
 "$python" "$craft" npy "$tmp/lie60/q.npy" 1152921504606846976,4,1 '<f4' 0   # 2^60 rows, no --T

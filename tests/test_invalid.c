@@ -33,6 +33,7 @@ typedef struct fixture {
     int nbufs;
     nsa_buffer *ws;
     nsa_plan_info info;
+    size_t esz; /* bytes per element of buffer(): 4, or 8 for an f64 fixture */
 } fixture;
 
 static fixture F;
@@ -56,11 +57,12 @@ static void small_config(nsa_config *c)
     c->dtype = NSA_DTYPE_F32;
 }
 
-/* A zero-filled buffer of `elements` 4-byte elements, freed by teardown. */
+/* A zero-filled buffer of `elements` elements of F.esz bytes (4 unless a test
+ * makes an f64 fixture), freed by teardown. */
 static nsa_buffer *buffer(nsa_context *ctx, int64_t elements)
 {
     nsa_buffer *b = NULL;
-    size_t bytes = (size_t)elements * 4;
+    size_t bytes = (size_t)elements * F.esz;
     ck_assert_int_eq(nsa_buffer_alloc(ctx, bytes, &b), NSA_SUCCESS);
     ck_assert_int_eq(nsa_buffer_fill(b, 0, 0, bytes), NSA_SUCCESS);
     ck_assert_int_lt(F.nbufs, 128);
@@ -116,6 +118,7 @@ static void build(void)
 static void setup(void)
 {
     memset(&F, 0, sizeof F);
+    F.esz = 4;
     ck_assert_int_eq(nsa_context_create("cpu", 0, &F.ctx), NSA_SUCCESS);
     ck_assert_int_eq(nsa_context_create("cpu", 0, &F.ctx2), NSA_SUCCESS);
     small_config(&F.cfg);
@@ -750,6 +753,108 @@ START_TEST(wrong_context)
 }
 END_TEST
 
+/* f64 (semantics 7): every float tensor of an f64 call is 8 bytes an element,
+ * the gates, LSEs and dgate included; a view sized for f32 (or an f32 gate
+ * beside f64 tensors) reaches past its buffer, and the message names the
+ * tensor and f64. The workspace grows for 8-byte rows. */
+START_TEST(f64_dtype_rules)
+{
+    const size_t ws32 = F.info.workspace_bytes;
+    /* positive control: an f64 forward and backward on 8-byte buffers */
+    F.cfg.dtype = NSA_DTYPE_F64;
+    F.cfg.flags = NSA_CONFIG_TRAINING;
+    F.esz = 8;
+    build();
+    nsa_plan *p32 = NULL;
+    nsa_config c32 = F.cfg;
+    c32.dtype = NSA_DTYPE_F32;
+    ck_assert_int_eq(nsa_plan_create(F.ctx, &c32, F.cu, 1, &p32), NSA_SUCCESS);
+    nsa_plan_info i32;
+    ck_assert_int_eq(nsa_plan_get_info(p32, &i32), NSA_SUCCESS);
+    nsa_plan_destroy(p32);
+    ck_assert_msg(F.info.workspace_bytes > i32.workspace_bytes && F.info.workspace_bytes <= 2 * i32.workspace_bytes,
+                  "f64 training workspace %zu bytes, f32 %zu: the float rows must be 8 bytes", F.info.workspace_bytes,
+                  i32.workspace_bytes);
+    ck_assert_uint_gt(ws32, 0);
+    EXPECT_OK(nsa_forward(F.plan, &F.args, F.ws));
+    nsa_backward_args b = backward_args();
+    EXPECT_OK(nsa_backward(F.plan, &b, F.ws));
+    EXPECT_OK(nsa_backward(F.plan, &b, NULL));
+    /* a workspace sized for the f32 plan is too small */
+    nsa_buffer *small = NULL;
+    ck_assert_int_eq(nsa_buffer_alloc(F.ctx, i32.workspace_bytes, &small), NSA_SUCCESS);
+    EXPECT(nsa_forward(F.plan, &F.args, small), NSA_ERR_BUFFER_TOO_SMALL, "workspace");
+    nsa_buffer_free(small);
+    /* mixed dtypes: f32-sized q, gate, LSE, dgate, dout in an f64 call */
+    const int64_t hq = F.cfg.num_q_heads, dk = F.cfg.head_dim_qk, dv = F.cfg.head_dim_v;
+    F.esz = 4;
+    nsa_forward_args a = F.args;
+    a.q = dense(buffer(F.ctx, T * hq * dk), hq, dk);
+    EXPECT(nsa_forward(F.plan, &a, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->q [20, 2, 4] of f64");
+    a = F.args;
+    a.gate[NSA_BRANCH_SLC] = dense(buffer(F.ctx, T * hq), hq, 1);
+    EXPECT(nsa_forward(F.plan, &a, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->gate[slc] [20, 2, 1] of f64");
+    a = F.args;
+    a.lse[NSA_BRANCH_WIN] = dense(buffer(F.ctx, T * hq), hq, 1);
+    EXPECT(nsa_forward(F.plan, &a, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->lse[win] [20, 2, 1] of f64");
+    nsa_backward_args x = b;
+    x.dgate[NSA_BRANCH_CMP] = dense(buffer(F.ctx, T * hq), hq, 1);
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->dgate[cmp] [20, 2, 1] of f64");
+    x = b;
+    x.lse[NSA_BRANCH_CMP] = dense(buffer(F.ctx, T * hq), hq, 1);
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->lse[cmp] [20, 2, 1] of f64");
+    x = b;
+    x.dout = dense(buffer(F.ctx, T * hq * dv), hq, dv);
+    EXPECT(nsa_backward(F.plan, &x, F.ws), NSA_ERR_BUFFER_TOO_SMALL, "args->dout [20, 2, 3] of f64");
+    /* and the other way: f32 views of f64-sized buffers are fine (the dtype is the config's) */
+    F.cfg.dtype = NSA_DTYPE_F32;
+    F.esz = 8;
+    build();
+    EXPECT_OK(nsa_forward(F.plan, &F.args, F.ws));
+    /* nsa_convert: f64 both ways, one rounding to f16 */
+    double d[2] = {1.0 + 0x1p-11 + 0x1p-40, -3.0}; /* just above the f16 tie 1 + 2^-11: rounds up */
+    uint16_t h[2];
+    float f[2];
+    double back[2];
+    EXPECT_OK(nsa_convert(d, NSA_DTYPE_F64, h, NSA_DTYPE_F16, 2));
+    ck_assert_uint_eq(h[0], 0x3c01);
+    ck_assert_uint_eq(h[1], 0xc200);
+    EXPECT_OK(nsa_convert(d, NSA_DTYPE_F64, f, NSA_DTYPE_F32, 2));
+    EXPECT_OK(nsa_convert(f, NSA_DTYPE_F32, back, NSA_DTYPE_F64, 2));
+    ck_assert(back[0] == (double)(float)d[0] && back[1] == -3.0);
+    EXPECT(nsa_convert(d, NSA_DTYPE_F64, f, NSA_DTYPE_F32, INT64_C(1) << 61), NSA_ERR_INVALID_VALUE, "n");
+    ck_assert_uint_eq(nsa_dtype_size(NSA_DTYPE_F64), 8);
+    ck_assert_str_eq(nsa_dtype_name(NSA_DTYPE_F64), "f64");
+}
+END_TEST
+
+/* A backend without f64 (a module without supports(): the core's default is
+ * every dtype but f64) refuses an f64 plan with NSA_ERR_UNSUPPORTED naming the
+ * backend and the dtype, whatever the batch (T = 0 too), and takes f32. */
+START_TEST(f64_on_a_backend_without_it)
+{
+    ck_assert_int_eq(nsa_set_backend_path(FAKE_FAILING_DIR), NSA_SUCCESS);
+    nsa_context *ctx = NULL;
+    ck_assert_msg(nsa_context_create("fakeplan", 0, &ctx) == NSA_SUCCESS, "fakeplan context: %s", nsa_last_error());
+    nsa_config c = F.cfg;
+    c.dtype = NSA_DTYPE_F64;
+    nsa_plan *p = NULL;
+    EXPECT(nsa_plan_create(ctx, &c, F.cu, 1, &p), NSA_ERR_UNSUPPORTED, "backend fakeplan does not support dtype f64");
+    ck_assert_ptr_null(p);
+    const int64_t empty[2] = {0, 0};
+    EXPECT(nsa_plan_create(ctx, &c, empty, 1, &p), NSA_ERR_UNSUPPORTED, "dtype f64");
+    ck_assert_ptr_null(p);
+    c.flags = NSA_CONFIG_TRAINING;
+    EXPECT(nsa_plan_create(ctx, &c, F.cu, 1, &p), NSA_ERR_UNSUPPORTED, "dtype f64");
+    c.flags = 0;
+    c.dtype = NSA_DTYPE_F32;
+    EXPECT_OK(nsa_plan_create(ctx, &c, F.cu, 1, &p));
+    ck_assert_int_eq(nsa_plan_destroy(p), NSA_SUCCESS);
+    ck_assert_int_eq(nsa_context_destroy(ctx), NSA_SUCCESS);
+    ck_assert_int_eq(nsa_set_backend_path(NULL), NSA_SUCCESS);
+}
+END_TEST
+
 START_TEST(misc_values)
 {
     nsa_context *ctx = NULL;
@@ -892,6 +997,8 @@ int main(void)
     tcase_add_test(tc, unknown_flags);
     tcase_add_test(tc, wrong_context);
     tcase_add_test(tc, misc_values);
+    tcase_add_test(tc, f64_dtype_rules);
+    tcase_add_test(tc, f64_on_a_backend_without_it);
     tcase_add_test(tc, plan_validates_before_allocating);
     tcase_add_test(tc, too_many_tokens_names_cu_seqlens);
     tcase_add_test(tc, tensor_extents_near_int64_max);

@@ -4,7 +4,9 @@
  *
  *   test_oracle <backend> [modes] [corpus]
  *     backend  cpu | opencl | cuda | hip  (a name nsa_context_create accepts)
- *     modes    comma list of f32, f16, bf16, fixed  (default: all four)
+ *     modes    comma list of f32, f16, bf16, fixed, f64  (default: all five; f64
+ *              is reported skipped on a backend that refuses it, as every GPU
+ *              backend does, and must run on cpu)
  *     corpus   full | small                         (default: full; the environment
  *              variable NSA_TEST_CORPUS overrides, for sanitizer runs)
  *   NSA_TEST_CASE=substring runs only the cases whose label contains it.
@@ -87,6 +89,33 @@ END_TEST
 START_TEST(test_fixed)
 {
     run_corpus(NSA_DTYPE_F32, 1, "fixed-indices f32");
+}
+END_TEST
+
+/* f64 (semantics 7, "f64"): where the backend has it, the corpus against the
+ * oracle with fp64 tolerances (1e-12 of the output scale), and the
+ * fixed-indices mode; where it does not, nsa_plan_create must refuse it with
+ * NSA_ERR_UNSUPPORTED naming the backend and the dtype, and the mode is
+ * reported skipped. The cpu backend must have it. */
+START_TEST(test_f64)
+{
+    tk_case c = g_cases[0];
+    tk_case_set_dtype(&c, NSA_DTYPE_F64);
+    nsa_plan *plan = NULL;
+    nsa_status s = nsa_plan_create(g_ctx, &c.cfg, c.cu_seqlens, c.batch, &plan);
+    char m[TK_MSG_MAX];
+    snprintf(m, sizeof m, "%s", nsa_last_error());
+    nsa_plan_destroy(plan);
+    if (s == NSA_ERR_UNSUPPORTED && strcmp(nsa_context_backend(g_ctx), "cpu") != 0) {
+        ck_assert_msg(strstr(m, "f64") && strstr(m, nsa_context_backend(g_ctx)),
+                      "the refusal of f64 must name the dtype and the backend: %s", m);
+        printf("parity-%s f64: SKIPPED, the backend does not support f64 (%s)\n", g_backend, m);
+        fflush(stdout);
+        return;
+    }
+    ck_assert_msg(s == NSA_SUCCESS, "nsa_plan_create (f64): %s: %s", nsa_status_string(s), m);
+    run_corpus(NSA_DTYPE_F64, 0, "f64");
+    run_corpus(NSA_DTYPE_F64, 1, "fixed-indices f64");
 }
 END_TEST
 
@@ -221,11 +250,11 @@ END_TEST
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s <backend> [f32,f16,bf16,fixed] [full|small]\n", argv[0]);
+        fprintf(stderr, "usage: %s <backend> [f32,f16,bf16,fixed,f64] [full|small]\n", argv[0]);
         return 2;
     }
     g_backend = argv[1];
-    const char *modes = argc > 2 ? argv[2] : "f32,f16,bf16,fixed";
+    const char *modes = argc > 2 ? argv[2] : "f32,f16,bf16,fixed,f64";
     if (argc > 3) g_corpus = argv[3];
     if (getenv("NSA_TEST_CORPUS") && *getenv("NSA_TEST_CORPUS")) g_corpus = getenv("NSA_TEST_CORPUS");
 
@@ -258,6 +287,7 @@ int main(int argc, char **argv)
     if (strstr(buf, ",f16,")) tcase_add_test(tc, test_f16);
     if (strstr(buf, ",bf16,")) tcase_add_test(tc, test_bf16);
     if (strstr(buf, ",fixed,")) tcase_add_test(tc, test_fixed);
+    if (strstr(buf, ",f64,")) tcase_add_test(tc, test_f64);
     suite_add_tcase(suite, tc);
 
     SRunner *sr = srunner_create(suite);

@@ -10,7 +10,7 @@
 #include "tool.h"
 
 const char *const compress_choices = "mean|linear|external";
-const char *const dtype_choices = "f32|f16|bf16";
+const char *const dtype_choices = "f32|f16|bf16|f64";
 
 const char config_flags_help[] =
     "problem (defaults: the paper's configuration, nsa_config_init):\n"
@@ -22,7 +22,7 @@ const char config_flags_help[] =
 
 nsa_dtype config_flags_dtype(int index)
 {
-    return index == 0 ? NSA_DTYPE_F32 : index == 1 ? NSA_DTYPE_F16 : NSA_DTYPE_BF16;
+    return index == 0 ? NSA_DTYPE_F32 : index == 1 ? NSA_DTYPE_F16 : index == 3 ? NSA_DTYPE_F64 : NSA_DTYPE_BF16;
 }
 
 void config_flags_defaults(config_flags *f)
@@ -46,7 +46,7 @@ void config_flags_defaults(config_flags *f)
     f->w = cfg.window;
     f->scale = cfg.scale;
     f->compress = (int)cfg.compress;
-    f->dtype = cfg.dtype == NSA_DTYPE_F32 ? 0 : cfg.dtype == NSA_DTYPE_F16 ? 1 : 2;
+    f->dtype = cfg.dtype == NSA_DTYPE_F32 ? 0 : cfg.dtype == NSA_DTYPE_F16 ? 1 : cfg.dtype == NSA_DTYPE_F64 ? 3 : 2;
     f->seed = 1;
 }
 

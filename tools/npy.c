@@ -20,6 +20,7 @@ size_t npy_type_size(npy_type type)
     case NPY_BF16: return 2;
     case NPY_I32: return 4;
     case NPY_I64: return 8;
+    case NPY_F64: return 8;
     }
     return 0;
 }
@@ -32,6 +33,7 @@ const char *npy_type_descr(npy_type type)
     case NPY_BF16: return "<u2";
     case NPY_I32: return "<i4";
     case NPY_I64: return "<i8";
+    case NPY_F64: return "<f8";
     }
     return "?";
 }
@@ -101,6 +103,7 @@ static int parse_descr(const char *v, npy_type *type)
     else if (strcmp(d, "<u2") == 0) *type = NPY_BF16;
     else if (strcmp(d, "<i4") == 0) *type = NPY_I32;
     else if (strcmp(d, "<i8") == 0) *type = NPY_I64;
+    else if (strcmp(d, "<f8") == 0) *type = NPY_F64;
     else return -1;
     return 0;
 }
@@ -187,7 +190,7 @@ int npy_read_stream(FILE *f, int64_t size, const char *name, npy_array *out, int
     v = dict_value(header, "descr");
     if (parse_descr(v, &out->type) != 0) {
         fail(err, err_size,
-             "%s: unsupported dtype in header '%.200s' (accepted: <f4 <f2 <u2(bf16 bits) <i4 <i8, "
+             "%s: unsupported dtype in header '%.200s' (accepted: <f4 <f2 <f8 <u2(bf16 bits) <i4 <i8, "
              "little-endian)",
              name, header);
         goto bad;

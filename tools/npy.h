@@ -2,12 +2,13 @@
  * Reading and writing NumPy .npy files (format versions 1.0, 2.0 and 3.0 are
  * read; 1.0 is written: the headers written here are always short).
  *
- * Element types: '<f4' (float32), '<f2' (float16), '<i4', '<i8', and '<u2'.
+ * Element types: '<f4' (float32), '<f2' (float16), '<f8' (float64), '<i4', '<i8',
+ * and '<u2'.
  * NumPy has no bfloat16, so the nsa command stores bf16 as '<u2' holding the raw
  * 16 bits (the upper half of the float32 pattern): a '<u2' file given where a
- * float tensor is expected is read as bf16 bits. The command always WRITES float
- * outputs as '<f4' (every f16/bf16 value is exact in f32), so its outputs load in
- * numpy without any conversion.
+ * float tensor is expected is read as bf16 bits. The command WRITES float outputs
+ * as '<f4' (every f16/bf16 value is exact in f32), and as '<f8' in an f64 run, so
+ * its outputs load in numpy without any conversion or loss.
  *
  * Only C order (fortran_order False) and little-endian data are accepted ('|' is
  * accepted for one-byte types, '=' is taken as little-endian); anything else is
@@ -32,7 +33,8 @@ typedef enum npy_type {
     NPY_F16 = 1, /* '<f2' */
     NPY_BF16 = 2,/* '<u2' raw bf16 bits */
     NPY_I32 = 3, /* '<i4' */
-    NPY_I64 = 4  /* '<i8' */
+    NPY_I64 = 4, /* '<i8' */
+    NPY_F64 = 5  /* '<f8' */
 } npy_type;
 
 typedef struct npy_array {

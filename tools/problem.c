@@ -115,7 +115,7 @@ nsa_status problem_setup(nsa_context *ctx, const tk_case *c, const tk_inputs *in
     for (int br = 0; br < 3; br++) {
         if (!on[br] || !in->gate[br])
             continue;
-        s = upload(p, in->gate[br], T * Hq, NSA_DTYPE_F32, &b, what);
+        s = upload(p, in->gate[br], T * Hq, tk_float_dtype(cfg->dtype), &b, what); /* f32; f64 in an f64 call */
         if (s != NSA_SUCCESS)
             goto fail;
         p->args.gate[br] = rows(b, Hq, 1);
@@ -154,11 +154,12 @@ nsa_status problem_setup(nsa_context *ctx, const tk_case *c, const tk_inputs *in
     for (int br = 0; br < 3; br++) {
         if (!on[br])
             continue;
-        s = new_buffer(p, (size_t)(T * Hq) * sizeof(float), &b, what);
+        const size_t lbytes = (size_t)(T * Hq) * nsa_dtype_size(tk_float_dtype(cfg->dtype));
+        s = new_buffer(p, lbytes, &b, what);
         if (s != NSA_SUCCESS)
             goto fail;
         p->args.lse[br] = rows(b, Hq, 1);
-        p->output_bytes += (size_t)(T * Hq) * sizeof(float);
+        p->output_bytes += lbytes;
     }
     p->given = indices && n > 0 ? indices : NULL;
     if (n > 0 && !p->given) { /* the library refuses `selected` next to given indices */
@@ -242,7 +243,7 @@ nsa_status problem_backward_setup(problem *p, char *err, size_t err_size)
     GRAD(b->dq = rows(buf, Hq, Dqk), T * Hq * Dqk, cfg->dtype);
     for (int br = 0; br < 3; br++) {
         if (!on[br]) continue;
-        GRAD(b->dgate[br] = rows(buf, Hq, 1), T * Hq, NSA_DTYPE_F32);
+        GRAD(b->dgate[br] = rows(buf, Hq, 1), T * Hq, tk_float_dtype(cfg->dtype));
         if (br == NSA_BRANCH_CMP && ext) continue;
         int same_k = -1, same_v = -1; /* an earlier branch with the same tensor shares its gradient */
         for (int a = 0; a < br; a++) {
@@ -344,9 +345,10 @@ nsa_status problem_download(problem *p, tk_output *out, char *err, size_t err_si
     out->tokens = T;
     snprintf(out->stages, sizeof out->stages, "%s", p->info.stages);
     out->o = malloc(sizeof(float) * (size_t)(no ? no : 1));
+    out->o_d = malloc(sizeof(double) * (size_t)(no ? no : 1));
     out->o_raw = malloc(obytes ? obytes : 1);
     out->o_raw_bytes = obytes;
-    if (!out->o || !out->o_raw) {
+    if (!out->o || !out->o_d || !out->o_raw) {
         *what = "malloc";
         s = NSA_ERR_OUT_OF_MEMORY;
         goto fail;
@@ -355,22 +357,35 @@ nsa_status problem_download(problem *p, tk_output *out, char *err, size_t err_si
         *what = "nsa_buffer_read (o)";
         goto fail;
     }
-    if (no && (s = nsa_convert(out->o_raw, cfg->dtype, out->o, NSA_DTYPE_F32, no)) != NSA_SUCCESS) {
+    if (no && ((s = nsa_convert(out->o_raw, cfg->dtype, out->o, NSA_DTYPE_F32, no)) != NSA_SUCCESS ||
+               (s = nsa_convert(out->o_raw, cfg->dtype, out->o_d, NSA_DTYPE_F64, no)) != NSA_SUCCESS)) {
         *what = "nsa_convert (o)";
         goto fail;
     }
+    const nsa_dtype fdt = tk_float_dtype(cfg->dtype); /* the LSEs' type: f32, f64 in an f64 call */
     for (int br = 0; br < 3; br++) {
         if (!p->args.lse[br].buffer)
             continue;
         out->lse[br] = malloc(sizeof(float) * (size_t)(T > 0 ? T * Hq : 1));
-        if (!out->lse[br]) {
+        out->lse_d[br] = malloc(sizeof(double) * (size_t)(T > 0 ? T * Hq : 1));
+        if (!out->lse[br] || !out->lse_d[br]) {
             *what = "malloc";
             s = NSA_ERR_OUT_OF_MEMORY;
             goto fail;
         }
-        if (T > 0 && (s = nsa_buffer_read(p->args.lse[br].buffer, 0, out->lse[br],
-                                           sizeof(float) * (size_t)(T * Hq))) != NSA_SUCCESS) {
+        /* read into the doubles' room (large enough for either type), then convert */
+        if (T > 0 && (s = nsa_buffer_read(p->args.lse[br].buffer, 0, out->lse_d[br],
+                                           nsa_dtype_size(fdt) * (size_t)(T * Hq))) != NSA_SUCCESS) {
             *what = "nsa_buffer_read (lse)";
+            goto fail;
+        }
+        if (T > 0 && fdt == NSA_DTYPE_F32) {
+            memcpy(out->lse[br], out->lse_d[br], sizeof(float) * (size_t)(T * Hq));
+            for (int64_t i = T * Hq - 1; i >= 0; i--) /* widen in place, from the end */
+                out->lse_d[br][i] = (double)out->lse[br][i];
+        } else if (T > 0 && (s = nsa_convert(out->lse_d[br], NSA_DTYPE_F64, out->lse[br], NSA_DTYPE_F32, T * Hq)) !=
+                                NSA_SUCCESS) {
+            *what = "nsa_convert (lse)";
             goto fail;
         }
     }
@@ -402,9 +417,12 @@ void problem_output_free(tk_output *out)
     if (!out)
         return;
     free(out->o);
+    free(out->o_d);
     free(out->o_raw);
-    for (int br = 0; br < 3; br++)
+    for (int br = 0; br < 3; br++) {
         free(out->lse[br]);
+        free(out->lse_d[br]);
+    }
     free(out->sel);
     memset(out, 0, sizeof *out);
 }

@@ -38,7 +38,7 @@ int run_backward_do(const char *cmd, nsa_context *ctx, const char *backend, cons
     }
     const int32_t *sel = c->fixed_indices ? in->given : fwd->sel;
     double t0 = tool_now();
-    nsa_status s = tk_run_backward(ctx, c, in, dO, fwd->lse, sel, &r->g, msg, sizeof msg);
+    nsa_status s = tk_run_backward(ctx, c, in, dO, fwd->lse_d, sel, &r->g, msg, sizeof msg);
     r->seconds = tool_now() - t0;
     if (s != NSA_SUCCESS) {
         fprintf(stderr, "%s: backward: %s\n", cmd, msg);
@@ -77,7 +77,7 @@ int run_backward_do(const char *cmd, nsa_context *ctx, const char *backend, cons
             nsa_context *cpu = NULL;
             tk_grads cg;
             s = nsa_context_create("cpu", 0, &cpu);
-            if (s == NSA_SUCCESS) s = tk_run_backward(cpu, c, in, dO, fwd->lse, sel, &cg, msg, sizeof msg);
+            if (s == NSA_SUCCESS) s = tk_run_backward(cpu, c, in, dO, fwd->lse_d, sel, &cg, msg, sizeof msg);
             nsa_context_destroy(cpu);
             if (s == NSA_SUCCESS) { /* the cpu's gradients as the reference */
                 for (int i = 0; i < TK_G_COUNT; i++) {
@@ -138,6 +138,11 @@ int run_backward_write(const char *cmd, const char *dir, const tk_case *c, const
             shape[0] = Nc, shape[1] = Hkv, shape[2] = i == TK_G_KC ? Dk : Dv;
         }
         const int64_t n = r->g.n[i];
+        if (c->cfg.dtype == NSA_DTYPE_F64) { /* '<f8': the gradients as computed */
+            int rc = run_outputs_write_f64(cmd, dir, name, nd, shape, r->g.t[i]);
+            if (rc) return rc;
+            continue;
+        }
         float *f = malloc((size_t)(n + 1) * sizeof *f);
         if (!f) {
             fprintf(stderr, "%s: out of memory writing %s\n", cmd, name);

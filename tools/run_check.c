@@ -47,6 +47,24 @@ static float *rows_f(const float *src, int64_t first, int64_t count, int64_t wid
     return dst;
 }
 
+/* The same for doubles (the outputs as read back: an f64 run's are not floats). */
+static double *rows_d(const double *src, int64_t first, int64_t count, int64_t width, double *dst)
+{
+    if (src && dst)
+        memcpy(dst, src + first * width, sizeof(double) * (size_t)(count * width));
+    return dst;
+}
+
+static double *alloc_d(const void *want, int64_t n, int *bad)
+{
+    if (!want)
+        return NULL;
+    double *p = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    if (!p)
+        *bad = 1;
+    return p;
+}
+
 typedef struct sub_problem {
     tk_case c;
     tk_inputs in;
@@ -63,7 +81,9 @@ static void sub_free(sub_problem *s)
             free(s->in.v[b]);
         free(s->in.gate[b]);
         free(s->got.lse[b]);
+        free(s->got.lse_d[b]);
     }
+    free(s->got.o_d);
     free(s->in.kc);
     free(s->in.vc);
     free(s->in.given);
@@ -113,6 +133,7 @@ static int sub_make(const tk_case *c, const tk_inputs *in, const tk_output *got,
             s->in.gate[b] = alloc_f(T * Hq, &bad);
         if (got->lse[b])
             s->got.lse[b] = alloc_f(T * Hq, &bad);
+        s->got.lse_d[b] = alloc_d(got->lse_d[b], T * Hq, &bad);
     }
     s->in.w_k = in->w_k;
     s->in.w_v = in->w_v;
@@ -126,6 +147,7 @@ static int sub_make(const tk_case *c, const tk_inputs *in, const tk_output *got,
         s->in.given = malloc(sizeof(int32_t) * (size_t)(T * Hkv * n + 1));
     s->got.tokens = T;
     s->got.o = alloc_f(T * Hq * Dv, &bad);
+    s->got.o_d = alloc_d(got->o_d, T * Hq * Dv, &bad);
     if (got->sel)
         s->got.sel = malloc(sizeof(int32_t) * (size_t)(T * Hkv * n + 1));
     if (bad || (in->given && !s->in.given) || (got->sel && !s->got.sel)) {
@@ -149,6 +171,8 @@ static int sub_make(const tk_case *c, const tk_inputs *in, const tk_output *got,
                 rows_f(in->gate[b], first, P, Hq, s->in.gate[b] + at * Hq);
             if (s->got.lse[b])
                 rows_f(got->lse[b], first, P, Hq, s->got.lse[b] + at * Hq);
+            if (s->got.lse_d[b])
+                rows_d(got->lse_d[b], first, P, Hq, s->got.lse_d[b] + at * Hq);
         }
         if (in->kc) {
             rows_f(in->kc, cmp_first, ncp, Hkv * Dqk, s->in.kc + atc * Hkv * Dqk);
@@ -158,6 +182,8 @@ static int sub_make(const tk_case *c, const tk_inputs *in, const tk_output *got,
             memcpy(s->in.given + at * Hkv * n, in->given + first * Hkv * n,
                    sizeof(int32_t) * (size_t)(P * Hkv * n));
         rows_f(got->o, first, P, Hq * Dv, s->got.o + at * Hq * Dv);
+        if (s->got.o_d)
+            rows_d(got->o_d, first, P, Hq * Dv, s->got.o_d + at * Hq * Dv);
         if (got->sel)
             memcpy(s->got.sel + at * Hkv * n, got->sel + first * Hkv * n,
                    sizeof(int32_t) * (size_t)(P * Hkv * n));

@@ -98,8 +98,8 @@ static int read_checked(const char *cmd, const char *path, int ndim, const int64
                 npy_shape_string(ndim, shape, want, sizeof want));
         return TOOL_EXIT_USAGE;
     }
-    if (floats && a->type != NPY_F32 && a->type != NPY_F16 && a->type != NPY_BF16) {
-        fprintf(stderr, "%s: %s: dtype %s; a float tensor must be <f4, <f2 or <u2 (bf16 bits)\n",
+    if (floats && a->type != NPY_F32 && a->type != NPY_F16 && a->type != NPY_BF16 && a->type != NPY_F64) {
+        fprintf(stderr, "%s: %s: dtype %s; a float tensor must be <f4, <f2, <f8 or <u2 (bf16 bits)\n",
                 cmd, path, npy_type_descr(a->type));
         return TOOL_EXIT_USAGE;
     }
@@ -116,7 +116,11 @@ static int read_checked(const char *cmd, const char *path, int ndim, const int64
 }
 
 /* Reads dir/name.npy as floats rounded to dtype, checking its shape. Returns 0
- * (file absent: *out untouched, *found 0), or an exit code with a message. */
+ * (file absent: *out untouched, *found 0), or an exit code with a message.
+ * Values are rounded once to dtype (from '<f8' too). The tool keeps its inputs as
+ * f32 values, so an f64 run takes only values that are exact in f32 (every
+ * '<f4', '<f2', '<u2' file; a '<f8' file whose values are): a '<f8' value that is
+ * not is refused, never rounded behind the caller's back. */
 static int load_floats(const char *cmd, const char *dir, const char *name, int ndim,
                        const int64_t *shape, nsa_dtype dtype, float **out, int *found)
 {
@@ -133,7 +137,7 @@ static int load_floats(const char *cmd, const char *dir, const char *name, int n
     if ((rc = read_checked(cmd, path, ndim, shape, 1, &a)) != 0)
         return rc;
     f = malloc(sizeof(float) * (size_t)(a.count ? a.count : 1));
-    tmp = malloc(4 * (size_t)(a.count ? a.count : 1));
+    tmp = malloc(8 * (size_t)(a.count ? a.count : 1)); /* room for any dtype, f64 included */
     if (!f || !tmp) {
         free(f);
         free(tmp);
@@ -142,13 +146,31 @@ static int load_floats(const char *cmd, const char *dir, const char *name, int n
         return TOOL_EXIT_FAIL;
     }
     if (a.count) {
-        nsa_dtype src = a.type == NPY_F32 ? NSA_DTYPE_F32 : a.type == NPY_F16 ? NSA_DTYPE_F16
-                                                                              : NSA_DTYPE_BF16;
-        s = nsa_convert(a.data, src, f, NSA_DTYPE_F32, a.count);
-        if (s == NSA_SUCCESS && dtype != NSA_DTYPE_F32) {
-            s = nsa_convert(f, NSA_DTYPE_F32, tmp, dtype, a.count);
+        nsa_dtype src = a.type == NPY_F32   ? NSA_DTYPE_F32
+                        : a.type == NPY_F16 ? NSA_DTYPE_F16
+                        : a.type == NPY_F64 ? NSA_DTYPE_F64
+                                            : NSA_DTYPE_BF16;
+        if (dtype == NSA_DTYPE_F32 || dtype == NSA_DTYPE_F64) {
+            s = nsa_convert(a.data, src, f, NSA_DTYPE_F32, a.count);
+        } else { /* f16, bf16: one rounding from the file's values, then exact in f32 */
+            s = nsa_convert(a.data, src, tmp, dtype, a.count);
             if (s == NSA_SUCCESS)
                 s = nsa_convert(tmp, dtype, f, NSA_DTYPE_F32, a.count);
+        }
+        if (s == NSA_SUCCESS && dtype == NSA_DTYPE_F64 && src == NSA_DTYPE_F64) {
+            const double *d = a.data;
+            for (int64_t i = 0; i < a.count; i++)
+                if ((double)f[i] != d[i] && !(d[i] != d[i])) {
+                    fprintf(stderr,
+                            "%s: %s: element %lld = %.17g is not exact in f32; the nsa tool keeps its inputs as "
+                            "f32 values, so an f64 run takes <f8 files of f32 values (the Python package takes "
+                            "any float64)\n",
+                            cmd, path, (long long)i, d[i]);
+                    free(f);
+                    free(tmp);
+                    npy_free(&a);
+                    return TOOL_EXIT_USAGE;
+                }
         }
     }
     free(tmp);
@@ -436,10 +458,13 @@ int run_outputs_write(const char *cmd, const char *dir, const tk_case *c, const 
     static const char *const lse_name[3] = {"lse_cmp", "lse_slc", "lse_win"};
     if (make_dir(cmd, dir))
         return TOOL_EXIT_FAIL;
-    if (write_one(cmd, dir, "o", NPY_F32, 3, so, out->o))
+    /* f64: o and the LSEs as '<f8', from the doubles read back (nothing rounded) */
+    const int f64 = g->dtype == NSA_DTYPE_F64 && out->o_d;
+    if (write_one(cmd, dir, "o", f64 ? NPY_F64 : NPY_F32, 3, so, f64 ? (const void *)out->o_d : (const void *)out->o))
         return TOOL_EXIT_FAIL;
     for (int b = 0; b < 3; b++)
-        if (out->lse[b] && write_one(cmd, dir, lse_name[b], NPY_F32, 2, sl, out->lse[b]))
+        if (out->lse[b] && write_one(cmd, dir, lse_name[b], f64 && out->lse_d[b] ? NPY_F64 : NPY_F32, 2, sl,
+                                     f64 && out->lse_d[b] ? (const void *)out->lse_d[b] : (const void *)out->lse[b]))
             return TOOL_EXIT_FAIL;
     if (n > 0 && out->sel && write_one(cmd, dir, "selected", NPY_I32, 3, ss, out->sel))
         return TOOL_EXIT_FAIL;
@@ -458,4 +483,12 @@ int run_outputs_write_f32(const char *cmd, const char *dir, const char *name, in
     if (make_dir(cmd, dir))
         return TOOL_EXIT_FAIL;
     return write_one(cmd, dir, name, NPY_F32, ndim, shape, data);
+}
+
+int run_outputs_write_f64(const char *cmd, const char *dir, const char *name, int ndim, const int64_t *shape,
+                          const double *data)
+{
+    if (make_dir(cmd, dir))
+        return TOOL_EXIT_FAIL;
+    return write_one(cmd, dir, name, NPY_F64, ndim, shape, data);
 }

@@ -54,6 +54,9 @@ int run_inputs_write(const char *cmd, const char *dir, const tk_case *c, const t
 int run_inputs_load_floats(const char *cmd, const char *dir, const char *name, int ndim, const int64_t *shape,
                            nsa_dtype dtype, float **out, int *found);
 /* Writes dir/name.npy ('<f4'), creating dir if missing. Returns 0 or 1. */
+/* The same as '<f8' (an f64 run's gradients). */
+int run_outputs_write_f64(const char *cmd, const char *dir, const char *name, int ndim, const int64_t *shape,
+                          const double *data);
 int run_outputs_write_f32(const char *cmd, const char *dir, const char *name, int ndim, const int64_t *shape,
                           const float *data);
 /* Writes out's tensors into dir (created if missing). Returns 0 or 1. */

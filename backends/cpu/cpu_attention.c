@@ -12,7 +12,8 @@
  * over a list of key-row ranges, in double: logits first, then their maximum
  * m, then sum = sum_s exp(logit_s - m), o = (sum_s exp(logit_s - m) v_s) / sum
  * and lse = m + log(sum) (natural log of the scaled logits). Keys are visited
- * in ascending order; o_b is stored as f32, lse as f32. The G query heads of
+ * in ascending order; o_b and lse are stored once in the call's float type (f32,
+ * f64 in an f64 call: nsa_bk_float_dtype). The G query heads of
  * a KV head share their keys and are computed together.
  *
  * Parallel over tokens; one thread computes all heads of a token.
@@ -93,7 +94,7 @@ static attn_scratch scratch_parts(void *mem, const nsa_config *cfg, int64_t max_
  *   sum = sum_s exp(logit_s - m), o = (sum_s exp(logit_s - m) v_s) / sum,
  *   lse = m + log(sum),
  * all in double, keys in ascending order; o_b[branch](t, h) and, if given,
- * lse[branch](t, h) are stored as f32. No keys: o = 0 and lse = -inf. */
+ * lse[branch](t, h) are stored in the float type. No keys: o = 0 and lse = -inf. */
 static void attend_group(const nsa_bk_args *a, int branch, const nsa_bk_tensor *k, const nsa_bk_tensor *v,
                          int64_t t, int64_t g, const key_range *ranges, int64_t nranges, const attn_job *job,
                          const attn_scratch *s)
@@ -148,14 +149,16 @@ static void attend_group(const nsa_bk_args *a, int branch, const nsa_bk_tensor *
         }
 
     /* 4. normalise and store */
+    const nsa_bk_tensor *ob = &a->o_b[branch];
     for (int64_t u = 0; u < G; u++) {
         int64_t h = g * G + u;
-        float *o = nsa_cpu_f32_at(&a->o_b[branch], t, h);
         const double *acc = s->acc + u * Dv;
-        for (int64_t c = 0; c < Dv; c++)
-            o[c] = n ? (float)(acc[c] / s->sum[u]) : 0.0f;
+        for (int64_t c = 0; c < Dv; c++) /* s->row holds max(Dqk, Dv) doubles */
+            s->row[c] = n ? acc[c] / s->sum[u] : 0.0;
+        nsa_cpu_store_row(s->row, nsa_cpu_base(ob), ob->dtype, nsa_cpu_at(ob, t, h), Dv);
         if (a->lse[branch].buf)
-            *nsa_cpu_f32_at(&a->lse[branch], t, h) = n ? (float)(s->max[u] + log(s->sum[u])) : -INFINITY;
+            nsa_cpu_fset(&a->lse[branch], nsa_cpu_at(&a->lse[branch], t, h),
+                         n ? s->max[u] + log(s->sum[u]) : -INFINITY);
     }
 }
 
@@ -259,17 +262,11 @@ static nsa_status run_attention(const nsa_cpu_context *ctx, const nsa_bk_args *a
 
 /* ---- stage entry points */
 
-static nsa_status check_f32(const nsa_bk_tensor *t, const char *stage, const char *name, int optional)
+/* o_b and lse have the call's float type */
+static nsa_status check_float(const nsa_bk_args *a, const nsa_bk_tensor *t, const char *stage, const char *name,
+                              int optional)
 {
-    if (optional && !t->buf)
-        return NSA_SUCCESS;
-    if (!t->buf)
-        return nsa_cpu_host()->set_error(NSA_ERR_MISSING_TENSOR, "cpu backend: stage %s needs tensor %s", stage,
-                                         name);
-    if (t->dtype != NSA_DTYPE_F32)
-        return nsa_cpu_host()->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: stage %s: tensor %s must be f32",
-                                         stage, name);
-    return NSA_SUCCESS;
+    return nsa_cpu_need_float(a, t, stage, name, optional, NSA_ERR_UNSUPPORTED);
 }
 
 nsa_status nsa_cpu_cmp_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
@@ -278,8 +275,8 @@ nsa_status nsa_cpu_cmp_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     const char *s = "cmp_attn";
     nsa_status st;
     if ((st = nsa_cpu_need(&a->q, s, "q", 1, 0)) || (st = nsa_cpu_need(&a->kc, s, "kc", 1, 0)) ||
-        (st = nsa_cpu_need(&a->vc, s, "vc", 1, 0)) || (st = check_f32(&a->o_b[NSA_BRANCH_CMP], s, "o_cmp", 0)) ||
-        (st = check_f32(&a->lse[NSA_BRANCH_CMP], s, "lse_cmp", 1)))
+        (st = nsa_cpu_need(&a->vc, s, "vc", 1, 0)) || (st = check_float(a, &a->o_b[NSA_BRANCH_CMP], s, "o_cmp", 0)) ||
+        (st = check_float(a, &a->lse[NSA_BRANCH_CMP], s, "lse_cmp", 1)))
         return st;
     return run_attention(ctx, a, s, p->max_nc, 1, cmp_tokens);
 }
@@ -293,8 +290,8 @@ nsa_status nsa_cpu_slc_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     if ((st = nsa_cpu_need(&a->q, s, "q", 1, 0)) || (st = nsa_cpu_need(&a->k[NSA_BRANCH_SLC], s, "k_slc", 1, 0)) ||
         (st = nsa_cpu_need(&a->v[NSA_BRANCH_SLC], s, "v_slc", 1, 0)) ||
         (st = nsa_cpu_need(&a->indices, s, "indices", 0, 1)) ||
-        (st = check_f32(&a->o_b[NSA_BRANCH_SLC], s, "o_slc", 0)) ||
-        (st = check_f32(&a->lse[NSA_BRANCH_SLC], s, "lse_slc", 1)))
+        (st = check_float(a, &a->o_b[NSA_BRANCH_SLC], s, "o_slc", 0)) ||
+        (st = check_float(a, &a->lse[NSA_BRANCH_SLC], s, "lse_slc", 1)))
         return st;
     /* at most n blocks of l_s tokens, and never more than the sequence */
     int64_t n = cfg->num_selected;
@@ -312,8 +309,8 @@ nsa_status nsa_cpu_win_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     nsa_status st;
     if ((st = nsa_cpu_need(&a->q, s, "q", 1, 0)) || (st = nsa_cpu_need(&a->k[NSA_BRANCH_WIN], s, "k_win", 1, 0)) ||
         (st = nsa_cpu_need(&a->v[NSA_BRANCH_WIN], s, "v_win", 1, 0)) ||
-        (st = check_f32(&a->o_b[NSA_BRANCH_WIN], s, "o_win", 0)) ||
-        (st = check_f32(&a->lse[NSA_BRANCH_WIN], s, "lse_win", 1)))
+        (st = check_float(a, &a->o_b[NSA_BRANCH_WIN], s, "o_win", 0)) ||
+        (st = check_float(a, &a->lse[NSA_BRANCH_WIN], s, "lse_win", 1)))
         return st;
     int64_t max_keys = p->cfg.window < p->max_len ? p->cfg.window : p->max_len;
     return run_attention(ctx, a, s, max_keys, 1, win_tokens);

@@ -34,7 +34,7 @@ nsa_status nsa_cpu_need(const nsa_bk_tensor *t, const char *stage, const char *n
     if ((float_ok && nsa_cpu_is_float(t->dtype)) || (i32_ok && t->dtype == NSA_DTYPE_I32))
         return NSA_SUCCESS;
     return g_host->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: stage %s: tensor %s has dtype %d, expected %s",
-                             stage, name, (int)t->dtype, float_ok ? "f32, f16 or bf16" : "i32");
+                             stage, name, (int)t->dtype, float_ok ? "f32, f16, bf16 or f64" : "i32");
 }
 
 /* ---- device */

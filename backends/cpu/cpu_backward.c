@@ -8,15 +8,17 @@
  *     ds_r = p_r (g_b e_r - D)
  *     dq  += scale sum_r ds_r k_r   dk_r += scale ds_r q   dv_r += p_r g_b dO
  * Each attention stage runs two passes, both in double:
- *   1. over query tokens (parallel): dg_b, D (kept in `delta` as f32) and dq;
+ *   1. over query tokens (parallel): dg_b, D (kept in `delta`) and dq;
  *   2. over key rows (parallel): dk_r, dv_r summed over every query row that
  *      reads r, queries ascending, heads ascending (the compressed branch: one
  *      compressed row per item; window: one token; selected: one block of l_s
  *      tokens, and only the queries whose selection holds it).
  * So every accumulator element is summed by one thread in a fixed order, and
  * the result does not depend on the thread count (no atomics). Each stage adds
- * its part to the f32 accumulators (zeroed by the core), rounding once per
- * stage; BWD_STORE rounds the accumulators once to the dtype.
+ * its part to the accumulators (zeroed by the core), rounding once per stage;
+ * BWD_STORE rounds the accumulators once to the dtype. delta, the accumulators,
+ * the LSEs, gates and dgate have the call's float type: f32, or f64 in an f64
+ * call, whose gradients then round nowhere before BWD_STORE's f64 store.
  *
  * BWD_COMPRESS takes dkc, dvc back through phi: MEAN gives each of a block's l
  * rows dkc_i / l; LINEAR gives the rows and pe dkc_i W[g, j]^T and W the outer
@@ -79,11 +81,22 @@ static int64_t key_ranges(const nsa_bk_args *a, int b, int64_t t, int64_t g, ran
     return nr;
 }
 
-/* f32 accumulator row += x (rounded once to float) */
+/* float accumulator elements [at, at + n) += x (rounded once to the float type) */
+static void add_at(const nsa_bk_tensor *acc, int64_t at, const double *x, int64_t n)
+{
+    if (acc->dtype == NSA_DTYPE_F64) {
+        double *dst = (double *)nsa_cpu_base(acc) + at;
+        for (int64_t i = 0; i < n; i++) dst[i] += x[i];
+        return;
+    }
+    float *dst = (float *)nsa_cpu_base(acc) + at;
+    for (int64_t i = 0; i < n; i++) dst[i] = (float)((double)dst[i] + x[i]);
+}
+
+/* accumulator row (row, head) += x */
 static void add_row(const nsa_bk_tensor *acc, int64_t row, int64_t head, const double *x, int64_t n)
 {
-    float *dst = nsa_cpu_f32_at(acc, row, head);
-    for (int64_t i = 0; i < n; i++) dst[i] = (float)((double)dst[i] + x[i]);
+    add_at(acc, nsa_cpu_at(acc, row, head), x, n);
 }
 
 /* ---- pass 1: per query token (dg, delta, dq) */
@@ -123,8 +136,8 @@ static void pass1_tokens(void *user, int64_t begin, int64_t end, void *mem)
                 const int64_t h = g * G + u;
                 nsa_cpu_load_row(nsa_cpu_base(&a->q), a->q.dtype, nsa_cpu_at(&a->q, t, h), Dqk, q + u * Dqk);
                 nsa_cpu_load_row(nsa_cpu_base(&a->dout), a->dout.dtype, nsa_cpu_at(&a->dout, t, h), Dv, dO + u * Dv);
-                lse[u] = *nsa_cpu_f32_at(&a->lse[b], t, h);
-                gate[u] = *nsa_cpu_f32_at(&a->gate[b], t, h);
+                lse[u] = nsa_cpu_fget(&a->lse[b], nsa_cpu_at(&a->lse[b], t, h));
+                gate[u] = nsa_cpu_fget(&a->gate[b], nsa_cpu_at(&a->gate[b], t, h));
             }
             /* p_r and e_r for every key, in the forward's order */
             int64_t n = 0;
@@ -142,8 +155,8 @@ static void pass1_tokens(void *user, int64_t begin, int64_t end, void *mem)
                 const int64_t h = g * G + u;
                 double dg = 0.0;
                 for (int64_t i = 0; i < n; i++) dg += pw[u * cap + i] * ev[u * cap + i];
-                if (a->dgate[b].buf) *nsa_cpu_f32_at(&a->dgate[b], t, h) = (float)dg;
-                *nsa_cpu_f32_at(&a->delta, t, h) = (float)(gate[u] * dg);
+                if (a->dgate[b].buf) nsa_cpu_fset(&a->dgate[b], nsa_cpu_at(&a->dgate[b], t, h), dg);
+                nsa_cpu_fset(&a->delta, nsa_cpu_at(&a->delta, t, h), gate[u] * dg);
                 /* ds_i = p_i (g e_i - D) = g p_i (e_i - dg), kept in pw */
                 for (int64_t i = 0; i < n; i++) pw[u * cap + i] *= gate[u] * (ev[u * cap + i] - dg);
             }
@@ -212,9 +225,10 @@ static void key_set(const nsa_bk_args *a, int b, int64_t g, int64_t r0, int64_t 
         }
         for (int64_t u = 0; u < G; u++) {
             const int64_t h = g * G + u;
-            const double lse = *nsa_cpu_f32_at(&a->lse[b], t, h);
+            const double lse = nsa_cpu_fget(&a->lse[b], nsa_cpu_at(&a->lse[b], t, h));
             if (isinf(lse) && lse < 0) continue; /* the row sees nothing */
-            const double gate = *nsa_cpu_f32_at(&a->gate[b], t, h), delta = *nsa_cpu_f32_at(&a->delta, t, h);
+            const double gate = nsa_cpu_fget(&a->gate[b], nsa_cpu_at(&a->gate[b], t, h));
+            const double delta = nsa_cpu_fget(&a->delta, nsa_cpu_at(&a->delta, t, h));
             nsa_cpu_load_row(nsa_cpu_base(&a->q), a->q.dtype, nsa_cpu_at(&a->q, t, h), Dqk, qo);
             nsa_cpu_load_row(nsa_cpu_base(&a->dout), a->dout.dtype, nsa_cpu_at(&a->dout, t, h), Dv, qo + Dqk);
             for (int64_t i = 0; i < nv; i++) {
@@ -266,14 +280,10 @@ static void pass2_items(void *user, int64_t begin, int64_t end, void *mem)
 
 /* ---- stage entry points */
 
-static nsa_status need_f32(const nsa_bk_tensor *t, const char *stage, const char *name)
+/* the core's float tensors (LSEs, gates, delta, accumulators): the call's float type */
+static nsa_status need_f32(const nsa_bk_args *a, const nsa_bk_tensor *t, const char *stage, const char *name)
 {
-    if (!t->buf)
-        return nsa_cpu_host()->set_error(NSA_ERR_MISSING_TENSOR, "cpu backend: stage %s needs tensor %s", stage, name);
-    if (t->dtype != NSA_DTYPE_F32)
-        return nsa_cpu_host()->set_error(NSA_ERR_INTERNAL, "cpu backend: stage %s: tensor %s must be f32", stage,
-                                         name);
-    return NSA_SUCCESS;
+    return nsa_cpu_need_float(a, t, stage, name, 0, NSA_ERR_INTERNAL);
 }
 
 static nsa_status attn_backward(const nsa_cpu_context *ctx, const nsa_bk_args *a, int b, const char *stage)
@@ -283,8 +293,8 @@ static nsa_status attn_backward(const nsa_cpu_context *ctx, const nsa_bk_args *a
     nsa_status st;
     if ((st = nsa_cpu_need(&a->q, stage, "q", 1, 0)) || (st = nsa_cpu_need(&a->dout, stage, "dout", 1, 0)) ||
         (st = nsa_cpu_need(keys_of(a, b), stage, "k", 1, 0)) ||
-        (st = nsa_cpu_need(values_of(a, b), stage, "v", 1, 0)) || (st = need_f32(&a->lse[b], stage, "lse")) ||
-        (st = need_f32(&a->gate[b], stage, "gate")) || (st = need_f32(&a->delta, stage, "delta")) ||
+        (st = nsa_cpu_need(values_of(a, b), stage, "v", 1, 0)) || (st = need_f32(a, &a->lse[b], stage, "lse")) ||
+        (st = need_f32(a, &a->gate[b], stage, "gate")) || (st = need_f32(a, &a->delta, stage, "delta")) ||
         (b == NSA_BRANCH_SLC && (st = nsa_cpu_need(&a->indices, stage, "indices", 0, 1))))
         return st;
     int64_t keys1, ranges1 = 1, keys2 = 1, items = p->total_tokens;
@@ -354,13 +364,12 @@ static void compress_rows_bwd(void *user, int64_t begin, int64_t end, void *mem)
             for (int64_t g = 0; g < cfg->num_kv_heads; g++) {
                 for (int64_t c = 0; c < D; c++) acc[c] = 0.0;
                 for (int64_t i = i0; i <= i1; i++) {
-                    const float *gi = nsa_cpu_f32_at(dc, p->cu_cmp[seq] + i, g);
+                    nsa_cpu_load_row(nsa_cpu_base(dc), dc->dtype, nsa_cpu_at(dc, p->cu_cmp[seq] + i, g), D, row);
                     if (!linear) {
-                        for (int64_t c = 0; c < D; c++) acc[c] += (double)gi[c] / (double)l;
+                        for (int64_t c = 0; c < D; c++) acc[c] += row[c] / (double)l;
                         continue;
                     }
                     const int64_t j = tl - i * d, w0 = w->offset + (g * l + j) * D * D;
-                    for (int64_t c = 0; c < D; c++) row[c] = gi[c];
                     for (int64_t r = 0; r < D; r++) { /* (dkc_i W^T)[r] = sum_c W[r][c] dkc_i[c] */
                         nsa_cpu_load_row(nsa_cpu_base(w), w->dtype, w0 + r * D, D, wrow);
                         acc[r] += nsa_cpu_dot(wrow, row, D);
@@ -399,24 +408,20 @@ static void compress_weights_bwd(void *user, int64_t begin, int64_t end, void *m
                             const int64_t tok = p->cu_seqlens[seq] + (row - p->cu_cmp[seq]) * d + j;
                             nsa_cpu_load_row(nsa_cpu_base(xin), xin->dtype, nsa_cpu_at(xin, tok, g) + r, 1, x);
                             const double ar = x[0] + (pin->buf ? pe[r] : 0.0);
-                            const float *gi = nsa_cpu_f32_at(dc, row, g);
-                            for (int64_t c = 0; c < D; c++) acc[c] += ar * (double)gi[c];
+                            nsa_cpu_axpy_row(ar, nsa_cpu_base(dc), dc->dtype, nsa_cpu_at(dc, row, g), D, acc);
                         }
-                    float *dst = (float *)nsa_cpu_base(dw) + dw->offset + ((g * l + j) * D + r) * D;
-                    for (int64_t c = 0; c < D; c++) dst[c] = (float)((double)dst[c] + acc[c]);
+                    add_at(dw, dw->offset + ((g * l + j) * D + r) * D, acc, D);
                 }
             }
             if (dpe->buf) {
                 for (int64_t c = 0; c < D; c++) sum[c] = 0.0;
-                for (int64_t row = 0; row < p->total_cmp; row++) {
-                    const float *gi = nsa_cpu_f32_at(dc, row, g);
-                    for (int64_t c = 0; c < D; c++) sum[c] += (double)gi[c];
-                }
+                for (int64_t row = 0; row < p->total_cmp; row++)
+                    nsa_cpu_axpy_row(1.0, nsa_cpu_base(dc), dc->dtype, nsa_cpu_at(dc, row, g), D, sum);
                 const int64_t w0 = w->offset + (g * l + j) * D * D;
-                float *dst = (float *)nsa_cpu_base(dpe) + dpe->offset + (g * l + j) * D;
                 for (int64_t r = 0; r < D; r++) {
                     nsa_cpu_load_row(nsa_cpu_base(w), w->dtype, w0 + r * D, D, x);
-                    dst[r] = (float)((double)dst[r] + nsa_cpu_dot(x, sum, D));
+                    const double dr = nsa_cpu_dot(x, sum, D);
+                    add_at(dpe, dpe->offset + (g * l + j) * D + r, &dr, 1);
                 }
             }
         }
@@ -430,7 +435,7 @@ nsa_status nsa_cpu_bwd_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a
     const char *s = "bwd_compress";
     nsa_status st;
     if (cfg->compress == NSA_COMPRESS_EXTERNAL || p->total_cmp == 0) return NSA_SUCCESS;
-    if ((st = need_f32(&a->dkc_acc, s, "dkc_acc")) || (st = need_f32(&a->dvc_acc, s, "dvc_acc"))) return st;
+    if ((st = need_f32(a, &a->dkc_acc, s, "dkc_acc")) || (st = need_f32(a, &a->dvc_acc, s, "dvc_acc"))) return st;
     const int linear = cfg->compress == NSA_COMPRESS_LINEAR;
     if (linear && ((st = nsa_cpu_need(&a->w_k, s, "w_k", 1, 0)) || (st = nsa_cpu_need(&a->w_v, s, "w_v", 1, 0)) ||
                    ((a->dw_k_acc.buf || a->dw_v_acc.buf) &&
@@ -461,7 +466,7 @@ static void store_rows(void *user, int64_t begin, int64_t end, void *mem)
         if (k == a->num_store) continue;
         const nsa_bk_store *s = &a->store[k];
         for (int64_t h = 0; h < s->heads; h++) {
-            nsa_cpu_load_row(nsa_cpu_base(&s->acc), NSA_DTYPE_F32, nsa_cpu_at(&s->acc, row, h), s->dim, x);
+            nsa_cpu_load_row(nsa_cpu_base(&s->acc), s->acc.dtype, nsa_cpu_at(&s->acc, row, h), s->dim, x);
             nsa_cpu_store_row(x, nsa_cpu_base(&s->out), s->out.dtype, nsa_cpu_at(&s->out, row, h), s->dim);
         }
     }
@@ -472,7 +477,7 @@ nsa_status nsa_cpu_bwd_store(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     int64_t rows = 0, dim = 1;
     for (int k = 0; k < a->num_store; k++) {
         nsa_status st;
-        if ((st = need_f32(&a->store[k].acc, "bwd_store", "acc")) ||
+        if ((st = need_f32(a, &a->store[k].acc, "bwd_store", "acc")) ||
             (st = nsa_cpu_need(&a->store[k].out, "bwd_store", "out", 1, 0)))
             return st;
         rows += a->store[k].rows;

@@ -3,7 +3,8 @@
  *
  *   o(t, h) = sum over enabled branches b of g_b(t, h) * o_b(t, h)
  *
- * in double, branches in the order cmp, slc, win, stored once in cfg dtype
+ * in double, branches in the order cmp, slc, win (o_b and the gates of the
+ * call's float type: f32, or f64 in an f64 call), stored once in cfg dtype
  * (round to nearest even). A disabled branch has o_b[b].buf == NULL; its gate
  * is not read. With no branch enabled o = 0.
  */
@@ -24,8 +25,8 @@ static void combine_tokens(void *user, int64_t begin, int64_t end, void *mem)
             for (int b = 0; b < 3; b++) {
                 if (!a->o_b[b].buf)
                     continue;
-                double gate = *nsa_cpu_f32_at(&a->gate[b], t, h);
-                nsa_cpu_axpy_row(gate, nsa_cpu_base(&a->o_b[b]), NSA_DTYPE_F32, nsa_cpu_at(&a->o_b[b], t, h), Dv,
+                double gate = nsa_cpu_fget(&a->gate[b], nsa_cpu_at(&a->gate[b], t, h));
+                nsa_cpu_axpy_row(gate, nsa_cpu_base(&a->o_b[b]), a->o_b[b].dtype, nsa_cpu_at(&a->o_b[b], t, h), Dv,
                                  acc);
             }
             nsa_cpu_store_row(acc, nsa_cpu_base(&a->o), a->o.dtype, nsa_cpu_at(&a->o, t, h), Dv);
@@ -41,11 +42,9 @@ nsa_status nsa_cpu_combine(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     for (int b = 0; b < 3; b++) {
         if (!a->o_b[b].buf)
             continue;
-        if ((st = nsa_cpu_need(&a->gate[b], "combine", names[b][1], 1, 0)))
+        if ((st = nsa_cpu_need_float(a, &a->gate[b], "combine", names[b][1], 0, NSA_ERR_UNSUPPORTED)) ||
+            (st = nsa_cpu_need_float(a, &a->o_b[b], "combine", names[b][0], 0, NSA_ERR_UNSUPPORTED)))
             return st;
-        if (a->o_b[b].dtype != NSA_DTYPE_F32 || a->gate[b].dtype != NSA_DTYPE_F32)
-            return nsa_cpu_host()->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: combine: %s and %s must be f32",
-                                             names[b][0], names[b][1]);
     }
     const nsa_bk_plan *p = a->plan;
     return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, nsa_cpu_doubles(p->cfg.head_dim_v),

@@ -2,15 +2,16 @@
  * cpu_compress.c: stage COMPRESS, semantics section 1 ("Compression").
  *
  * Compressed block i of sequence b covers its tokens [i*d, i*d + l - 1] and is
- * stored in row cu_cmp[b] + i of kc / vc (f32 [total_cmp, Hkv, D]):
+ * stored in row cu_cmp[b] + i of kc / vc (float [total_cmp, Hkv, D]: f32, or f64
+ * in an f64 call):
  *   MEAN      kc_i = (1/l) sum_{j<l} k[i*d + j]
  *   LINEAR    kc_i = sum_{j<l} (k[i*d + j] + pe_K[g, j]) @ W_K[g, j]
  *             out[c] = sum_r x[r] * W[g][j][r][c]  (W row = input feature)
  *   EXTERNAL  kc_i = kc_in[row]  (the caller's values, already of the dtype)
  * and the same for v / vc with Dv. kc / vc are tensors of the call's dtype
  * (semantics section 7): MEAN and LINEAR sum in fp64 and then round each element
- * once, to nearest even, to cfg->dtype; the f32 workspace holds that rounded value
- * (exact for f16 / bf16). Parallel over compressed rows; each row is computed
+ * once, to nearest even, to cfg->dtype; the workspace holds that rounded value
+ * (exact for f16 / bf16; f64 keeps the fp64 sum itself). Parallel over compressed rows; each row is computed
  * wholly by one thread, sums in ascending j, then r.
  */
 #include <string.h>
@@ -25,7 +26,7 @@ typedef struct compress_job {
 } compress_job;
 
 /* Rounds each of acc[0 .. D-1] once to dt (f16 / bf16: correctly rounded from the
- * double; f32: left to the store, which rounds to float). */
+ * double; f32: left to the store, which rounds to float; f64: nothing to do). */
 static void round_to_dtype(double *acc, int64_t D, nsa_dtype dt)
 {
     if (dt == NSA_DTYPE_F16)
@@ -48,7 +49,7 @@ static void compress_mean(const nsa_bk_tensor *x, const nsa_bk_tensor *out, int6
     for (int64_t c = 0; c < D; c++)
         acc[c] /= (double)l;
     round_to_dtype(acc, D, dt);
-    nsa_cpu_store_row(acc, nsa_cpu_base(out), NSA_DTYPE_F32, nsa_cpu_at(out, row, g), D);
+    nsa_cpu_store_row(acc, nsa_cpu_base(out), out->dtype, nsa_cpu_at(out, row, g), D);
 }
 
 /* LINEAR: sum_j (x[j] + pe[g, j]) @ W[g, j] (section 1), rounded to dt. W is
@@ -73,15 +74,15 @@ static void compress_linear(const nsa_bk_tensor *x, const nsa_bk_tensor *w, cons
             nsa_cpu_axpy_row(xr[r], wb, w->dtype, wrow0 + r * D, D, acc);
     }
     round_to_dtype(acc, D, dt);
-    nsa_cpu_store_row(acc, nsa_cpu_base(out), NSA_DTYPE_F32, nsa_cpu_at(out, row, g), D);
+    nsa_cpu_store_row(acc, nsa_cpu_base(out), out->dtype, nsa_cpu_at(out, row, g), D);
 }
 
-/* EXTERNAL: the caller's compressed row (already of the dtype: exact in f32). */
+/* EXTERNAL: the caller's compressed row (already of the dtype: exact in the float type). */
 static void compress_external(const nsa_bk_tensor *in, const nsa_bk_tensor *out, int64_t row, int64_t g,
                               int64_t D, double *acc)
 {
     nsa_cpu_load_row(nsa_cpu_base(in), in->dtype, nsa_cpu_at(in, row, g), D, acc);
-    nsa_cpu_store_row(acc, nsa_cpu_base(out), NSA_DTYPE_F32, nsa_cpu_at(out, row, g), D);
+    nsa_cpu_store_row(acc, nsa_cpu_base(out), out->dtype, nsa_cpu_at(out, row, g), D);
 }
 
 static void compress_rows(void *user, int64_t begin, int64_t end, void *scratch)
@@ -154,8 +155,9 @@ nsa_status nsa_cpu_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a)
         return nsa_cpu_host()->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: unknown compress mode %d",
                                          (int)p->cfg.compress);
     }
-    if (a->kc.dtype != NSA_DTYPE_F32 || a->vc.dtype != NSA_DTYPE_F32)
-        return nsa_cpu_host()->set_error(NSA_ERR_INTERNAL, "cpu backend: compress: kc/vc workspace must be f32");
+    if ((st = nsa_cpu_need_float(a, &a->kc, s, "kc", 0, NSA_ERR_INTERNAL)) ||
+        (st = nsa_cpu_need_float(a, &a->vc, s, "vc", 0, NSA_ERR_INTERNAL)))
+        return st;
 
     compress_job job = {a, nsa_cpu_dmax(&p->cfg)};
     size_t scratch = 3 * nsa_cpu_doubles(job.dmax);

@@ -1,7 +1,8 @@
 /*
- * Element types of the cpu reference: f32, f16 (IEEE binary16) and bf16.
+ * Element types of the cpu reference: f32, f16 (IEEE binary16), bf16 and f64.
  *
- * Loads are exact (every f16/bf16/f32 value is a double). Stores round to
+ * Loads are exact (every f16/bf16/f32/f64 value is a double). f64 stores are
+ * the double itself, so an f64 call rounds nowhere on its way to o. Stores round to
  * nearest, ties to even. A double is rounded to f16/bf16 in one correct step:
  * it is first rounded to float with round-to-odd, which keeps a sticky bit, and
  * float has at least two more significand bits than f16 (11) and bf16 (8), so
@@ -122,11 +123,35 @@ static inline uint16_t nsa_cpu_f64_to_bf16(double d)
 
 /* ---- rows: n contiguous elements starting at element `off` of `base` */
 
-/* 1 for f32, f16, bf16. */
+/* 1 for f32, f16, bf16, f64. */
 static inline int nsa_cpu_is_float(nsa_dtype dt)
 {
-    return dt == NSA_DTYPE_F32 || dt == NSA_DTYPE_F16 || dt == NSA_DTYPE_BF16;
+    return dt == NSA_DTYPE_F32 || dt == NSA_DTYPE_F16 || dt == NSA_DTYPE_BF16 || dt == NSA_DTYPE_F64;
 }
+
+/* ---- scalars of the call's float type (gates, LSEs, dgate, workspace rows:
+ * f32, or f64 in an f64 call; backend.h's nsa_bk_float_dtype) */
+
+/* element `at` (an element offset) of an f32 or f64 tensor */
+static inline double nsa_cpu_fget(const nsa_bk_tensor *t, int64_t at)
+{
+    return t->dtype == NSA_DTYPE_F64 ? ((const double *)nsa_cpu_base(t))[at]
+                                     : (double)((const float *)nsa_cpu_base(t))[at];
+}
+
+/* element `at` of an f32 or f64 tensor = x (rounded once to float for f32) */
+static inline void nsa_cpu_fset(const nsa_bk_tensor *t, int64_t at, double x)
+{
+    if (t->dtype == NSA_DTYPE_F64)
+        ((double *)nsa_cpu_base(t))[at] = x;
+    else
+        ((float *)nsa_cpu_base(t))[at] = (float)x;
+}
+
+/* NSA_SUCCESS when t (present, or absent and optional) has the call's float
+ * type; else an error recorded with set_error naming the stage and tensor. */
+NSA_CPU_INTERNAL nsa_status nsa_cpu_need_float(const nsa_bk_args *a, const nsa_bk_tensor *t, const char *stage,
+                                               const char *name, int optional, nsa_status wrong);
 
 /* sum_i x[i] * y[i] in double, in a fixed order that does not depend on
  * the data or the thread: four interleaved partial sums (i mod 4), added as

@@ -4,7 +4,8 @@
  *   BLOCK_SCORES  s(t, g, j) = sum_{h in group g} sum_i (overlap(i, j) / d) * p_cmp(t, h, i)
  *                 with p_cmp(t, h, i) = exp(scale * q(t,h) . kc_i - lse_cmp(t, h)) over
  *                 the visible compressed blocks i (i*d + l - 1 <= t), for the eligible
- *                 j = 0 .. floor(t / l_s); stored as f32 in scores[t, g, j].
+ *                 j = 0 .. floor(t / l_s); stored as f32 in scores[t, g, j] (in every
+ *                 dtype, f64 included: scores only rank blocks).
  *   SELECT_TOPN   the n eligible blocks of highest rank: forced blocks (j < n_init, and
  *                 floor(t/l_s) - n_local < j <= floor(t/l_s)) above every other, then by
  *                 score; among forced blocks and equal scores the lower index wins; fewer
@@ -83,7 +84,7 @@ static void group_scores(const nsa_bk_args *a, int64_t t, int64_t g, const score
         s->acc[j] = 0.0;
     for (int64_t u = 0; u < G; u++) {
         nsa_cpu_load_row(nsa_cpu_base(&a->q), a->q.dtype, nsa_cpu_at(&a->q, t, g * G + u), Dqk, s->q + u * Dqk);
-        s->lse[u] = *nsa_cpu_f32_at(&a->lse[NSA_BRANCH_CMP], t, g * G + u);
+        s->lse[u] = nsa_cpu_fget(&a->lse[NSA_BRANCH_CMP], nsa_cpu_at(&a->lse[NSA_BRANCH_CMP], t, g * G + u));
     }
 
     for (int64_t i = 0; i < nc; i++) {
@@ -217,9 +218,7 @@ static nsa_status need_scores_inputs(const nsa_bk_args *a, const char *s)
     if ((st = nsa_cpu_need(&a->q, s, "q", 1, 0)) || (st = nsa_cpu_need(&a->kc, s, "kc", 1, 0)) ||
         (st = nsa_cpu_need(&a->lse[NSA_BRANCH_CMP], s, "lse_cmp", 1, 0)))
         return st;
-    if (a->lse[NSA_BRANCH_CMP].dtype != NSA_DTYPE_F32)
-        return nsa_cpu_host()->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: stage %s: lse_cmp must be f32", s);
-    return NSA_SUCCESS;
+    return nsa_cpu_need_float(a, &a->lse[NSA_BRANCH_CMP], s, "lse_cmp", 0, NSA_ERR_UNSUPPORTED);
 }
 
 static nsa_status need_f32_scores(const nsa_bk_args *a, const char *s)

@@ -38,6 +38,9 @@ template <typename T> static cudaError_t palloc(size_t *acc, T **ptr, size_t byt
 int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 {
     const CudaCtx *c = (const CudaCtx *)bctx;
+    /* f32, f16 and bf16 kernels only: an f64 plan is refused (the core says
+     * NSA_ERR_UNSUPPORTED, naming the backend and the dtype) */
+    if (!cfg || (cfg->dtype != NSA_DTYPE_F32 && cfg->dtype != NSA_DTYPE_F16 && cfg->dtype != NSA_DTYPE_BF16)) return 0;
     if (stage == NSA_STAGE_SCORES_TOPN) return c && cfg && offers_scores_topn(c->lim, *cfg, c->force) ? 1 : 0;
     /* the backward stages: bwd_sm80.cu's or bwd_ref.cu's kernels, every dtype and
      * head dim (LINEAR's limit is the forward's, checked by the chooser) */

@@ -18,6 +18,7 @@ static size_t dtype_size(nsa_dtype d)
     case NSA_DTYPE_F16: return 2;
     case NSA_DTYPE_BF16: return 2;
     case NSA_DTYPE_I32: return 4;
+    case NSA_DTYPE_F64: return 8; /* refused by nsa_hip_supports (no f64 kernels) */
     }
     return 0;
 }

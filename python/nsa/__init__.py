@@ -11,12 +11,14 @@ read its own kind of memory; `backend=` may name it explicitly and must agree.
 
 Shapes (FlashAttention's packed varlen convention): q [T, Hq, Dqk]; k [T, Hkv, Dqk]
 and v [T, Hkv, Dv], one tensor for all three branches or a tuple of three (per
-branch); gates (g_cmp, g_slc, g_win) float32 [T, Hq] (None for a branch that is
-off); T = cu_seqlens[-1] tokens of len(cu_seqlens) - 1 sequences (default: one
-sequence). The last dimension must be contiguous; other strides are passed
-through. dtype float32, float16 or bfloat16 (q, k, v alike); the gradients
-have the input dtype, dg float32. Compression: MEAN (the paper's default);
-LINEAR and EXTERNAL are in the C API only.
+branch); gates (g_cmp, g_slc, g_win) float32 [T, Hq] (float64 with float64 inputs;
+None for a branch that is off); T = cu_seqlens[-1] tokens of len(cu_seqlens) - 1
+sequences (default: one sequence). The last dimension must be contiguous; other
+strides are passed through. dtype float32, float16, bfloat16 or float64 (q, k, v
+alike; float64 on the cpu backend only, fp64 end to end, so torch.autograd.gradcheck
+passes with its default tolerances; a GPU backend refuses it with nsa.Error); the
+gradients have the input dtype, dg the gates' (float32, float64 with float64 inputs).
+Compression: MEAN (the paper's default); LINEAR and EXTERNAL are in the C API only.
 
 Other frameworks' tensors (anything with __dlpack__: NumPy, JAX, CuPy) are taken zero
 copy; results are torch tensors. nsa.ops.attention is nsa.attention as the torch.library
@@ -34,7 +36,12 @@ import ctypes
 
 __all__ = ["attention", "forward", "config", "ops", "Error", "version"]
 
-_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 4}
+
+
+def _float_type(dtype):
+    """the library's float type of a call (gates, LSEs, dg): float64 for float64 inputs, else float32"""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 _CFG_KEYS = ("cmp_block", "cmp_stride", "slc_block", "num_selected", "num_init", "num_local", "window", "scale")
 
 
@@ -159,10 +166,15 @@ def _branches(x, name):
 
 def _spec(q, k3, v3, gates, cu_seqlens, overrides):
     if q.dtype not in _DTYPES:
-        raise ValueError(f"nsa: dtype {q.dtype} is not supported (float32, float16, bfloat16)")
+        raise ValueError(f"nsa: dtype {q.dtype} is not supported (float32, float16, bfloat16, float64)")
     for name, t in (("k", k3[0]), ("v", v3[0])):
         if t.dtype != q.dtype or t.device != q.device:
             raise ValueError(f"nsa: {name} must have q's dtype and device ({q.dtype}, {q.device})")
+    ft = _float_type(q.dtype)
+    for b, g in enumerate(gates):
+        if g is not None and (g.dtype != ft or g.device != q.device):
+            raise ValueError(f"nsa: the gate of branch {('cmp', 'slc', 'win')[b]} must be {ft} on {q.device} "
+                             f"for {q.dtype} inputs, is {g.dtype} on {g.device}")
     T = q.shape[0]
     cu = tuple(int(x) for x in (cu_seqlens if cu_seqlens is not None else (0, T)))
     if cu[-1] != T:
@@ -185,7 +197,7 @@ def _forward(q, k3, v3, gates, cfg, cu, backend, training):
     on = (True, full["num_selected"] > 0, full["window"] > 0)
     T, Hq, Hkv = q.shape[0], q.shape[1], k3[0].shape[1]
     o = torch.empty((T, Hq, v3[0].shape[2]), dtype=q.dtype, device=q.device)
-    lse = [torch.empty((T, Hq), dtype=torch.float32, device=q.device) if on[b] else None for b in range(3)]
+    lse = [torch.empty((T, Hq), dtype=_float_type(q.dtype), device=q.device) if on[b] else None for b in range(3)]
     sel = torch.empty((T, Hkv, full["num_selected"]), dtype=torch.int32, device=q.device) if on[1] else None
     ws = torch.empty((max(ws_bytes, 1),), dtype=torch.uint8, device=q.device)
     w = _Wrap(ctx)

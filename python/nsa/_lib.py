@@ -86,7 +86,7 @@ class PlanInfo(ctypes.Structure):
     ]
 
 
-DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I32 = 0, 1, 2, 3
+DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_I32, DTYPE_F64 = 0, 1, 2, 3, 4  # F64: libnsa 0.4, cpu backend only
 CONFIG_TRAINING = 1
 FORWARD_TRUST_INDICES = 1
 BACKWARD_TRUST_INDICES = 1

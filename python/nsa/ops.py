@@ -10,7 +10,8 @@ one operator with a known output shape and a registered backward:
                      cu_seqlens, config, backend) -> (dq, dk[], dv[], dg[])
 
 k and v are lists of one tensor (shared by the three branches: its gradient is the sum) or
-three (per branch); gates a list of three float32 [T, Hq] tensors, an empty tensor for a
+three (per branch); gates a list of three float32 [T, Hq] tensors (float64 with float64
+inputs; the LSEs likewise), an empty tensor for a
 branch that is off (then an empty tensor stands in for its LSE, and for selected when the
 selected branch is off; nsa.ops.attention takes None there). config: the integers cmp_block, cmp_stride, slc_block,
 num_selected, num_init, num_local, window (-1: the library's default) and scale (0.0:
@@ -24,7 +25,7 @@ import torch
 if not hasattr(torch.library, "custom_op"):
     raise ImportError("nsa.ops needs torch.library.custom_op (torch 2.4 or newer)")
 
-from . import _backward, _defaults, _forward, _from_dlpack, _spec
+from . import _backward, _defaults, _float_type, _forward, _from_dlpack, _spec
 
 _INT_KEYS = ("cmp_block", "cmp_stride", "slc_block", "num_selected", "num_init", "num_local", "window")
 
@@ -47,7 +48,7 @@ def _three(x: List[torch.Tensor], name: str):
 
 
 def _empty(like):
-    return like.new_empty((0,), dtype=torch.float32)
+    return like.new_empty((0,), dtype=_float_type(like.dtype))
 
 
 def _gates(gates):
@@ -72,7 +73,7 @@ def _(q, k, v, gates, cu_seqlens, config, scale, backend):
     full = dict(_defaults(), **_cfg(config, scale))
     T, Hq, Hkv, Dv = q.shape[0], q.shape[1], k[0].shape[1], v[0].shape[2]
     on = (True, full["num_selected"] > 0, full["window"] > 0)
-    lse = [q.new_empty((T, Hq), dtype=torch.float32) if on[b] else _empty(q) for b in range(3)]
+    lse = [q.new_empty((T, Hq), dtype=_float_type(q.dtype)) if on[b] else _empty(q) for b in range(3)]
     sel = q.new_empty((T, Hkv, full["num_selected"]) if on[1] else (0,), dtype=torch.int32)
     return q.new_empty((T, Hq, Dv)), lse[0], lse[1], lse[2], sel
 
@@ -131,5 +132,5 @@ def attention(q, k, v, gates, cu_seqlens=None, backend=None, scale=0.0, **cfg):
         raise ValueError(f"nsa.ops: unknown config field {unknown[0]!r} (known: {', '.join(_INT_KEYS)}, scale)")
     config = [int(cfg.get(key, -1)) for key in _INT_KEYS]
     cu = [int(x) for x in cu_seqlens] if cu_seqlens is not None else [0, int(q.shape[0])]
-    gl = [g if g is not None else q.new_empty((0,), dtype=torch.float32) for g in gates]
+    gl = [g if g is not None else _empty(q) for g in gates]
     return _op_forward(q, kl, vl, gl, cu, config, float(scale), backend or "")[0]

@@ -3,8 +3,12 @@
   - forward and backward on CPU tensors equal, bitwise, what `nsa run` computes from
     the same inputs written as .npy files (the tool reaches the library through
     its own C code: this checks the binding's views, strides and buffers);
-  - torch.autograd.gradcheck accepts the gradients (float32 tensors on the cpu
-    backend, which computes in fp64; every block selected, so no selection flips);
+  - torch.autograd.gradcheck accepts the gradients: float32 tensors on the cpu
+    backend, which computes in fp64, with loose tolerances (every block selected, so
+    no selection flips); float64 tensors with gradcheck's default tolerances, for
+    nsa.attention and for the custom op libnsa::forward, on a packed batch with all
+    three branches, G = 2, Dqk != Dv and a real top-n choice; float64 where the
+    backend lacks it (a fake module, as a GPU backend would) raises nsa.Error;
   - packed batches equal their sequences run one by one; a shared k gets the sum
     of the branch gradients; bad arguments raise ValueError, library failures
     nsa.Error with its message; CUDA tensors where a GPU is present (else skipped);
@@ -15,10 +19,12 @@
 Environment: NSA_LIBRARY (libnsa.so) and NSA_TOOL (the nsa program); meson's
 `python` test sets both. Run: python3 -m unittest discover python/tests
 """
+import ctypes
 import os
 import subprocess
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 import torch
@@ -196,7 +202,12 @@ class TestErrors(unittest.TestCase):
         with self.assertRaises(ValueError):
             nsa.forward(q, k, v, gates, no_such_field=1)
         with self.assertRaises(ValueError):
+            nsa.forward(q.int(), k.int(), v.int(), gates, **SMALL)  # not a dtype of the library
+        with self.assertRaises(ValueError) as e:  # float64 inputs take float64 gates
             nsa.forward(q.double(), k.double(), v.double(), gates, **SMALL)
+        self.assertIn("gate", str(e.exception))
+        with self.assertRaises(ValueError):  # and float32 inputs float32 gates
+            nsa.forward(q, k, v, [g.double() for g in gates], **SMALL)
 
     def test_library_errors_carry_the_message(self):
         q, k, v, gates = inputs(Hq=3, Hkv=2)
@@ -204,6 +215,88 @@ class TestErrors(unittest.TestCase):
             nsa.forward(q, k, v, gates, **SMALL)
         self.assertEqual(e.exception.status, "NSA_ERR_INVALID_CONFIG")
         self.assertIn("num_q_heads", str(e.exception))
+
+
+# float64: a packed batch of two sequences (17 and 40 tokens) with every branch on; the
+# second sequence has 5 selection blocks of which top-n keeps 3, so the selection is a
+# real choice (gradcheck's 1e-6 steps are far below the score gaps of these inputs: a
+# flip would show as a jump, not pass)
+CFG64 = dict(cmp_block=4, cmp_stride=2, slc_block=8, num_selected=3, num_init=1, num_local=1, window=8)
+CU64 = [0, 17, 57]
+
+
+def inputs64(seed=41, T=57, Hq=4, Hkv=2, Dqk=6, Dv=4):
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape, lo, hi):
+        return (torch.rand(*shape, generator=g, dtype=torch.float64) * (hi - lo) + lo).requires_grad_()
+    return (draw(T, Hq, Dqk, lo=-2, hi=2), draw(T, Hkv, Dqk, lo=-2, hi=2), draw(T, Hkv, Dv, lo=-1, hi=1),
+            [draw(T, Hq, lo=0.05, hi=0.95) for _ in range(3)])
+
+
+class TestFloat64(unittest.TestCase):
+    """float64 on the cpu backend: fp64 end to end, so gradcheck's default tolerances hold."""
+    DEFAULTS = dict(eps=1e-6, atol=1e-5, rtol=1e-3, nondet_tol=0.0)  # torch.autograd.gradcheck's own
+
+    def test_outputs_are_float64(self):
+        q, k, v, gates = inputs64()
+        o, lse, sel = nsa.forward(q, k, v, gates, cu_seqlens=CU64, **CFG64)
+        self.assertEqual(o.dtype, torch.float64)
+        self.assertTrue(all(x.dtype == torch.float64 for x in lse))
+        # the second sequence's last query: 5 eligible blocks, 3 selected
+        self.assertEqual(int((sel[56] >= 0).sum(dim=-1).min()), 3)
+        # f64 is not f32 rounded: the float32 run differs by about f32 rounding, not more
+        o32, _, _ = nsa.forward(q.float(), k.float(), v.float(), [g.float() for g in gates], cu_seqlens=CU64, **CFG64)
+        err = (o.detach() - o32.double()).abs().max().item()
+        self.assertGreater(err, 0.0)
+        self.assertLess(err, 1e-5)
+
+    def test_gradcheck_autograd_function(self):
+        q, k, v, gates = inputs64()
+        fn = lambda q, k, v, g0, g1, g2: nsa.attention(q, k, v, (g0, g1, g2), cu_seqlens=CU64, **CFG64)
+        self.assertTrue(torch.autograd.gradcheck(fn, (q, k, v, *gates), **self.DEFAULTS))
+
+    @unittest.skipIf(nsa.ops is None, "torch.library.custom_op needs torch >= 2.4")
+    def test_gradcheck_custom_op(self):
+        q, k, v, gates = inputs64(seed=43)
+        cfg = [CFG64[key] for key in ("cmp_block", "cmp_stride", "slc_block", "num_selected", "num_init",
+                                      "num_local", "window")]
+        op = lambda q, k, v, g0, g1, g2: torch.ops.libnsa.forward.default(q, [k], [v], [g0, g1, g2], CU64, cfg,
+                                                                             0.0, "")[0]
+        self.assertTrue(torch.autograd.gradcheck(op, (q, k, v, *gates), **self.DEFAULTS))
+        # per-branch k and v through nsa.ops.attention (the op's list form)
+        k3 = tuple(k.detach().clone().requires_grad_() for _ in range(3))
+        fn = lambda q, k0, k1, k2, g0: nsa.ops.attention(q, (k0, k1, k2), v.detach(), (g0, gates[1].detach(),
+                                                                                      gates[2].detach()),
+                                                          cu_seqlens=CU64, **CFG64)
+        self.assertTrue(torch.autograd.gradcheck(fn, (q, *k3, gates[0]), fast_mode=True, **self.DEFAULTS))
+
+    @unittest.skipIf(nsa.ops is None, "torch.library.custom_op needs torch >= 2.4")
+    def test_opcheck(self):
+        # the fake kernel's float64 LSEs match the real ones (dtype and shape), and the rest of opcheck
+        q, k, v, gates = inputs64(seed=47)
+        cfg = [CFG64[key] for key in ("cmp_block", "cmp_stride", "slc_block", "num_selected", "num_init",
+                                      "num_local", "window")]
+        torch.library.opcheck(torch.ops.libnsa.forward.default, (q, [k], [v], gates, CU64, cfg, 0.0, ""))
+
+    def test_refused_where_the_backend_lacks_it(self):
+        # what a float64 CUDA tensor meets: the GPU backends refuse f64 at plan creation; here a
+        # fake module without f64 stands in for one (tests/fake, fakeplan)
+        fake = os.environ.get("NSA_TEST_FAKE_DIR")
+        if not fake:
+            self.skipTest("NSA_TEST_FAKE_DIR (tests/fake/failing of the build) is not set")
+        from nsa import _lib
+        _lib.lib.nsa_set_backend_path.argtypes = [ctypes.c_char_p]
+        self.assertEqual(_lib.lib.nsa_set_backend_path(fake.encode()), 0)
+        q, k, v, gates = inputs64()
+        try:
+            with mock.patch.object(nsa, "_backend_for", lambda t, backend: "fakeplan"):
+                with self.assertRaises(nsa.Error) as e:
+                    nsa.attention(q, k, v, gates, cu_seqlens=CU64, **CFG64)
+        finally:
+            _lib.lib.nsa_set_backend_path(None)
+        self.assertEqual(e.exception.status, "NSA_ERR_UNSUPPORTED")
+        self.assertIn("fakeplan does not support dtype f64", str(e.exception))
 
 
 @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device")
@@ -214,6 +307,15 @@ class TestCuda(unittest.TestCase):
         o, _, _ = nsa.forward(dev[0], dev[1], dev[2], dev[3:], **SMALL)
         ref, _, _ = nsa.forward(q, k, v, gates, **SMALL)
         torch.testing.assert_close(o.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+    def test_float64_is_refused(self):
+        q, k, v, gates = inputs64()
+        q, k, v = (t.detach().cuda() for t in (q, k, v))
+        gates = [g.detach().cuda() for g in gates]
+        with self.assertRaises(nsa.Error) as e:
+            nsa.forward(q, k, v, gates, cu_seqlens=CU64, **CFG64)
+        self.assertEqual(e.exception.status, "NSA_ERR_UNSUPPORTED")
+        self.assertIn("dtype f64", str(e.exception))
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ int tk_inputs_shared_kv(const tk_case *c, const tk_inputs *in)
 }
 
 nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *in, const float *dO,
-                           float *const lse[3], const int32_t *sel, tk_grads *out, char *msg, size_t msg_size)
+                           double *const lse[3], const int32_t *sel, tk_grads *out, char *msg, size_t msg_size)
 {
     if (msg && msg_size) msg[0] = '\0';
     if (!out) return NSA_ERR_NULL_POINTER;
@@ -110,7 +110,7 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
     bwd_runner R = {.ctx = ctx, .msg = msg, .msg_size = msg_size};
     bwd_runner *r = &R;
     const nsa_config *g = &c->cfg;
-    const nsa_dtype dt = g->dtype;
+    const nsa_dtype dt = g->dtype, fdt = tk_float_dtype(dt); /* gates, LSEs, dgate */
     const int64_t T = tk_case_tokens(c), Hq = g->num_q_heads, Hkv = g->num_kv_heads, Dk = g->head_dim_qk,
                   Dv = g->head_dim_v, l = g->cmp_block, n = g->num_selected, Nc = in->total_cmp;
     const int on[3] = {1, n > 0, g->window > 0};
@@ -147,9 +147,9 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
     int first = -1;
     for (int b = 0; b < 3; b++) {
         if (!on[b]) continue;
-        a.gate[b] = upload(r, in->gate[b], NSA_DTYPE_F32, T * Hq, NSA_DTYPE_F32, Hq, 1);
-        a.lse[b] = upload(r, lse[b], NSA_DTYPE_F32, T * Hq, NSA_DTYPE_F32, Hq, 1);
-        a.dgate[b] = poisoned(r, T * Hq, NSA_DTYPE_F32, Hq, 1);
+        a.gate[b] = upload(r, in->gate[b], NSA_DTYPE_F32, T * Hq, fdt, Hq, 1);
+        a.lse[b] = upload(r, lse[b], NSA_DTYPE_F64, T * Hq, fdt, Hq, 1);
+        a.dgate[b] = poisoned(r, T * Hq, fdt, Hq, 1);
         if (b == NSA_BRANCH_CMP && ext) continue;
         if (shared && first >= 0) { /* one tensor for every branch: the first branch's views */
             a.k[b] = a.k[first];
@@ -203,9 +203,9 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
         {TK_G_V + 0, &a.dv[0], T * Hkv * Dv, dt},
         {TK_G_V + 1, &a.dv[1], T * Hkv * Dv, dt},
         {TK_G_V + 2, &a.dv[2], T * Hkv * Dv, dt},
-        {TK_G_GATE + 0, &a.dgate[0], T * Hq, NSA_DTYPE_F32},
-        {TK_G_GATE + 1, &a.dgate[1], T * Hq, NSA_DTYPE_F32},
-        {TK_G_GATE + 2, &a.dgate[2], T * Hq, NSA_DTYPE_F32},
+        {TK_G_GATE + 0, &a.dgate[0], T * Hq, fdt},
+        {TK_G_GATE + 1, &a.dgate[1], T * Hq, fdt},
+        {TK_G_GATE + 2, &a.dgate[2], T * Hq, fdt},
         {TK_G_WK, &a.dw_k, Hkv * l * Dk * Dk, dt},
         {TK_G_WV, &a.dw_v, Hkv * l * Dv * Dv, dt},
         {TK_G_PEK, &a.dpe_k, Hkv * l * Dk, dt},
@@ -221,24 +221,20 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
         if (dup) continue;
         const int64_t cnt = want[i].n;
         const size_t bytes = (size_t)cnt * nsa_dtype_size(want[i].dt);
-        float *f = malloc((size_t)(cnt > 0 ? cnt : 1) * sizeof *f);
         out->t[id] = malloc((size_t)(cnt > 0 ? cnt : 1) * sizeof(double));
         out->raw[id] = malloc(bytes ? bytes : 1);
-        if (!f || !out->t[id] || !out->raw[id]) {
-            free(f);
+        if (!out->t[id] || !out->raw[id]) {
             failed(r, "malloc", NSA_ERR_OUT_OF_MEMORY);
             break;
         }
         out->n[id] = cnt;
         out->raw_bytes[id] = bytes;
+        /* as doubles: exact for every dtype */
         if (cnt > 0 && ((s = nsa_buffer_read(want[i].t->buffer, 0, out->raw[id], bytes)) != NSA_SUCCESS ||
-                        (s = nsa_convert(out->raw[id], want[i].dt, f, NSA_DTYPE_F32, cnt)) != NSA_SUCCESS)) {
-            free(f);
+                        (s = nsa_convert(out->raw[id], want[i].dt, out->t[id], NSA_DTYPE_F64, cnt)) != NSA_SUCCESS)) {
             failed(r, "reading a gradient back", s);
             break;
         }
-        for (int64_t e = 0; e < cnt; e++) out->t[id][e] = f[e];
-        free(f);
     }
     for (int i = 0; i < r->n; i++) nsa_buffer_free(r->bufs[i]);
     nsa_plan_destroy(plan);
@@ -277,6 +273,10 @@ void tk_ref64_sum_shared(tk_ref64 *ref)
 
 void tk_grad_tolerance(nsa_dtype dt, double *rms_tol, double *rel_tol)
 {
+    if (dt == NSA_DTYPE_F64) {
+        *rms_tol = *rel_tol = 1e-10;
+        return;
+    }
     *rms_tol = dt == NSA_DTYPE_F32 ? 3e-4 : 1e-2;
     *rel_tol = dt == NSA_DTYPE_F32 ? 3e-4 : dt == NSA_DTYPE_F16 ? 4e-3 : 1.6e-2;
 }
@@ -328,7 +328,8 @@ nsa_status tk_dout_make(const tk_case *c, uint64_t seed, uint64_t stream, float 
     float *d = malloc((size_t)(no + 1) * sizeof *d);
     void *tmp = malloc((size_t)(no + 1) * 2);
     nsa_status s = d && tmp ? nsa_random_uniform(seed, stream, 0, no, -1.0f, 1.0f, d) : NSA_ERR_OUT_OF_MEMORY;
-    if (s == NSA_SUCCESS && c->cfg.dtype != NSA_DTYPE_F32 &&
+    /* f16 / bf16: rounded to the dtype; f32 values are f32 and f64 values already */
+    if (s == NSA_SUCCESS && c->cfg.dtype != NSA_DTYPE_F32 && c->cfg.dtype != NSA_DTYPE_F64 &&
         (s = nsa_convert(d, NSA_DTYPE_F32, tmp, c->cfg.dtype, no)) == NSA_SUCCESS)
         s = nsa_convert(tmp, c->cfg.dtype, d, NSA_DTYPE_F32, no);
     free(tmp);

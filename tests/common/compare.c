@@ -31,6 +31,9 @@ tk_tolerance tk_tolerance_for(nsa_dtype dtype)
     case NSA_DTYPE_BF16:
         t = (tk_tolerance){1e-2, 1e-2, 1e-4, 2e-3, 2e-4, 1e-4};
         break;
+    case NSA_DTYPE_F64:
+        t = (tk_tolerance){1e-12, 1e-12, 1e-14, 1e-12, 1e-13, 1e-5};
+        break;
     default:
         t = (tk_tolerance){1e-4, 1e-4, 1e-6, 1e-4, 1e-5, 1e-5};
         break;
@@ -194,14 +197,14 @@ int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, cons
         for (int64_t h = 0; h < Hq; ++h)
             for (int64_t x = 0; x < Dv; ++x) {
                 int64_t i = (t * Hq + h) * Dv + x;
-                double want = eff->o[i], have = (double)got->o[i];
+                double want = eff->o[i], have = got->o_d ? got->o_d[i] : (double)got->o[i];
                 double err = fabs(have - want);
                 double lim = tol.o_rms * scale + tol.o_rel * fabs(want) + tol.o_abs;
                 v->elements++;
                 if (!isfinite(have) || !(err <= lim)) {
                     int64_t seq, local;
                     tk_case_token(c, t, &seq, &local);
-                    FAILF(v, "%s: o[t=%lld (seq %lld local %lld), head %lld, %lld] = %.9g, oracle %.9g (err %.3g > tol %.3g, scale %.3g)",
+                    FAILF(v, "%s: o[t=%lld (seq %lld local %lld), head %lld, %lld] = %.17g, oracle %.17g (err %.3g > tol %.3g, scale %.3g)",
                           c->label, (long long)t, (long long)seq, (long long)local, (long long)h, (long long)x,
                           have, want, err, lim, scale);
                     if (isnan(err)) err = INFINITY;
@@ -218,7 +221,8 @@ int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, cons
         const double *want_l = (b == NSA_BRANCH_SLC ? eff : ref)->lse[b];
         for (int64_t t = 0; t < T; ++t)
             for (int64_t h = 0; h < Hq; ++h) {
-                double want = want_l[t * Hq + h], have = (double)got->lse[b][t * Hq + h];
+                double want = want_l[t * Hq + h];
+                double have = got->lse_d[b] ? got->lse_d[b][t * Hq + h] : (double)got->lse[b][t * Hq + h];
                 v->elements++;
                 int ok;
                 double err = 0.0;
@@ -232,7 +236,7 @@ int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, cons
                 if (!ok) {
                     int64_t seq, local;
                     tk_case_token(c, t, &seq, &local);
-                    FAILF(v, "%s: lse_%s[t=%lld (seq %lld local %lld), head %lld] = %.9g, oracle %.9g", c->label,
+                    FAILF(v, "%s: lse_%s[t=%lld (seq %lld local %lld), head %lld] = %.17g, oracle %.17g", c->label,
                           bname[b], (long long)t, (long long)seq, (long long)local, (long long)h, have, want);
                 }
             }

@@ -392,6 +392,11 @@ void tk_case_set_dtype(tk_case *c, nsa_dtype dtype)
     c->cfg.dtype = dtype;
 }
 
+nsa_dtype tk_float_dtype(nsa_dtype dt)
+{
+    return dt == NSA_DTYPE_F64 ? NSA_DTYPE_F64 : NSA_DTYPE_F32;
+}
+
 int64_t tk_case_tokens(const tk_case *c)
 {
     return c->cu_seqlens[c->batch];

@@ -50,7 +50,7 @@ static float *draw(uint64_t seed, uint64_t stream, int64_t d0, int64_t d1, int64
     }
     if (n == 0) return p;
     nsa_status s = nsa_random_uniform(seed, stream, 0, n, lo, hi, p);
-    if (s == NSA_SUCCESS && dtype != NSA_DTYPE_F32) {
+    if (s == NSA_SUCCESS && dtype != NSA_DTYPE_F32 && dtype != NSA_DTYPE_F64) { /* floats are f64 values */
         /* round to dtype and back: 4 bytes per element is enough room for both */
         void *tmp = malloc(bytes);
         if (!tmp) {

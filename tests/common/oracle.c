@@ -92,6 +92,7 @@ double tk_round_to_dtype(double x, nsa_dtype dtype)
     switch (dtype) {
     case NSA_DTYPE_F16: p = 11, emin = -14, max = 65504.0; break;
     case NSA_DTYPE_BF16: p = 8, emin = -126, max = ldexp(255.0, 120); break; /* (2 - 2^-7) * 2^127 */
+    case NSA_DTYPE_F64: return x;
     default: return (double)(float)x; /* f32: the C conversion rounds to nearest even */
     }
     if (x == 0.0 || !isfinite(x)) return x;

@@ -110,9 +110,10 @@ static void mark(slot *s, view v, int64_t T, int64_t H, int64_t D)
             memset(s->mask + (size_t)(v.off + t * v.st + h * v.sh) * s->esz, 1, (size_t)D * s->esz);
 }
 
-/* Reads a tensor out of a slot image into a logical dense array (floats, or
- * int32 when dtype is I32). */
-static nsa_status get(const slot *s, view v, int64_t T, int64_t H, int64_t D, nsa_dtype dtype, void *dst)
+/* Reads a tensor out of a slot image into a logical dense array (elements of
+ * `to`, F32 or F64; or int32 when dtype is I32). */
+static nsa_status get_as(const slot *s, view v, int64_t T, int64_t H, int64_t D, nsa_dtype dtype, void *dst,
+                         nsa_dtype to)
 {
     for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < H; ++h) {
@@ -120,11 +121,17 @@ static nsa_status get(const slot *s, view v, int64_t T, int64_t H, int64_t D, ns
             if (dtype == NSA_DTYPE_I32) {
                 memcpy((int32_t *)dst + (t * H + h) * D, src, (size_t)D * 4);
             } else {
-                nsa_status st = nsa_convert(src, dtype, (float *)dst + (t * H + h) * D, NSA_DTYPE_F32, D);
+                unsigned char *d = (unsigned char *)dst + (size_t)((t * H + h) * D) * nsa_dtype_size(to);
+                nsa_status st = nsa_convert(src, dtype, d, to, D);
                 if (st != NSA_SUCCESS) return st;
             }
         }
     return NSA_SUCCESS;
+}
+
+static nsa_status get(const slot *s, view v, int64_t T, int64_t H, int64_t D, nsa_dtype dtype, void *dst)
+{
+    return get_as(s, v, T, H, D, dtype, dst, NSA_DTYPE_F32);
 }
 
 static nsa_status upload(runner *r, slot *s)
@@ -165,8 +172,8 @@ nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_ou
     nsa_status st = NSA_SUCCESS;
 
     const nsa_config *g = &c->cfg;
-    const nsa_dtype dt = g->dtype;
-    const size_t esz = nsa_dtype_size(dt);
+    const nsa_dtype dt = g->dtype, fdt = tk_float_dtype(dt); /* gates and LSEs: f32, f64 in an f64 call */
+    const size_t esz = nsa_dtype_size(dt), fsz = nsa_dtype_size(fdt);
     const int64_t T = tk_case_tokens(c), Hq = g->num_q_heads, Hkv = g->num_kv_heads;
     const int64_t Dqk = g->head_dim_qk, Dv = g->head_dim_v, l = g->cmp_block, n = g->num_selected;
     const int64_t Nc = in->total_cmp;
@@ -229,15 +236,15 @@ nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_ou
             }
     }
 
-    /* ---- gates (f32, enabled branches only) */
+    /* ---- gates (the float type, enabled branches only) */
     if (strided) { /* one buffer [T][3][Hq + 1] */
         slot *sgate;
         view vg[3];
         for (int b = 0; b < 3; ++b) vg[b] = (view){2 + b * (Hq + 1), 3 * (Hq + 1) + 1, 1};
-        SLOT(sgate, "gates", extent(vg[2], T, Hq, 1), 4, POISON_FLOAT, 0, 1);
+        SLOT(sgate, "gates", extent(vg[2], T, Hq, 1), fsz, POISON_FLOAT, 0, 1);
         for (int b = 0; b < 3; ++b)
             if (on[b]) {
-                PUT(sgate, vg[b], Hq, 1, NSA_DTYPE_F32, in->gate[b]);
+                PUT(sgate, vg[b], Hq, 1, fdt, in->gate[b]);
                 a.gate[b] = tensor(sgate, vg[b]);
             }
     } else {
@@ -246,8 +253,8 @@ nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_ou
         for (int b = 0; b < 3; ++b)
             if (on[b]) {
                 slot *sg;
-                SLOT(sg, gn[b], extent(vg, T, Hq, 1), 4, POISON_FLOAT, 0, 0);
-                PUT(sg, vg, Hq, 1, NSA_DTYPE_F32, in->gate[b]);
+                SLOT(sg, gn[b], extent(vg, T, Hq, 1), fsz, POISON_FLOAT, 0, 0);
+                PUT(sg, vg, Hq, 1, fdt, in->gate[b]);
                 a.gate[b] = tensor(sg, vg);
             }
     }
@@ -312,14 +319,14 @@ nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_ou
     if (strided) { /* one buffer, [T][Hq][3] interleaved, padded rows */
         for (int b = 0; b < 3; ++b) vl[b] = (view){b, 3 * Hq + 1, 3};
         slot *s;
-        SLOT(s, "lse", extent(vl[2], T, Hq, 1), 4, POISON_FLOAT, 1, 1);
+        SLOT(s, "lse", extent(vl[2], T, Hq, 1), fsz, POISON_FLOAT, 1, 1);
         for (int b = 0; b < 3; ++b)
             if (on[b]) sl[b] = s;
     } else {
         static const char *ln[3] = {"lse_cmp", "lse_slc", "lse_win"};
         for (int b = 0; b < 3; ++b) {
             vl[b] = (view){0, Hq, 1};
-            if (on[b]) SLOT(sl[b], ln[b], extent(vl[b], T, Hq, 1), 4, POISON_FLOAT, 1, 0);
+            if (on[b]) SLOT(sl[b], ln[b], extent(vl[b], T, Hq, 1), fsz, POISON_FLOAT, 1, 0);
         }
     }
     for (int b = 0; b < 3; ++b)
@@ -404,7 +411,14 @@ nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_ou
         st = NSA_ERR_OUT_OF_MEMORY;
         goto done;
     }
-    if ((st = get(so, vo, T, Hq, Dv, dt, out->o)) != NSA_SUCCESS) goto conv_fail;
+    out->o_d = malloc((size_t)(T * Hq * Dv > 0 ? T * Hq * Dv : 1) * sizeof(double));
+    if (!out->o_d) {
+        st = NSA_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    if ((st = get(so, vo, T, Hq, Dv, dt, out->o)) != NSA_SUCCESS ||
+        (st = get_as(so, vo, T, Hq, Dv, dt, out->o_d, NSA_DTYPE_F64)) != NSA_SUCCESS)
+        goto conv_fail;
     out->o_raw_bytes = so->bytes;
     out->o_raw = malloc(so->bytes);
     if (!out->o_raw) {
@@ -415,11 +429,14 @@ nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_ou
     for (int b = 0; b < 3; ++b) {
         if (!on[b]) continue;
         out->lse[b] = malloc((size_t)(T * Hq > 0 ? T * Hq : 1) * sizeof(float));
-        if (!out->lse[b]) {
+        out->lse_d[b] = malloc((size_t)(T * Hq > 0 ? T * Hq : 1) * sizeof(double));
+        if (!out->lse[b] || !out->lse_d[b]) {
             st = NSA_ERR_OUT_OF_MEMORY;
             goto done;
         }
-        if ((st = get(sl[b], vl[b], T, Hq, 1, NSA_DTYPE_F32, out->lse[b])) != NSA_SUCCESS) goto conv_fail;
+        if ((st = get(sl[b], vl[b], T, Hq, 1, fdt, out->lse[b])) != NSA_SUCCESS ||
+            (st = get_as(sl[b], vl[b], T, Hq, 1, fdt, out->lse_d[b], NSA_DTYPE_F64)) != NSA_SUCCESS)
+            goto conv_fail;
     }
     if (want_sel) {
         out->sel = malloc((size_t)(T * Hkv * n > 0 ? T * Hkv * n : 1) * sizeof(int32_t));
@@ -452,7 +469,11 @@ void tk_output_free(tk_output *out)
 {
     if (!out) return;
     free(out->o);
-    for (int b = 0; b < 3; ++b) free(out->lse[b]);
+    free(out->o_d);
+    for (int b = 0; b < 3; ++b) {
+        free(out->lse[b]);
+        free(out->lse_d[b]);
+    }
     free(out->sel);
     free(out->o_raw);
     memset(out, 0, sizeof *out);

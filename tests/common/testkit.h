@@ -87,8 +87,11 @@ int tk_corpus(const char *name, tk_case **cases);
  * tests' page shuffles and step lengths). */
 uint64_t tk_splitmix64(uint64_t *state);
 
-/* Sets cfg.dtype (F32, F16 or BF16). */
+/* Sets cfg.dtype (F32, F16, BF16 or F64). */
 void tk_case_set_dtype(tk_case *c, nsa_dtype dtype);
+
+/* The float type of a call of dtype dt (gates, LSEs, dgate): F64 for F64, else F32. */
+nsa_dtype tk_float_dtype(nsa_dtype dt);
 
 /* Total tokens cu_seqlens[batch]. */
 int64_t tk_case_tokens(const tk_case *c);
@@ -129,8 +132,8 @@ typedef struct tk_inputs {
     float *q;            /* [T, Hq, Dqk], uniform [-2, 2) */
     float *k[3];         /* [T, Hkv, Dqk], uniform [-2, 2) */
     float *v[3];         /* [T, Hkv, Dv], uniform [-1, 1) */
-    float *gate[3];      /* [T, Hq], uniform [0.05, 0.95) (always f32); NULL when the
-                            branch is off (n = 0 or w = 0) */
+    float *gate[3];      /* [T, Hq], uniform [0.05, 0.95) (f32 values, passed in the
+                            call's float type); NULL when the branch is off (n = 0 or w = 0) */
     float *w_k, *w_v;    /* LINEAR: [Hkv, l, D, D], uniform +-1.7/sqrt(l*D) */
     float *pe_k, *pe_v;  /* LINEAR with use_pe: [Hkv, l, D], uniform [-0.5, 0.5) */
     float *kc, *vc;      /* EXTERNAL: [total_cmp, Hkv, Dqk|Dv], uniform [-2,2) / [-1,1) */
@@ -279,7 +282,7 @@ int tk_inputs_shared_kv(const tk_case *c, const tk_inputs *in);
  * poisoned first; fills out (tk_grads_free it). On failure: the status, with
  * "<call>: <status>: <message>" in msg, and nothing to free. */
 nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *in, const float *dO,
-                           float *const lse[3], const int32_t *sel, tk_grads *out, char *msg, size_t msg_size);
+                           double *const lse[3], const int32_t *sel, tk_grads *out, char *msg, size_t msg_size);
 void tk_grads_free(tk_grads *g);
 
 /* dO [T, Hq, Dv] for case c: uniform [-1, 1) from (seed, stream), rounded to the
@@ -294,7 +297,9 @@ void tk_ref64_sum_shared(tk_ref64 *ref);
  *     |got - ref| <= rms_tol * max(rms(ref tensor), floor) + rel_tol * |ref|
  * floor = 0.1 rms(dO) (dpe: times sqrt(compressed rows), as it sums them and the
  * keys' sum is 0), (rms_tol, rel_tol) = (3e-4, 3e-4) f32, (1e-2, 4e-3) f16,
- * (1e-2, 1.6e-2) bf16: gradients are rounded once to the dtype (2^-11, 2^-8
+ * (1e-2, 1.6e-2) bf16, (1e-10, 1e-10) f64 (fp64 end to end, LSE included: only
+ * accumulation order differs from the reference; the corpus's worst is far
+ * below). Otherwise gradients are rounded once to the dtype (2^-11, 2^-8
  * relative) and accumulated in f32 between stages; and the backward recomputes
  * p from the backend's own forward LSE, which the forward's tolerance lets be
  * 1e-4 off (absolute), so every p may carry a 1e-4 relative error (HIP's
@@ -317,6 +322,8 @@ typedef struct tk_output {
     int64_t tokens;
     float *o;            /* [T, Hq, Dv] */
     float *lse[3];       /* [T, Hq]; NULL when the branch is off (not requested) */
+    double *o_d;         /* o and the LSEs again as doubles (exact: an f64 call's */
+    double *lse_d[3];    /* values keep their precision); tk_compare uses these when set */
     int32_t *sel;        /* [T, Hkv, n]; NULL when n = 0 or with caller-given indices */
     void *o_raw;         /* the o tensor's buffer bytes as read back (determinism) */
     size_t o_raw_bytes;
@@ -355,6 +362,7 @@ void tk_output_free(tk_output *out);
  *   f32      1e-4    1e-4     1e-6    1e-4    1e-5    1e-5
  *   f16      1e-2    2e-3     1e-4    2e-3    2e-4    1e-4
  *   bf16     1e-2    1e-2     1e-4    2e-3    2e-4    1e-4
+ *   f64      1e-12   1e-12    1e-14   1e-12   1e-13   1e-5
  * Why: f32 backends accumulate in fp32 (GPU) or fp64 (cpu), so 1e-4 of the
  * output scale is two orders above accumulation error over thousands of
  * tokens. f16/bf16 outputs are rounded once at the end (2^-11 and 2^-8
@@ -364,7 +372,9 @@ void tk_output_free(tk_output *out);
  * the first tokens attend to a few rows with the full |V|. LSEs and scores are
  * fp32 from the same rounded inputs (compressed keys included: they are
  * tensors of the call's dtype, semantics 7); only accumulation order and exp()
- * differ. */
+ * differ. f64 is fp64 end to end (semantics 7), so only summation order
+ * separates it from the oracle; its scores are fp32 as in every dtype, hence
+ * the f32 score tolerance. */
 typedef struct tk_tolerance {
     double o_rms, o_rel, o_abs;
     double lse_abs, lse_rel;

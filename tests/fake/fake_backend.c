@@ -9,6 +9,10 @@
  *                     leaves no message (libnsa_backend_fakectx.so, in failing/)
  *   FAKE_FUNC_VERSION its nsa_backend_api_version is a function at an odd
  *                     address, not an int (libnsa_backend_fakefunc.so, in failing/)
+ *   FAKE_PLANS        probes one device and creates contexts, so that plans can
+ *                     be made on it; no supports() (the core's default: every
+ *                     plain stage, every dtype but f64), no memory, runs nothing
+ *                     (libnsa_backend_fakeplan.so, in failing/)
  * They include core/backend.h: it is the module interface.
  */
 #include <stdio.h>
@@ -40,7 +44,7 @@ static const nsa_host_api *host;
 
 static nsa_status probe(int *device_count, char *reason, size_t reason_size)
 {
-#if defined(FAKE_CTX_FAILS)
+#if defined(FAKE_CTX_FAILS) || defined(FAKE_PLANS)
     *device_count = 1;
     snprintf(reason, reason_size, "fake device present");
     return NSA_SUCCESS;
@@ -59,12 +63,20 @@ static nsa_status unavailable(void)
 static nsa_status device_name(int index, char *name, size_t size)
 {
     (void)index, (void)name, (void)size;
+#if defined(FAKE_PLANS)
+    snprintf(name, size, "fake device");
+    return NSA_SUCCESS;
+#else
     return unavailable();
+#endif
 }
 static nsa_status context_create(int device, void *native_stream, void **bctx)
 {
     (void)device, (void)native_stream, (void)bctx;
-#if defined(FAKE_CTX_FAILS)
+#if defined(FAKE_PLANS)
+    *bctx = (void *)&host; /* any non-NULL handle: it holds nothing */
+    return NSA_SUCCESS;
+#elif defined(FAKE_CTX_FAILS)
     return NSA_ERR_DEVICE; /* and no host->set_error: the core must name it */
 #else
     return unavailable();

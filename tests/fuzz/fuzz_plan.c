@@ -99,14 +99,15 @@ static void forward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *in
         b_;                                                                                                  \
     })
     const size_t es = nsa_dtype_size(c->dtype);
+    const size_t fs = c->dtype == NSA_DTYPE_F64 ? 8 : 4; /* gates and LSEs: the call's float type */
     a.q = nsa_tensor_dense(BUF(T * hq * dk, es), 0, hq, dk);
     a.o = nsa_tensor_dense(BUF(T * hq * dv, es), 0, hq, dv);
     for (int b = 0; b < 3; b++) {
         a.k[b] = nsa_tensor_dense(BUF(T * hkv * dk, es), 0, hkv, dk);
         a.v[b] = nsa_tensor_dense(BUF(T * hkv * dv, es), 0, hkv, dv);
-        a.gate[b] = nsa_tensor_dense(BUF(T * hq, 4), 0, hq, 1);
+        a.gate[b] = nsa_tensor_dense(BUF(T * hq, fs), 0, hq, 1);
     }
-    if (byte(in) & 1) a.lse[0] = nsa_tensor_dense(BUF(T * hq, 4), 0, hq, 1);
+    if (byte(in) & 1) a.lse[0] = nsa_tensor_dense(BUF(T * hq, fs), 0, hq, 1);
     if (c->compress == NSA_COMPRESS_LINEAR) {
         a.w_k = nsa_tensor_dense(BUF(hkv * l * dk * dk, es), 0, 0, 0);
         a.w_v = nsa_tensor_dense(BUF(hkv * l * dv * dv, es), 0, 0, 0);
@@ -157,7 +158,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t sc = byte(&in);
     c.scale = sc < 0xFC ? scales[sc % 6] : sc == 0xFC ? __builtin_nanf("") : sc == 0xFD ? __builtin_inff() : -0.0f;
     c.compress = (nsa_compress_mode)(byte(&in) % 4);
-    c.dtype = (nsa_dtype)(byte(&in) % 5);
+    c.dtype = (nsa_dtype)(byte(&in) % 6); /* f32, f16, bf16, i32 (refused), f64, 5 (unknown) */
     int64_t batch = (int64_t)(byte(&in) % 11) - 2; /* -2 .. 8: the array below has batch + 1 entries */
     int64_t cu[9] = {0};
     if (byte(&in) == 0xEE) cu[0] = value(&in);
