@@ -139,6 +139,8 @@ static nsa_status plan_workspace(nsa_plan *p)
     /* backward: the float accumulators (zero-filled as one range; f64 in an f64
      * call, so its gradients keep fp64 accuracy between stages), then delta */
     const int64_t l = c->cmp_block, dk = c->head_dim_qk, dv = c->head_dim_v;
+    /* hkv * l (< 2^36) and dk * dk, dv * dv (< 2^28) cannot overflow: config.c
+     * bounds heads by 2^16, l by 2^20 and head dims by 2^14 */
     int64_t nq, tkk, tkv, wk, wv, pk, pv;
     if (nsa_ck_mul(nt, dk, &nq) || nsa_ck_mul(tk, dk, &tkk) || nsa_ck_mul(tk, dv, &tkv) ||
         nsa_ck_mul(hkv * l, dk * dk, &wk) || nsa_ck_mul(hkv * l, dv * dv, &wv) || nsa_ck_mul(hkv * l, dk, &pk) ||
