@@ -787,6 +787,10 @@ START_TEST(plan_kinds)
     ck_assert_int_eq(nsa_decode(d.plan, &a, NULL), NSA_ERR_INVALID_VALUE);
     ck_assert_ptr_nonnull(strstr(nsa_last_error(), "args->lse[win]"));
     a = d.args;
+    a.gate[NSA_BRANCH_WIN] = nsa_tensor_dense(d.kcache[NSA_BRANCH_SLC], 0, d.Hq, 1); /* an input in a cache */
+    ck_assert_int_eq(nsa_decode(d.plan, &a, NULL), NSA_ERR_INVALID_VALUE);
+    ck_assert_ptr_nonnull(strstr(nsa_last_error(), "args->gate[win]"));
+    a = d.args;
     a.v_cache[NSA_BRANCH_WIN] = nsa_tensor_dense(d.kcache[NSA_BRANCH_SLC], 0, d.Hkv, d.Dv); /* overlaps k's */
     ck_assert_int_eq(nsa_decode(d.plan, &a, NULL), NSA_ERR_INVALID_VALUE);
     ck_assert_ptr_nonnull(strstr(nsa_last_error(), "overlaps"));
