@@ -12,6 +12,8 @@
  *                             the workspace size
  *   nsa_buffer_alloc/wrap()   device memory: owned by the library or by the caller
  *   nsa_forward()             run the three branches and the gated sum
+ *   nsa_decode_plan_create()  (0.5) a decode plan: capacities of paged caches and steps
+ *   nsa_decode()              one decode / chunked-prefill step over the caller's caches
  *
  * The function computed is defined exactly by docs/nsa-semantics (see README):
  * compression (MEAN | LINEAR | EXTERNAL), compressed attention, block importance
