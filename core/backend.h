@@ -27,8 +27,12 @@ extern "C" {
 /* Bumped whenever any struct or function below changes. The loader refuses a
  * module whose nsa_backend_api_version differs (NSA_ERR_VERSION_MISMATCH).
  * 7: NSA_DTYPE_F64 and nsa_bk_float_dtype (a module of version 6 could not know
- * the dtype, and its supports() might have said yes to it). */
-#define NSA_BACKEND_API_VERSION 7
+ * the dtype, and its supports() might have said yes to it).
+ * 8: the decode stages (NSA_STAGE_DECODE_APPEND, NSA_STAGE_DECODE_ATTN), the
+ * decode fields of nsa_bk_plan and nsa_bk_args (a module of version 7 reads
+ * shorter structs, and a supports() that answers by range might take the new
+ * stage values). */
+#define NSA_BACKEND_API_VERSION 8
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -92,7 +96,26 @@ typedef enum nsa_stage {
     NSA_STAGE_BWD_WIN_ATTN = 11,
     /* converts each store[i].acc (float) to store[i].out (cfg dtype) */
     NSA_STAGE_BWD_STORE = 12,
-    NSA_STAGE_COUNT = 13
+    /* Decode stages (section 10), the only stages of a decode plan, in this
+     * order. The packed step tensors (q, k, v, gate, o, lse, indices, o_b) have
+     * plan->total_tokens = lim.max_total_tokens rows; the step lengths
+     * (dec_cu_seqlens_q, dec_cache_seqlens) and page tables are read in the
+     * context's memory, never on the host by the core. */
+    /* Checks the step's lengths and tables (semantics 10, nsa.h's nsa_decode):
+     * a step that fails writes nothing but dec_status (when given) and, on a
+     * synchronous backend, returns the named status with its message; then
+     * appends k[b], v[b] of the new tokens to each distinct dec_k_cache[b] /
+     * dec_v_cache[b] and (MEAN, LINEAR) forms the compressed rows Nc(TK0) <= i <
+     * Nc(TK) into dec_kc_cache / dec_vc_cache from the cached tokens; writes
+     * dec_status = (NSA_SUCCESS, -1) when given. */
+    NSA_STAGE_DECODE_APPEND = 13,
+    /* reads q, gate, the caches and tables; writes the step's rows of o,
+     * lse[b] (if given; lse[CMP] always given, workspace when not the caller's),
+     * indices (n > 0: the caller's selected, else workspace) and o_b (workspace
+     * scratch). Runs only after a DECODE_APPEND whose checks passed (an
+     * asynchronous backend reads dec_status and does nothing when it is not 0). */
+    NSA_STAGE_DECODE_ATTN = 14,
+    NSA_STAGE_COUNT = 15
 } nsa_stage;
 
 /* Stage name for messages and plan info ("cmp_attn"). Inline, so that modules
@@ -113,6 +136,8 @@ static inline const char *nsa_stage_name(nsa_stage stage)
     case NSA_STAGE_BWD_SLC_ATTN: return "bwd_slc_attn";
     case NSA_STAGE_BWD_WIN_ATTN: return "bwd_win_attn";
     case NSA_STAGE_BWD_STORE: return "bwd_store";
+    case NSA_STAGE_DECODE_APPEND: return "decode_append";
+    case NSA_STAGE_DECODE_ATTN: return "decode_attn";
     case NSA_STAGE_COUNT: break;
     }
     return "unknown";
@@ -156,6 +181,13 @@ typedef struct nsa_bk_plan {
 
     void *backend_plan;        /* set by plan_prepare, released by plan_release */
     size_t backend_bytes;      /* device memory plan_prepare allocated for the plan (nsa_plan_info) */
+
+    /* (API version 8) decode plans (nsa_decode_plan_create): decode = 1 and the
+     * validated capacities; batch = lim.batch, total_tokens = lim.max_total_tokens,
+     * max_len = lim.max_context, max_nc / max_ns those of a max_context-token
+     * sequence; the host tables above are absent (NULL, no tiles) */
+    int decode;
+    nsa_decode_limits lim;
 } nsa_bk_plan;
 
 /* One gradient BWD_STORE rounds to the dtype: rows x heads x dim elements of
@@ -195,6 +227,18 @@ typedef struct nsa_bk_args {
     nsa_bk_tensor dgate[3];    /* float [T, Hq] outputs */
     int num_store;             /* BWD_STORE: store[i].out = store[i].acc */
     nsa_bk_store store[12];
+
+    /* (API version 8) decode stages only; k[b], v[b] are then the new tokens */
+    nsa_bk_tensor dec_cu_seqlens_q;  /* i32 [B + 1], contiguous */
+    nsa_bk_tensor dec_cache_seqlens; /* i32 [B], contiguous */
+    nsa_bk_tensor dec_k_cache[3], dec_v_cache[3]; /* cfg dtype [num_pages * page_size, Hkv, D]
+                                      * by pool position; given for each branch that reads raw
+                                      * keys; the same buf, offset and strides: one cache */
+    nsa_bk_tensor dec_block_table;   /* i32 [B, max_pages] (stride_token: row stride) */
+    nsa_bk_tensor dec_kc_cache, dec_vc_cache; /* cfg dtype [num_cmp_pages * cmp_page_size, Hkv, D];
+                                      * absent when no max_context sequence has a block */
+    nsa_bk_tensor dec_cmp_block_table; /* i32 [B, max_cmp_pages] */
+    nsa_bk_tensor dec_status;        /* i32 [2], may be absent */
 } nsa_bk_args;
 
 /* Services the core offers a backend (passed to the module's entry). */

@@ -22,6 +22,9 @@ nsa_status nsa_backward_sized(nsa_plan *plan, const nsa_backward_args *args_in, 
     nsa_clear_error();
     if (!plan) return nsa_set_error(NSA_ERR_NULL_POINTER, FN ": plan is NULL");
     if (!args_in) return nsa_set_error(NSA_ERR_NULL_POINTER, FN ": args is NULL");
+    if (plan->bk.decode)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, FN ": plan is a decode plan (nsa_decode_plan_create): it runs "
+                             "nsa_decode steps only; make a training plan with nsa_plan_create");
     nsa_backward_args args;
     memset(&args, 0, sizeof args);
     nsa_status s = nsa_struct_in(&args, sizeof args, NSA_BACKWARD_ARGS_SIZE_FIRST, args_in, args_size, FN, "args");

@@ -24,6 +24,9 @@ nsa_status nsa_forward_sized(nsa_plan *plan, const nsa_forward_args *args_in, si
     nsa_clear_error();
     if (!plan) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_forward: plan is NULL");
     if (!args_in) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_forward: args is NULL");
+    if (plan->bk.decode)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_forward: plan is a decode plan (nsa_decode_plan_create): it "
+                             "runs nsa_decode steps only; make a forward plan with nsa_plan_create");
     nsa_forward_args args; /* the fields a caller's older header lacks are absent (zero) */
     memset(&args, 0, sizeof args);
     nsa_status s = nsa_struct_in(&args, sizeof args, NSA_FORWARD_ARGS_SIZE_FIRST, args_in, args_size, "nsa_forward",

@@ -35,6 +35,8 @@ NSA_INTERNAL extern const nsa_host_api nsa_host;
 #define NSA_PLAN_INFO_SIZE_FIRST offsetof(nsa_plan_info, backend_bytes) /* backend_bytes: added in 0.3 */
 #define NSA_BACKEND_INFO_SIZE_FIRST sizeof(nsa_backend_info)
 #define NSA_BACKWARD_ARGS_SIZE_FIRST sizeof(nsa_backward_args) /* added in 0.3 */
+#define NSA_DECODE_LIMITS_SIZE_FIRST sizeof(nsa_decode_limits) /* added in 0.5 */
+#define NSA_DECODE_ARGS_SIZE_FIRST sizeof(nsa_decode_args)     /* added in 0.5 */
 /* A struct the caller passes in: size bytes at src (size >= first; any bytes
  * past the library's known size must be zero) over dst, which holds the
  * defaults of the fields the caller may not know. fn and arg name the call and
@@ -101,7 +103,7 @@ NSA_INTERNAL int nsa_setting(const char *name, char *buf, size_t size);
 NSA_INTERNAL int nsa_log_enabled(int level);
 
 /* Aliasing checks of nsa_forward (core/alias.c): the views of one call. */
-#define NSA_ALIAS_MAX 48
+#define NSA_ALIAS_MAX 64
 typedef struct nsa_alias_view {
     char name[32];
     const void *root;
@@ -155,6 +157,10 @@ struct nsa_plan {
     int num_bwd_stages;        /* training plans; 0 otherwise */
     nsa_stage bwd_stages[NSA_MAX_STAGES];
     int prepared;              /* backend plan_prepare succeeded */
+    /* decode plans (nsa_decode_plan_create): bk.decode = 1; the last step's
+     * status and message, for nsa_decode_check */
+    nsa_status dec_status;
+    char dec_msg[1024];
 };
 
 /* ---- tensor checks (tensor.c), shared by nsa_forward and nsa_backward */

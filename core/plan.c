@@ -424,3 +424,155 @@ nsa_status nsa_plan_stage_kernel(const nsa_plan *plan, int index, char *name, si
     if (s == NSA_SUCCESS) nsa_clear_error();
     return s;
 }
+
+/* ------------------------------------------------------------------ decode plans */
+
+/* The decode stages and workspace (semantics 10): the packed step rows' float
+ * per-branch outputs o_b, lse_cmp and (n > 0) the selected indices, for
+ * lim.max_total_tokens rows. */
+static nsa_status decode_plan_shape(nsa_plan *p)
+{
+    const nsa_config *c = &p->bk.cfg;
+    const nsa_decode_limits *lim = &p->bk.lim;
+    const int64_t hq = c->num_q_heads, hkv = c->num_kv_heads, MT = lim->max_total_tokens;
+    nsa_status s;
+    /* the dtype first (COMBINE), as for a forward plan, then the decode stages */
+    if (!supports(p->ctx, NSA_STAGE_COMBINE, c))
+        return nsa_set_error(NSA_ERR_UNSUPPORTED, "nsa_decode_plan_create: backend %s does not support dtype %s%s",
+                             p->ctx->backend_name, nsa_dtype_name(c->dtype),
+                             c->dtype == NSA_DTYPE_F64 ? " (f64 runs on the cpu backend only)" : "");
+    const nsa_stage want[2] = {NSA_STAGE_DECODE_APPEND, NSA_STAGE_DECODE_ATTN};
+    for (int i = 0; i < 2; i++) {
+        if (!supports(p->ctx, want[i], c))
+            return nsa_set_error(NSA_ERR_UNSUPPORTED,
+                                 "nsa_decode_plan_create: backend %s has no decode step yet (stage %s; the cpu "
+                                 "backend has it)",
+                                 p->ctx->backend_name, nsa_stage_name(want[i]));
+        p->stages[i] = want[i];
+    }
+    p->num_stages = 2;
+    p->num_bwd_stages = 0;
+    /* block counts of the longest context: what a step may read */
+    p->bk.batch = lim->batch;
+    p->bk.total_tokens = MT;
+    p->bk.max_len = lim->max_context;
+    p->bk.max_nc = nsa_num_cmp_blocks(lim->max_context, c->cmp_block, c->cmp_stride);
+    p->bk.max_ns = nsa_num_slc_blocks(lim->max_context, c->slc_block);
+    p->bk.total_cmp = 0;
+    p->bk.query_tile = 0;
+    p->bk.num_tiles = 0;
+    p->bk.dev_cu_seqlens = p->bk.dev_cu_cmp = p->bk.dev_tok_seq = p->bk.dev_tiles = -1;
+    /* the caches' and tables' element counts must fit 64 bits (the views are
+     * checked against their buffers at each step) */
+    int64_t x;
+    const int64_t dmax = c->head_dim_qk > c->head_dim_v ? c->head_dim_qk : c->head_dim_v;
+    const int64_t f1[4] = {lim->num_pages, lim->page_size, hkv, dmax};
+    const int64_t f2[4] = {lim->num_cmp_pages, lim->cmp_page_size, hkv, dmax};
+    const int64_t f3[2] = {lim->batch, lim->max_pages}, f4[2] = {lim->batch, lim->max_cmp_pages};
+    const int64_t f5[2] = {lim->max_pages, lim->page_size}, f6[2] = {lim->max_cmp_pages, lim->cmp_page_size};
+    const int64_t f7[4] = {lim->max_context, hkv, dmax, 8};
+    if (nsa_ck_prod(f1, 4, &x) || nsa_ck_prod(f2, 4, &x) || nsa_ck_prod(f3, 2, &x) || nsa_ck_prod(f4, 2, &x) ||
+        nsa_ck_prod(f5, 2, &x) || nsa_ck_prod(f6, 2, &x) || nsa_ck_prod(f7, 4, &x))
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE,
+                             "nsa_decode_plan_create: the caches or page tables of lim (num_pages = %lld, page_size = "
+                             "%lld, max_pages = %lld, num_cmp_pages = %lld, cmp_page_size = %lld, max_cmp_pages = %lld, "
+                             "max_context = %lld, batch = %lld) hold more elements than 64 bits count",
+                             (long long)lim->num_pages, (long long)lim->page_size, (long long)lim->max_pages,
+                             (long long)lim->num_cmp_pages, (long long)lim->cmp_page_size,
+                             (long long)lim->max_cmp_pages, (long long)lim->max_context, (long long)lim->batch);
+    /* workspace: o_b per enabled branch, lse_cmp, indices (4 bytes) */
+    nsa_ws_layout *ws = &p->ws;
+    *ws = (nsa_ws_layout){.kc = -1, .vc = -1, .lse_cmp = -1, .scores = -1, .indices = -1, .o_b = {-1, -1, -1},
+                          .dq_acc = -1, .dk_acc = {-1, -1, -1}, .dv_acc = {-1, -1, -1}, .dkc_acc = -1,
+                          .dvc_acc = -1, .dw_k_acc = -1, .dw_v_acc = -1, .dpe_k_acc = -1, .dpe_v_acc = -1,
+                          .delta = -1};
+    const size_t fe = nsa_dtype_size(nsa_bk_float_dtype(c->dtype));
+    int64_t nt, no, ni;
+    if (nsa_ck_mul(MT, hq, &nt) || nsa_ck_mul(nt, c->head_dim_v, &no) || nsa_ck_mul(MT, hkv, &ni) ||
+        nsa_ck_mul(ni, c->num_selected, &ni))
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_decode_plan_create: the workspace size overflows 64 bits");
+    if ((s = reserve(ws, nt, fe, &ws->lse_cmp)) || (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_CMP])))
+        return s;
+    if (c->num_selected > 0 &&
+        ((s = reserve(ws, ni, 4, &ws->indices)) || (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_SLC]))))
+        return s;
+    if (c->window > 0 && (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_WIN]))) return s;
+    return NSA_SUCCESS;
+}
+
+nsa_status nsa_decode_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, size_t cfg_size,
+                                        const nsa_decode_limits *lim_in, size_t lim_size, nsa_plan **out)
+{
+    static const char *const FN = "nsa_decode_plan_create";
+    nsa_clear_error();
+    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_decode_plan_create: out is NULL");
+    *out = NULL;
+    if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_decode_plan_create: ctx is NULL");
+    if (!cfg_in) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_decode_plan_create: cfg is NULL");
+    if (!lim_in) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_decode_plan_create: lim is NULL");
+    nsa_config cfg;
+    nsa_status s = nsa_config_take(cfg_in, cfg_size, &cfg, FN);
+    if (s != NSA_SUCCESS || (s = nsa_config_check(&cfg, FN)) != NSA_SUCCESS) return s;
+    if (cfg.flags & NSA_CONFIG_TRAINING)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_decode_plan_create: cfg->flags has NSA_CONFIG_TRAINING, but a "
+                             "decode step has no gradient (make a training plan with nsa_plan_create)");
+    nsa_decode_limits lim;
+    memset(&lim, 0, sizeof lim);
+    if ((s = nsa_struct_in(&lim, sizeof lim, NSA_DECODE_LIMITS_SIZE_FIRST, lim_in, lim_size, FN, "lim")))
+        return s;
+    /* each capacity on its own, then the ones that bound each other */
+    const struct {
+        const char *name;
+        int64_t v, lo, hi;
+    } r[] = {
+        {"batch", lim.batch, 1, INT64_C(1) << 32},
+        {"max_step_tokens", lim.max_step_tokens, 1, MAX_TOKENS},
+        {"max_total_tokens", lim.max_total_tokens, 1, MAX_TOKENS},
+        {"max_context", lim.max_context, 1, MAX_TOKENS},
+        {"page_size", lim.page_size, 1, MAX_TOKENS},
+        {"num_pages", lim.num_pages, 1, (INT64_C(1) << 31)}, /* int32 table entries */
+        {"max_pages", lim.max_pages, 1, MAX_TOKENS},
+        {"cmp_page_size", lim.cmp_page_size, 1, MAX_TOKENS},
+        {"num_cmp_pages", lim.num_cmp_pages, 0, (INT64_C(1) << 31)},
+        {"max_cmp_pages", lim.max_cmp_pages, 0, MAX_TOKENS},
+    };
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+        if (r[i].v < r[i].lo || r[i].v > r[i].hi)
+            return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_decode_plan_create: lim->%s = %lld must be in [%lld, %lld]",
+                                 r[i].name, (long long)r[i].v, (long long)r[i].lo, (long long)r[i].hi);
+    if (lim.max_total_tokens < lim.max_step_tokens)
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_decode_plan_create: lim->max_total_tokens = %lld is below "
+                             "lim->max_step_tokens = %lld (one sequence's step is part of the batch's)",
+                             (long long)lim.max_total_tokens, (long long)lim.max_step_tokens);
+
+    nsa_plan *p = calloc(1, sizeof *p);
+    if (!p) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_decode_plan_create: out of host memory");
+    p->ctx = ctx;
+    p->bk.cfg = cfg;
+    if (p->bk.cfg.scale == 0.0f) p->bk.cfg.scale = (float)(1.0 / sqrt((double)cfg.head_dim_qk));
+    p->bk.decode = 1;
+    p->bk.lim = lim;
+    p->dec_status = NSA_SUCCESS;
+    if ((s = decode_plan_shape(p))) {
+        plan_free(p);
+        return s;
+    }
+    if (ctx->be->plan_prepare) {
+        if ((s = ctx->be->plan_prepare(ctx->bctx, &p->bk)) != NSA_SUCCESS) {
+            nsa_backend_error(s, ctx->backend_name, "preparing a decode plan");
+            plan_free(p);
+            return s;
+        }
+        p->prepared = 1;
+    }
+    ctx->live_plans++;
+    if (nsa_log_enabled(NSA_LOG_INFO))
+        nsa_log(NSA_LOG_INFO,
+                "decode plan on %s: %lld sequences, at most %lld tokens a step (%lld per sequence), contexts up to "
+                "%lld, workspace %zu bytes",
+                ctx->backend_name, (long long)lim.batch, (long long)lim.max_total_tokens,
+                (long long)lim.max_step_tokens, (long long)lim.max_context, p->ws.bytes);
+    nsa_clear_error();
+    *out = p;
+    return NSA_SUCCESS;
+}

@@ -12,6 +12,8 @@
  *                             the workspace size
  *   nsa_buffer_alloc/wrap()   device memory: owned by the library or by the caller
  *   nsa_forward()             run the three branches and the gated sum
+ *   nsa_decode_plan_create()  (0.5) a decode plan: capacities of paged caches and steps
+ *   nsa_decode()              one decode / chunked-prefill step over the caller's caches
  *
  * The function computed is defined exactly by docs/nsa-semantics (see README):
  * compression (MEAN | LINEAR | EXTERNAL), compressed attention, block importance
@@ -29,7 +31,8 @@
  * (and the plans and buffers made from it) must not be used by two threads at once.
  *
  * Growing structs (the ABI rule): nsa_config, nsa_forward_args,
- * nsa_backward_args, nsa_plan_info and nsa_backend_info gain fields only at
+ * nsa_backward_args, nsa_plan_info, nsa_backend_info, nsa_decode_limits and
+ * nsa_decode_args gain fields only at
  * their end (nsa_config.flags and nsa_plan_info.backend_bytes were added in 0.3). Every function that takes
  * one is a macro here that passes the struct's size as the caller's header
  * defines it to a *_sized entry point (nsa_plan_create -> nsa_plan_create_sized
@@ -49,9 +52,11 @@
  * kernels, not yet tuned); a backend without it refuses a training plan with
  * NSA_ERR_UNSUPPORTED.
  *
- * Planned (not in this version, and not stubbed): decoding will use a plan made
- * with nsa_plan_create_decode(ctx, cfg, cache lengths, TQ) over a paged KV
- * cache, attached to nsa_plan so that a serving loop plans once per shape.
+ * Decoding (added in 0.5): a plan made with nsa_decode_plan_create runs
+ * nsa_decode steps over caller-owned paged K/V caches (docs/nsa-semantics.md
+ * section 10): each step appends the new tokens of every sequence of a batch
+ * and returns their rows of the forward. cpu only so far; the GPU backends
+ * refuse a decode plan with NSA_ERR_UNSUPPORTED.
  */
 #ifndef NSA_H
 #define NSA_H
@@ -72,7 +77,7 @@ extern "C" {
 #endif
 
 #define NSA_VERSION_MAJOR 0
-#define NSA_VERSION_MINOR 4
+#define NSA_VERSION_MINOR 5
 #define NSA_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------ status */
@@ -107,7 +112,7 @@ NSA_API const char *nsa_status_string(nsa_status status);
  * recent call succeeded. Valid until the thread's next libnsa call. */
 NSA_API const char *nsa_last_error(void);
 
-/* "0.4.0" */
+/* "0.5.0" */
 NSA_API const char *nsa_version_string(void);
 
 /* ------------------------------------------------------------------ types */
@@ -480,6 +485,125 @@ NSA_API nsa_status nsa_backward_sized(nsa_plan *plan, const nsa_backward_args *a
                                       nsa_buffer *workspace);
 #define nsa_backward(plan, args, workspace) \
     nsa_backward_sized((plan), (args), sizeof(nsa_backward_args), (workspace))
+
+/* ------------------------------------------------------------------ decoding */
+
+/* Decoding and chunked prefill (docs/nsa-semantics.md section 10). A decode plan
+ * is made once for a config and the capacities below; each nsa_decode step then
+ * takes a batch's new tokens (TQ_b >= 0 per sequence, at positions TK0_b ..
+ * TK_b - 1, TK_b = TK0_b + TQ_b), appends their k, v to caller-owned paged caches,
+ * forms the compressed rows their arrival completes, and returns their rows of o
+ * (and the LSEs and selected blocks): each row is the row of nsa_forward over the
+ * sequence's first TK_b tokens. The step lengths and page tables are tensors in
+ * the context's memory, so a step can be replayed (a CUDA graph) with new ones;
+ * the plan's capacities bound them. Backends: cpu (the fp64 reference: every row
+ * is bitwise the cpu nsa_forward's row); cuda, hip and opencl refuse
+ * nsa_decode_plan_create with NSA_ERR_UNSUPPORTED for now. */
+
+/* Capacities of a decode plan, fixed when it is made (semantics section 10). */
+typedef struct nsa_decode_limits {
+    int64_t batch;            /* B >= 1: the sequences of every step; a sequence whose TQ is 0
+                               * in a step is untouched */
+    int64_t max_step_tokens;  /* largest TQ of one sequence in one step (>= 1) */
+    int64_t max_total_tokens; /* rows of a step's packed q, k, v, gates, o, LSEs, selected:
+                               * the sum of the TQ is at most this (>= max_step_tokens) */
+    int64_t max_context;      /* largest TK = TK0 + TQ of a sequence (>= 1) */
+    int64_t page_size;        /* positions per page of the raw K/V caches (>= 1) */
+    int64_t num_pages;        /* pages in each raw cache (>= 1) */
+    int64_t max_pages;        /* columns of block_table (>= 1) */
+    int64_t cmp_page_size;    /* compressed rows per page of the compressed caches (>= 1) */
+    int64_t num_cmp_pages;    /* pages in kc_cache and vc_cache (>= 0) */
+    int64_t max_cmp_pages;    /* columns of cmp_block_table (>= 0) */
+} nsa_decode_limits;
+
+/* Makes a decode plan: cfg as for nsa_plan_create (NSA_CONFIG_TRAINING is refused:
+ * a step has no gradient), lim the capacities. Every size the plan derives
+ * (caches, tables, workspace) is checked in 64 bits before anything is
+ * allocated (NSA_ERR_INVALID_SHAPE when one overflows). A backend without a
+ * decode step gives NSA_ERR_UNSUPPORTED naming it. The plan serves nsa_decode
+ * only: nsa_forward and nsa_backward refuse it (NSA_ERR_INVALID_VALUE), as
+ * nsa_decode refuses a plan of nsa_plan_create. nsa_plan_get_info reports
+ * batch = B, total_tokens = max_total_tokens, max_cmp_blocks and max_slc_blocks
+ * of a max_context-token sequence, the workspace nsa_decode needs and its stages;
+ * nsa_plan_destroy frees it. */
+NSA_API nsa_status nsa_decode_plan_create_sized(nsa_context *ctx, const nsa_config *cfg, size_t cfg_size,
+                                                const nsa_decode_limits *lim, size_t lim_size, nsa_plan **out);
+#define nsa_decode_plan_create(ctx, cfg, lim, out) \
+    nsa_decode_plan_create_sized((ctx), (cfg), sizeof(nsa_config), (lim), sizeof(nsa_decode_limits), (out))
+
+/* One step's tensors. Views follow nsa_forward's rules (nsa_tensor, dtypes, the
+ * float type of gates and LSEs), with T = lim.max_total_tokens rows. */
+typedef struct nsa_decode_args {
+    /* The step's new tokens, packed: sequence b's TQ_b = cu_seqlens_q[b+1] -
+     * cu_seqlens_q[b] tokens are rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1, at
+     * positions TK0_b .. TK0_b + TQ_b - 1. */
+    nsa_tensor q;            /* [max_total_tokens, Hq, Dqk], cfg.dtype */
+    nsa_tensor k[3], v[3];   /* [max_total_tokens, Hkv, D]: the new tokens' keys and values
+                              * per branch (may alias, as in nsa_forward; EXTERNAL: k[cmp],
+                              * v[cmp] are not read) */
+    nsa_tensor gate[3];      /* float type [max_total_tokens, Hq] */
+    nsa_tensor w_k, w_v, pe_k, pe_v; /* LINEAR, as for nsa_forward */
+    /* Step lengths, int32, contiguous (strides ignored), in the context's memory: a
+     * GPU backend reads them on the device, never on the host. */
+    nsa_tensor cu_seqlens_q; /* [B + 1]: 0, non-decreasing, the last <= max_total_tokens,
+                              * each TQ <= max_step_tokens */
+    nsa_tensor cache_seqlens;/* [B]: TK0 of each sequence (tokens already cached); the
+                              * library never changes it: the caller advances it by TQ
+                              * after the step */
+    /* Caller-owned paged caches of cfg.dtype, [num_pages, page_size, Hkv, D]: pool
+     * position x = page * page_size + slot at offset + x * stride_token + h *
+     * stride_head. Per branch that reads raw keys (cmp with MEAN or LINEAR, slc
+     * when n > 0, win when w > 0); one view given for several branches is one cache,
+     * written once (their k, v views must then be one view too). */
+    nsa_tensor k_cache[3], v_cache[3];
+    nsa_tensor block_table;  /* int32 [B, max_pages] (row stride = stride_token, columns
+                              * contiguous): sequence b's position x lies in page
+                              * block_table[b][x / page_size], slot x % page_size */
+    /* [num_cmp_pages, cmp_page_size, Hkv, D]: compressed row i of sequence b lies in
+     * page cmp_block_table[b][i / cmp_page_size], slot i % cmp_page_size. MEAN,
+     * LINEAR: the step forms rows Nc(TK0) <= i < Nc(TK) once, from the cached tokens
+     * (section 10); EXTERNAL: the caller writes them before the step. Required when
+     * a max_context-token sequence has a compressed block. */
+    nsa_tensor kc_cache, vc_cache;
+    nsa_tensor cmp_block_table; /* int32 [B, max_cmp_pages] */
+    /* outputs: the rows of the step's tokens (rows from cu_seqlens_q[B] on are
+     * untouched) */
+    nsa_tensor o;            /* [max_total_tokens, Hq, Dv], cfg.dtype */
+    nsa_tensor lse[3];       /* optional float type [max_total_tokens, Hq] (enabled branches) */
+    nsa_tensor selected;     /* optional int32 [max_total_tokens, Hkv, n] */
+    nsa_tensor status;       /* optional int32 [2] in the context's memory: every step writes
+                              * (its nsa_status, the first bad sequence or -1) */
+} nsa_decode_args;
+
+/* Runs one step. Host-side argument checks as nsa_forward's (dtypes, shapes,
+ * strides, each view large enough for the plan's capacities; aliasing: outputs
+ * share no byte with an input, a cache, a table or the workspace; a cache is
+ * in-out: it shares none with the other tensors, and caches may alias each
+ * other only as whole identical views). workspace as for nsa_forward
+ * (nsa_plan_info.workspace_bytes of the decode plan, or NULL).
+ *
+ * The step then checks the lengths and page tables it reads in the context's
+ * memory: cu_seqlens_q that does not start at 0, decreases, ends past
+ * max_total_tokens or has a TQ above max_step_tokens; TK0 < 0; TK above
+ * max_context or max_pages * page_size; Nc(TK) above max_cmp_pages *
+ * cmp_page_size (NSA_ERR_INVALID_SHAPE); a page-table entry the step reads or
+ * writes outside [0, num_pages) (or [0, num_cmp_pages)), or a page the step
+ * writes (one holding a position TK0 .. TK - 1, or a new compressed row) that
+ * appears twice in the tables of the batch (NSA_ERR_INVALID_VALUE). The message
+ * names the sequence and the entry. A step whose data fail a check writes
+ * nothing (no cache entry, no output row; only the status tensor). cpu: the
+ * step checks before it writes and nsa_decode returns that status; a GPU
+ * backend's nsa_decode returns once the step is queued, and nsa_decode_check
+ * (or the status tensor) tells. Results are bitwise reproducible. */
+NSA_API nsa_status nsa_decode_sized(nsa_plan *plan, const nsa_decode_args *args, size_t args_size,
+                                    nsa_buffer *workspace);
+#define nsa_decode(plan, args, workspace) nsa_decode_sized((plan), (args), sizeof(nsa_decode_args), (workspace))
+
+/* Waits for the plan's last step and returns the status of its checks of the
+ * lengths and page tables it read in the context's memory (NSA_SUCCESS, or the
+ * named status with its message; NSA_SUCCESS before the first step). A step
+ * refused by the host-side argument checks ran nothing and does not count. */
+NSA_API nsa_status nsa_decode_check(nsa_plan *plan);
 
 /* ------------------------------------------------------------------ settings */
 

@@ -855,6 +855,28 @@ START_TEST(f64_on_a_backend_without_it)
 }
 END_TEST
 
+/* A backend without the decode stages (a module without supports(): the core's
+ * default has only the forward's plain stages) refuses a decode plan with
+ * NSA_ERR_UNSUPPORTED naming the backend; the same limits make a plan on cpu. */
+START_TEST(decode_on_a_backend_without_it)
+{
+    ck_assert_int_eq(nsa_set_backend_path(FAKE_FAILING_DIR), NSA_SUCCESS);
+    nsa_context *ctx = NULL;
+    ck_assert_msg(nsa_context_create("fakeplan", 0, &ctx) == NSA_SUCCESS, "fakeplan context: %s", nsa_last_error());
+    const nsa_decode_limits lim = {2, 4, 8, 64, 16, 8, 4, 2, 64, 32};
+    nsa_plan *p = NULL;
+    EXPECT(nsa_decode_plan_create(ctx, &F.cfg, &lim, &p), NSA_ERR_UNSUPPORTED,
+           "backend fakeplan has no decode step yet");
+    ck_assert_ptr_null(p);
+    ck_assert_int_eq(nsa_context_destroy(ctx), NSA_SUCCESS);
+    ck_assert_int_eq(nsa_set_backend_path(NULL), NSA_SUCCESS);
+    ck_assert_int_eq(nsa_context_create("cpu", 0, &ctx), NSA_SUCCESS);
+    EXPECT_OK(nsa_decode_plan_create(ctx, &F.cfg, &lim, &p));
+    ck_assert_int_eq(nsa_plan_destroy(p), NSA_SUCCESS);
+    ck_assert_int_eq(nsa_context_destroy(ctx), NSA_SUCCESS);
+}
+END_TEST
+
 START_TEST(misc_values)
 {
     nsa_context *ctx = NULL;
@@ -999,6 +1021,7 @@ int main(void)
     tcase_add_test(tc, misc_values);
     tcase_add_test(tc, f64_dtype_rules);
     tcase_add_test(tc, f64_on_a_backend_without_it);
+    tcase_add_test(tc, decode_on_a_backend_without_it);
     tcase_add_test(tc, plan_validates_before_allocating);
     tcase_add_test(tc, too_many_tokens_names_cu_seqlens);
     tcase_add_test(tc, tensor_extents_near_int64_max);

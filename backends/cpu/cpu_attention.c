@@ -51,6 +51,7 @@ typedef struct attn_scratch {
 
 typedef struct attn_job {
     const nsa_bk_args *a;
+    int64_t first;      /* the stage's first token: items [begin, end) are tokens first + [begin, end) */
     int64_t max_keys;   /* keys per query, at most */
     int64_t max_ranges; /* key ranges per query, at most */
 } attn_job;
@@ -173,7 +174,7 @@ static void cmp_tokens(void *user, int64_t begin, int64_t end, void *mem)
     attn_scratch s = scratch_parts(mem, cfg, job->max_keys);
     const int64_t l = cfg->cmp_block, d = cfg->cmp_stride;
 
-    for (int64_t t = begin; t < end; t++) {
+    for (int64_t t = job->first + begin; t < job->first + end; t++) {
         int64_t b;
         int64_t tl = nsa_cpu_local(p, t, &b);
         /* nc(t) = floor((t + 1 - l) / d) + 1 if t + 1 >= l, else 0:
@@ -196,7 +197,7 @@ static void slc_tokens(void *user, int64_t begin, int64_t end, void *mem)
     attn_scratch s = scratch_parts(mem, cfg, job->max_keys);
     const int64_t ls = cfg->slc_block, n = cfg->num_selected;
 
-    for (int64_t t = begin; t < end; t++) {
+    for (int64_t t = job->first + begin; t < job->first + end; t++) {
         int64_t b;
         int64_t tl = nsa_cpu_local(p, t, &b);
         int64_t start = p->cu_seqlens[b];
@@ -236,7 +237,7 @@ static void win_tokens(void *user, int64_t begin, int64_t end, void *mem)
     attn_scratch s = scratch_parts(mem, cfg, job->max_keys);
     const int64_t w = cfg->window;
 
-    for (int64_t t = begin; t < end; t++) {
+    for (int64_t t = job->first + begin; t < job->first + end; t++) {
         int64_t b;
         int64_t tl = nsa_cpu_local(p, t, &b);
         int64_t first = tl - w + 1 > 0 ? tl - w + 1 : 0; /* max(0, t - w + 1) */
@@ -246,9 +247,9 @@ static void win_tokens(void *user, int64_t begin, int64_t end, void *mem)
     }
 }
 
-/* Runs one attention stage over all tokens. */
+/* Runs one attention stage over tokens [t0, t1). */
 static nsa_status run_attention(const nsa_cpu_context *ctx, const nsa_bk_args *a, const char *stage,
-                                int64_t max_keys, int64_t max_ranges, nsa_cpu_range_fn fn)
+                                int64_t max_keys, int64_t max_ranges, nsa_cpu_range_fn fn, int64_t t0, int64_t t1)
 {
     const nsa_bk_plan *p = a->plan;
     int ok;
@@ -256,8 +257,8 @@ static nsa_status run_attention(const nsa_cpu_context *ctx, const nsa_bk_args *a
     if (!ok)
         return nsa_cpu_host()->set_error(NSA_ERR_OUT_OF_MEMORY, "cpu backend: %s: scratch for %lld keys overflows",
                                          stage, (long long)max_keys);
-    attn_job job = {a, max_keys, max_ranges};
-    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, bytes, fn, &job);
+    attn_job job = {a, t0, max_keys, max_ranges};
+    return nsa_cpu_parallel_for(ctx->threads, t1 - t0, 0, bytes, fn, &job);
 }
 
 /* ---- stage entry points */
@@ -271,6 +272,11 @@ static nsa_status check_float(const nsa_bk_args *a, const nsa_bk_tensor *t, cons
 
 nsa_status nsa_cpu_cmp_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
 {
+    return nsa_cpu_cmp_attn_rows(ctx, a, 0, a->plan->total_tokens);
+}
+
+nsa_status nsa_cpu_cmp_attn_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0, int64_t t1)
+{
     const nsa_bk_plan *p = a->plan;
     const char *s = "cmp_attn";
     nsa_status st;
@@ -278,10 +284,15 @@ nsa_status nsa_cpu_cmp_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
         (st = nsa_cpu_need(&a->vc, s, "vc", 1, 0)) || (st = check_float(a, &a->o_b[NSA_BRANCH_CMP], s, "o_cmp", 0)) ||
         (st = check_float(a, &a->lse[NSA_BRANCH_CMP], s, "lse_cmp", 1)))
         return st;
-    return run_attention(ctx, a, s, p->max_nc, 1, cmp_tokens);
+    return run_attention(ctx, a, s, p->max_nc, 1, cmp_tokens, t0, t1);
 }
 
 nsa_status nsa_cpu_slc_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
+{
+    return nsa_cpu_slc_attn_rows(ctx, a, 0, a->plan->total_tokens);
+}
+
+nsa_status nsa_cpu_slc_attn_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0, int64_t t1)
 {
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
@@ -299,10 +310,15 @@ nsa_status nsa_cpu_slc_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     if (max_keys > p->max_len)
         max_keys = p->max_len;
     int64_t max_ranges = n < p->max_len ? n : p->max_len;
-    return run_attention(ctx, a, s, max_keys, max_ranges, slc_tokens);
+    return run_attention(ctx, a, s, max_keys, max_ranges, slc_tokens, t0, t1);
 }
 
 nsa_status nsa_cpu_win_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
+{
+    return nsa_cpu_win_attn_rows(ctx, a, 0, a->plan->total_tokens);
+}
+
+nsa_status nsa_cpu_win_attn_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0, int64_t t1)
 {
     const nsa_bk_plan *p = a->plan;
     const char *s = "win_attn";
@@ -313,5 +329,5 @@ nsa_status nsa_cpu_win_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
         (st = check_float(a, &a->lse[NSA_BRANCH_WIN], s, "lse_win", 1)))
         return st;
     int64_t max_keys = p->cfg.window < p->max_len ? p->cfg.window : p->max_len;
-    return run_attention(ctx, a, s, max_keys, 1, win_tokens);
+    return run_attention(ctx, a, s, max_keys, 1, win_tokens, t0, t1);
 }

@@ -229,6 +229,10 @@ static nsa_status cpu_run(void *bctx, nsa_stage stage, const nsa_bk_args *args)
         return nsa_cpu_bwd_win_attn(ctx, args);
     case NSA_STAGE_BWD_STORE:
         return nsa_cpu_bwd_store(ctx, args);
+    case NSA_STAGE_DECODE_APPEND:
+        return nsa_cpu_decode_append(ctx, args);
+    case NSA_STAGE_DECODE_ATTN:
+        return nsa_cpu_decode_attn(ctx, args);
     default:
         return g_host->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: unknown stage %d", (int)stage);
     }
@@ -251,8 +255,8 @@ static const nsa_backend cpu_backend = {
     .supports = cpu_supports,
     .query_tile = 0,          /* no tile list: stages split tokens themselves */
     .wants_device_tables = 0, /* the host tables in nsa_bk_plan are our memory */
-    .plan_prepare = NULL,
-    .plan_release = NULL,
+    .plan_prepare = nsa_cpu_plan_prepare, /* decode plans: the step's gather scratch */
+    .plan_release = nsa_cpu_plan_release,
     .run = cpu_run,
 };
 

@@ -14,6 +14,7 @@
  *   cpu_select.c     section 3: block scores and top-n selection
  *   cpu_combine.c    section 6: the gated sum
  *   cpu_backward.c   section 9: the gradients (backward stages)
+ *   cpu_decode.c     section 10: the decode step over paged caches (decode stages)
  */
 #ifndef NSA_CPU_BACKEND_H
 #define NSA_CPU_BACKEND_H
@@ -113,6 +114,27 @@ NSA_CPU_INTERNAL nsa_status nsa_cpu_scores_topn(const nsa_cpu_context *ctx, cons
 NSA_CPU_INTERNAL nsa_status nsa_cpu_slc_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
 NSA_CPU_INTERNAL nsa_status nsa_cpu_win_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
 NSA_CPU_INTERNAL nsa_status nsa_cpu_combine(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+/* The same over tokens [t0, t1) of the plan only (the decode step's rows). */
+NSA_CPU_INTERNAL nsa_status nsa_cpu_cmp_attn_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0,
+                                                  int64_t t1);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_scores_topn_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0,
+                                                     int64_t t1);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_slc_attn_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0,
+                                                  int64_t t1);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_win_attn_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0,
+                                                  int64_t t1);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_combine_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0,
+                                                 int64_t t1);
+/* One MEAN / LINEAR compressed row (cpu_compress.c): row `row` of kc, vc from
+ * token rows tok0 .. tok0 + l - 1 of k, v; scratch of 3 * nsa_cpu_doubles(max(Dqk, Dv)). */
+NSA_CPU_INTERNAL void nsa_cpu_compress_block(const nsa_bk_args *a, const nsa_bk_tensor *k, const nsa_bk_tensor *v,
+                                             int64_t tok0, const nsa_bk_tensor *kc, const nsa_bk_tensor *vc,
+                                             int64_t row, double *scratch);
+/* The decode stages (section 10, cpu_decode.c) and the decode plan's scratch. */
+NSA_CPU_INTERNAL nsa_status nsa_cpu_plan_prepare(void *bctx, nsa_bk_plan *plan);
+NSA_CPU_INTERNAL void nsa_cpu_plan_release(void *bctx, nsa_bk_plan *plan);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_decode_append(const nsa_cpu_context *ctx, const nsa_bk_args *a);
+NSA_CPU_INTERNAL nsa_status nsa_cpu_decode_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
 /* The backward stages (section 9, cpu_backward.c). */
 NSA_CPU_INTERNAL nsa_status nsa_cpu_bwd_cmp_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a);
 NSA_CPU_INTERNAL nsa_status nsa_cpu_bwd_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a);

@@ -12,13 +12,19 @@
 #include "cpu_dtype.h"
 #include "cpu_parallel.h"
 
+typedef struct combine_job {
+    const nsa_bk_args *a;
+    int64_t first; /* items [begin, end) are tokens first + [begin, end) */
+} combine_job;
+
 static void combine_tokens(void *user, int64_t begin, int64_t end, void *mem)
 {
-    const nsa_bk_args *a = user;
+    const combine_job *job = user;
+    const nsa_bk_args *a = job->a;
     const nsa_config *cfg = &a->plan->cfg;
     const int64_t Dv = cfg->head_dim_v;
     double *acc = mem;
-    for (int64_t t = begin; t < end; t++)
+    for (int64_t t = job->first + begin; t < job->first + end; t++)
         for (int64_t h = 0; h < cfg->num_q_heads; h++) {
             for (int64_t c = 0; c < Dv; c++)
                 acc[c] = 0.0;
@@ -35,6 +41,11 @@ static void combine_tokens(void *user, int64_t begin, int64_t end, void *mem)
 
 nsa_status nsa_cpu_combine(const nsa_cpu_context *ctx, const nsa_bk_args *a)
 {
+    return nsa_cpu_combine_rows(ctx, a, 0, a->plan->total_tokens);
+}
+
+nsa_status nsa_cpu_combine_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0, int64_t t1)
+{
     static const char *const names[3][2] = {{"o_cmp", "gate_cmp"}, {"o_slc", "gate_slc"}, {"o_win", "gate_win"}};
     nsa_status st = nsa_cpu_need(&a->o, "combine", "o", 1, 0);
     if (st)
@@ -47,6 +58,6 @@ nsa_status nsa_cpu_combine(const nsa_cpu_context *ctx, const nsa_bk_args *a)
             return st;
     }
     const nsa_bk_plan *p = a->plan;
-    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, nsa_cpu_doubles(p->cfg.head_dim_v),
-                                combine_tokens, (void *)a);
+    combine_job job = {a, t0};
+    return nsa_cpu_parallel_for(ctx->threads, t1 - t0, 0, nsa_cpu_doubles(p->cfg.head_dim_v), combine_tokens, &job);
 }

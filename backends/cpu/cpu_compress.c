@@ -85,6 +85,30 @@ static void compress_external(const nsa_bk_tensor *in, const nsa_bk_tensor *out,
     nsa_cpu_store_row(acc, nsa_cpu_base(out), out->dtype, nsa_cpu_at(out, row, g), D);
 }
 
+/* MEAN or LINEAR: compressed row `row` of kc / vc (every KV head) from the l
+ * token rows tok0 .. tok0 + l - 1 of k / v; scratch: 3 * nsa_cpu_doubles(max(Dqk, Dv)).
+ * The forward's COMPRESS and the decode step's both form their rows here. */
+void nsa_cpu_compress_block(const nsa_bk_args *a, const nsa_bk_tensor *k, const nsa_bk_tensor *v, int64_t tok0,
+                            const nsa_bk_tensor *kc, const nsa_bk_tensor *vc, int64_t row, double *scratch)
+{
+    const nsa_config *cfg = &a->plan->cfg;
+    const int64_t dmax = nsa_cpu_dmax(cfg);
+    double *acc = scratch;
+    double *xr = acc + nsa_cpu_doubles(dmax) / sizeof(double);
+    double *per = xr + nsa_cpu_doubles(dmax) / sizeof(double);
+    const int64_t l = cfg->cmp_block, Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v;
+    const nsa_dtype dt = cfg->dtype;
+    for (int64_t g = 0; g < cfg->num_kv_heads; g++) {
+        if (cfg->compress == NSA_COMPRESS_MEAN) {
+            compress_mean(k, kc, tok0, row, g, Dqk, l, dt, acc);
+            compress_mean(v, vc, tok0, row, g, Dv, l, dt, acc);
+        } else if (cfg->compress == NSA_COMPRESS_LINEAR) {
+            compress_linear(k, &a->w_k, &a->pe_k, kc, tok0, row, g, Dqk, l, dt, acc, xr, per);
+            compress_linear(v, &a->w_v, &a->pe_v, vc, tok0, row, g, Dv, l, dt, acc, xr, per);
+        }
+    }
+}
+
 static void compress_rows(void *user, int64_t begin, int64_t end, void *scratch)
 {
     const compress_job *job = user;

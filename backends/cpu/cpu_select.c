@@ -24,6 +24,7 @@
 
 typedef struct select_job {
     const nsa_bk_args *a;
+    int64_t first; /* items [begin, end) are tokens first + [begin, end) */
 } select_job;
 
 /* Per-thread scratch of the score stages. */
@@ -200,7 +201,7 @@ static void fused_tokens(void *user, int64_t begin, int64_t end, void *mem)
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
     score_scratch s = score_scratch_parts(mem, p);
-    for (int64_t t = begin; t < end; t++) {
+    for (int64_t t = job->first + begin; t < job->first + end; t++) {
         int64_t b;
         int64_t tl = nsa_cpu_local(p, t, &b);
         for (int64_t g = 0; g < cfg->num_kv_heads; g++) {
@@ -235,7 +236,7 @@ nsa_status nsa_cpu_block_scores(const nsa_cpu_context *ctx, const nsa_bk_args *a
     nsa_status st;
     if ((st = need_scores_inputs(a, "block_scores")) || (st = need_f32_scores(a, "block_scores")))
         return st;
-    select_job job = {a};
+    select_job job = {a, 0};
     return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, score_scratch_bytes(p), scores_tokens, &job);
 }
 
@@ -245,16 +246,21 @@ nsa_status nsa_cpu_select_topn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
     nsa_status st;
     if ((st = need_f32_scores(a, "select_topn")) || (st = nsa_cpu_need(&a->indices, "select_topn", "indices", 0, 1)))
         return st;
-    select_job job = {a};
+    select_job job = {a, 0};
     return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, 0, topn_tokens, &job);
 }
 
 nsa_status nsa_cpu_scores_topn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
 {
+    return nsa_cpu_scores_topn_rows(ctx, a, 0, a->plan->total_tokens);
+}
+
+nsa_status nsa_cpu_scores_topn_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0, int64_t t1)
+{
     const nsa_bk_plan *p = a->plan;
     nsa_status st;
     if ((st = need_scores_inputs(a, "scores_topn")) || (st = nsa_cpu_need(&a->indices, "scores_topn", "indices", 0, 1)))
         return st;
-    select_job job = {a};
-    return nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, score_scratch_bytes(p), fused_tokens, &job);
+    select_job job = {a, t0};
+    return nsa_cpu_parallel_for(ctx->threads, t1 - t0, 0, score_scratch_bytes(p), fused_tokens, &job);
 }
