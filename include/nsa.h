@@ -48,8 +48,9 @@
  * Training: a plan made with NSA_CONFIG_TRAINING in cfg.flags also runs
  * nsa_backward (the gradients of docs/nsa-semantics.md section 9) from what the
  * forward returned (the per-branch LSEs and the selected indices) and dO.
- * Every backend has it (cpu: fp64 arithmetic; cuda, hip, opencl: fp32 reference
- * kernels, not yet tuned); a backend without it refuses a training plan with
+ * Every backend has it (cpu: fp64 arithmetic; cuda: tensor-core kernels for f16
+ * and bf16 on every device class, fp32 kernels otherwise; hip, opencl: portable
+ * fp32 kernels); a backend without it refuses a training plan with
  * NSA_ERR_UNSUPPORTED.
  *
  * Decoding (added in 0.5): a plan made with nsa_decode_plan_create runs
