@@ -28,9 +28,11 @@ void nsa_alias_add(nsa_alias_set *set, const char *name, const nsa_tensor *t, co
     v->root = t->buffer->root;
     v->output = output;
     /* the tensor's own checks proved offset + extent within its buffer, and the
-     * buffer's base + size within int64 (nsa_buffer_wrap) */
-    v->st = bk->stride_token * es;
-    v->sh = bk->stride_head * es;
+     * buffer's base + size within int64 (nsa_buffer_wrap), so a stride that
+     * steps (more than one row or head) times the element size fits; a stride
+     * that never steps may be anything (INT64_MAX) and is not used */
+    v->st = rows > 1 ? bk->stride_token * es : 0;
+    v->sh = heads > 1 ? bk->stride_head * es : 0;
     v->w = dim * es;
     v->rows = rows;
     v->heads = heads;
