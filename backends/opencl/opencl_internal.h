@@ -52,6 +52,8 @@ enum ocl_kernel_id {
     OCL_K_WIN_ATTN_V2,
     OCL_K_BLOCK_SCORES_V2,
     OCL_K_SCORES_TOPN,
+    OCL_K_CMP_ATTN_V3, /* tile_attn.cl */
+    OCL_K_WIN_ATTN_V3,
     OCL_K_BWD_ROWS_CMP, /* backward.cl: rows and keys kernels per branch (cmp, slc, win) */
     OCL_K_BWD_ROWS_SLC,
     OCL_K_BWD_ROWS_WIN,
@@ -95,6 +97,7 @@ typedef struct ocl_plan {
     int attn_v2;      /* 1: the group-shared version 2 of the attention kernels */
     size_t wg_v2;     /* its work-group size */
     int64_t kt_v2;    /* its key tile */
+    int attn_v3;      /* 1: version 3 (tile_attn.cl) for CMP_ATTN and WIN_ATTN */
     size_t wg_scores; /* block_scores */
     size_t wg_topn;   /* select_topn */
     size_t wg_elem;   /* element-wise kernels */

@@ -6,19 +6,21 @@
  *   COMPRESS      MEAN / EXTERNAL: element-wise kernels; LINEAR: compress_linear.c (CLBlast GEMMs)
  *                 where the module has CLBlast, else the compress_linear kernel
  *   CMP_ATTN      v1: one work-group per (t, h) (T * Hq groups, softmax.cl);
- *                 v2: one per (t, g), G heads sharing K/V tiles (T * Hkv, group_attn.cl)
+ *                 v2: one per (t, g), G heads sharing K/V tiles (T * Hkv, group_attn.cl);
+ *                 v3: one per (64 / G consecutive tokens, g), 64 rows sharing 32-key
+ *                 tiles, register-blocked (tile_attn.cl)
  *   BLOCK_SCORES  one work-group per (t, g) (T * Hkv groups); v1: lane per block j;
  *                 v2: rows scored once by all lanes, tiles in local memory
  *   SELECT_TOPN   one work-group per (t, g)
  *   SCORES_TOPN   (fused; the default where the v2 tile fits) one work-group per (t, g):
  *                 BLOCK_SCORES v2's chunks ranked as they are made, no scores row in the
  *                 workspace; NSA_OPENCL_NO_FUSED=1 refuses it (the plain stages run)
- *   SLC_ATTN      as CMP_ATTN (v1 or v2)
- *   WIN_ATTN      as CMP_ATTN (v1 or v2)
+ *   SLC_ATTN      v1 or v2 as CMP_ATTN
+ *   WIN_ATTN      as CMP_ATTN (v1, v2 or v3)
  *   COMBINE       element-wise over T * Hq * Dv
- * Version 2 is used when its outputs fit the registers (G * Dv <= 16 * its work-group
- * size, 256 lanes) and a key tile fits the local memory; NSA_OPENCL_KERNELS=v1 forces
- * version 1, the readable reference.
+ * Version 3 is used where it fits (choose_v3); else version 2 when its outputs fit the
+ * registers (G * Dv <= 16 * its work-group size, 256 lanes) and a key tile fits the local
+ * memory; NSA_OPENCL_KERNELS=v1 or v2 forces that version (v1 is the readable reference).
  * Launches are split into pieces of at most OCL_MAX_GROUPS_PER_LAUNCH groups; each
  * kernel's `first` argument says where its piece starts. Tensors are passed as
  * (cl_mem, element offset, stride_token, stride_head); no sub-buffers.
@@ -189,6 +191,35 @@ static void choose_v2(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
     op->kt_v2 = (int64_t)kt;
 }
 
+/* Version 3 (tile_attn.cl, CMP_ATTN and WIN_ATTN): constants as there. */
+#define TA_WG 256
+#define TA_R 64
+#define TA_BK 32
+#define TA_DC 32
+#define TA_NC 8
+
+static size_t v3_local_floats(const nsa_config *cfg)
+{
+    return TA_R * (TA_DC + 1) + TA_BK * (TA_DC + 1) + TA_R * (TA_BK + 1) + TA_BK * (size_t)cfg->head_dim_v +
+           11 * TA_R;
+}
+
+/* Version 3 needs its 256 lanes, Dv <= 128, G <= 64 (one row per head of a token at
+ * least) and its tiles in local memory; NSA_OPENCL_KERNELS=v1 or v2 keeps the older
+ * versions (comparisons). */
+static void choose_v3(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
+{
+    op->attn_v3 = 0;
+    const char *env = getenv("NSA_OPENCL_KERNELS");
+    if (env && (strcmp(env, "v1") == 0 || strcmp(env, "v2") == 0)) return;
+    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
+    if (G > TA_R || cfg->head_dim_v > 16 * TA_NC) return;
+    if (kernel_limit(c, op->prog, OCL_K_CMP_ATTN_V3) < TA_WG || kernel_limit(c, op->prog, OCL_K_WIN_ATTN_V3) < TA_WG)
+        return;
+    if (4 * v3_local_floats(cfg) + 16 * TA_R > c->local_mem) return;
+    op->attn_v3 = 1;
+}
+
 static size_t scores_v2_local_bytes(const nsa_config *cfg, size_t kt, size_t jc)
 {
     const size_t G = (size_t)(cfg->num_q_heads / cfg->num_kv_heads), Dqk = (size_t)cfg->head_dim_qk;
@@ -306,6 +337,7 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
     for (int k = OCL_K_BWD_ROWS_CMP; k <= OCL_K_BWD_KEYS_WIN; ++k)
         while (op->wg_bwd > 1 && op->wg_bwd > kernel_limit(c, op->prog, k)) op->wg_bwd /= 2;
     choose_v2(c, op, cfg);
+    choose_v3(c, op, cfg);
     choose_scores_v2(c, op, cfg);
     if (cfg->compress == NSA_COMPRESS_LINEAR && (s = ocl_linear_prepare(c, plan, op)) != NSA_SUCCESS) {
         plan->backend_plan = op;
@@ -435,13 +467,27 @@ static void v2_locals(ocl_args *a, const nsa_config *cfg, const ocl_plan *op)
     ocl_arg_local(a, 16 * (size_t)op->kt_v2);
 }
 
+/* Version 3: the local float array and the rows' key ranges; its work-groups. */
+static void v3_locals(ocl_args *a, const nsa_config *cfg)
+{
+    ocl_arg_local(a, 4 * v3_local_floats(cfg));
+    ocl_arg_local(a, 16 * TA_R);
+}
+
+static int64_t v3_groups(const nsa_bk_plan *plan)
+{
+    const int64_t bq = TA_R / (plan->cfg.num_q_heads / plan->cfg.num_kv_heads);
+    return (plan->total_tokens + bq - 1) / bq * plan->cfg.num_kv_heads;
+}
+
 static nsa_status run_cmp_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
 {
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
-    const int v2 = op->attn_v2;
+    const int v3 = op->attn_v3, v2 = !v3 && op->attn_v2;
     ocl_args a;
-    ocl_args_begin(&a, op->prog->kernel[v2 ? OCL_K_CMP_ATTN_V2 : OCL_K_CMP_ATTN], v2 ? "cmp_attn_v2" : "cmp_attn");
+    ocl_args_begin(&a, op->prog->kernel[v3 ? OCL_K_CMP_ATTN_V3 : v2 ? OCL_K_CMP_ATTN_V2 : OCL_K_CMP_ATTN],
+                   v3 ? "cmp_attn_v3" : v2 ? "cmp_attn_v2" : "cmp_attn");
     ocl_arg_tensor(&a, &args->q, dtype_size(cfg->dtype), 1);
     ocl_arg_tensor(&a, &args->kc, 4, 1);
     ocl_arg_tensor(&a, &args->vc, 4, 1);
@@ -451,6 +497,7 @@ static nsa_status run_cmp_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *
     ocl_arg_long(&a, tb->cu_seq);
     ocl_arg_long(&a, tb->cu_cmp);
     ocl_arg_long(&a, tb->tok_seq);
+    if (v3) ocl_arg_long(&a, plan->total_tokens);
     ocl_arg_long(&a, cfg->num_q_heads);
     ocl_arg_long(&a, cfg->num_kv_heads);
     ocl_arg_long(&a, cfg->head_dim_qk);
@@ -460,10 +507,12 @@ static nsa_status run_cmp_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *
     ocl_arg_float(&a, cfg->scale);
     const cl_uint first = a.next;
     ocl_arg_long(&a, 0);
-    if (v2) v2_locals(&a, cfg, op);
+    if (v3) v3_locals(&a, cfg);
+    else if (v2) v2_locals(&a, cfg, op);
     else attn_locals(&a, cfg, op->wg_attn);
     nsa_status s = ocl_args_end(&a);
     if (s != NSA_SUCCESS) return s;
+    if (v3) return ocl_launch(c, a.kernel, a.kname, first, v3_groups(plan), TA_WG, 1);
     if (v2) return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_v2, 1);
     return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);
 }
@@ -575,11 +624,12 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
     const size_t es = dtype_size(cfg->dtype);
-    const int slc = branch == NSA_BRANCH_SLC, v2 = op->attn_v2;
+    const int slc = branch == NSA_BRANCH_SLC, v3 = !slc && op->attn_v3, v2 = !v3 && op->attn_v2;
     static const int kid[2][2] = {{OCL_K_WIN_ATTN, OCL_K_SLC_ATTN}, {OCL_K_WIN_ATTN_V2, OCL_K_SLC_ATTN_V2}};
     static const char *const kname[2][2] = {{"win_attn", "slc_attn"}, {"win_attn_v2", "slc_attn_v2"}};
     ocl_args a;
-    ocl_args_begin(&a, op->prog->kernel[kid[v2][slc]], kname[v2][slc]);
+    if (v3) ocl_args_begin(&a, op->prog->kernel[OCL_K_WIN_ATTN_V3], "win_attn_v3");
+    else ocl_args_begin(&a, op->prog->kernel[kid[v2][slc]], kname[v2][slc]);
     ocl_arg_tensor(&a, &args->q, es, 1);
     ocl_arg_tensor(&a, &args->k[branch], es, 1);
     ocl_arg_tensor(&a, &args->v[branch], es, 1);
@@ -590,6 +640,7 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     ocl_arg_mem(&a, tb->mem);
     ocl_arg_long(&a, tb->cu_seq);
     ocl_arg_long(&a, tb->tok_seq);
+    if (v3) ocl_arg_long(&a, plan->total_tokens);
     ocl_arg_long(&a, cfg->num_q_heads);
     ocl_arg_long(&a, cfg->num_kv_heads);
     ocl_arg_long(&a, cfg->head_dim_qk);
@@ -603,11 +654,13 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     ocl_arg_float(&a, cfg->scale);
     const cl_uint first = a.next;
     ocl_arg_long(&a, 0);
-    if (v2) v2_locals(&a, cfg, op);
+    if (v3) v3_locals(&a, cfg);
+    else if (v2) v2_locals(&a, cfg, op);
     else attn_locals(&a, cfg, op->wg_attn);
     if (slc) ocl_arg_local(&a, (size_t)(cfg->num_selected + 1) * 4); /* blk: count + usable blocks */
     nsa_status s = ocl_args_end(&a);
     if (s != NSA_SUCCESS) return s;
+    if (v3) return ocl_launch(c, a.kernel, a.kname, first, v3_groups(plan), TA_WG, 1);
     if (v2) return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_v2, 1);
     return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);
 }
