@@ -87,6 +87,7 @@ static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &
     case K_SCORES_SM90_G16: return scores_sm90_g16_smem(ch.dqkp, c.scores.nb) + rows;
     case K_SLC_SM80: return slc_sm80_smem(ch.dqkp, ch.dvp, cfg.num_selected, cfg.slc_block);
     case K_SLC_SM80_G16: return slc_sm80_g16_smem(ch.dqkp, ch.dvp, c.slc.panel, c.slc.ns);
+    case K_SLC_SM80_BLK: return slc_sm80_blk_smem(ch.dqkp, ch.dvp);
     case K_BWD_ATTN_SM80: return bwd_sm80_smem(ch.dqkp, ch.dvp);
     default: return 0;
     }
@@ -205,9 +206,49 @@ static void check_paper_shape()
     expect(CLS_SM86, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,1buf,rows:smem]+topn:fused"); /* two CTAs */
     /* G = 4 (Llama-3-8B's 32 / 8) */
     const nsa_config g4 = config(32, 8, 128, 128, NSA_DTYPE_BF16);
-    expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80");
+    expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
     expect(CLS_SM90, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80[bn64,2buf,rows:global]+topn");
     expect(CLS_SM90, g4, 128, NSA_STAGE_SCORES_TOPN, "scores_sm80[bn64,2buf,rows:smem]+topn:fused");
+    /* block-major for every G but 16, on every class, Dqk 192 too */
+    for (Cls cls : classes)
+        for (int64_t hq : {4, 8, 28, 32, 128}) {
+            const nsa_config c = config(hq, 4, 192, 128, NSA_DTYPE_BF16);
+            expect(cls, c, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
+            Choice ch;
+            char msg[256];
+            CHECK(choose(class_limits(cls), c, 1024, Force{}, &ch, msg, sizeof msg) == NSA_SUCCESS && ch.slc_blk,
+                  "slc_blk not set for G = %lld", (long long)(hq / 4));
+        }
+    /* G = 128 is past its 64 rows: slc_sm80 */
+    expect(CLS_SM90, config(512, 4, 128, 128, NSA_DTYPE_BF16), 1024, NSA_STAGE_SLC_ATTN, "slc_sm80");
+}
+
+/* slc_sm80_blk's passes: partial states within the bound, at least one token,
+ * never more than T, and a pass's map entries within its int32 lists. */
+static void check_slc_passes()
+{
+    const int64_t Ts[] = {1, 17, 4096, 65536, 1048576, (int64_t)1 << 30};
+    const int64_t hqs[] = {1, 4, 32, 64, 512};
+    const int64_t ns[] = {1, 16, 64};
+    const int dvps[] = {32, 128};
+    const int64_t maxes[] = {1, 4096, SBK_PASS_BYTES};
+    int cases = 0;
+    for (int64_t T : Ts)
+        for (int64_t hq : hqs)
+            for (int64_t n : ns)
+                for (int dvp : dvps)
+                    for (int64_t mx : maxes) {
+                        const int64_t tc = slc_sm80_blk_pass_tokens(T, hq, n, dvp, mx);
+                        const int64_t per = hq * n * (dvp + 2) * 4;
+                        CHECK(tc >= 1 && tc <= T, "T %lld: pass of %lld tokens", (long long)T, (long long)tc);
+                        CHECK(tc == 1 || tc * per <= mx, "pass of %lld tokens x %lld bytes > %lld", (long long)tc,
+                              (long long)per, (long long)mx);
+                        CHECK(tc == T || (tc + 1) * per > mx, "pass of %lld tokens could hold more", (long long)tc);
+                        CHECK(mx > SBK_PASS_BYTES || tc * hq * n < ((int64_t)1 << 31) - 1,
+                              "pass of %lld tokens: %lld map entries", (long long)tc, (long long)(tc * hq * n));
+                        cases++;
+                    }
+    printf("slc_sm80_blk passes: %d cases\n", cases);
 }
 
 static void check_parsing()
@@ -328,6 +369,7 @@ int main()
     check_bwd_chunk_bounds();
     check_f32_reference();
     check_paper_shape();
+    check_slc_passes();
     check_parsing();
     printf("%s: %d failure%s\n", failures ? "FAIL" : "PASS", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;

@@ -18,7 +18,7 @@
 static const char *const env_vars[] = {"NSA_BACKEND",      "NSA_DEVICE",      "NSA_BACKEND_PATH",
                                        "NSA_CACHE_DIR",    "NSA_CPU_THREADS", "NSA_LOG",
                                        "NSA_CUDA_TARGET",  "NSA_CUDA_FORCE",  "NSA_CUDA_PROFILE",
-                                       "NSA_CUDA_SCORE_ROWS_MAX"};
+                                       "NSA_CUDA_SCORE_ROWS_MAX", "NSA_CUDA_SLC_PASS_MAX"};
 #define NUM_ENV ((int)(sizeof env_vars / sizeof env_vars[0]))
 #define MAX_DEVICES 64
 
@@ -29,7 +29,7 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "Prints the library version, each backend libnsa knows of (available, or why\n"
             "not; where it was loaded from; its devices) and the environment variables\n"
             "NSA_BACKEND, NSA_DEVICE, NSA_BACKEND_PATH, NSA_CACHE_DIR, NSA_CPU_THREADS, NSA_LOG, NSA_CUDA_TARGET,\n"
-            "NSA_CUDA_FORCE, NSA_CUDA_PROFILE, NSA_CUDA_SCORE_ROWS_MAX as currently set.\n\n"
+            "NSA_CUDA_FORCE, NSA_CUDA_PROFILE, NSA_CUDA_SCORE_ROWS_MAX, NSA_CUDA_SLC_PASS_MAX as currently set.\n\n"
             "--kernels: on device 0 of every available backend, plans one sequence of T\n"
             "tokens (default 65536) of the paper's configuration in bf16 (Hq 64, Hkv 4,\n"
             "Dqk 192, Dv 128 unless given) and prints the kernel each stage would run, as\n"

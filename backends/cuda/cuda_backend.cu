@@ -97,6 +97,23 @@ static nsa_status cu_device_name(int index, char *name, size_t size)
 
 /* ------------------------------------------------------------------ contexts */
 
+/* A positive byte count from the environment variable name, if set; false
+ * (with the message set) when it is not one. */
+static bool env_bytes(const char *name, int64_t *out)
+{
+    const char *s = getenv(name);
+    if (!s || !*s) return true;
+    char *end = NULL;
+    errno = 0;
+    const long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < 1) {
+        FAIL(NSA_ERR_INVALID_VALUE, "cuda backend: %s=\"%s\" is not a positive number of bytes", name, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
 static nsa_status cu_context_create(int device, void *native_stream, void **bctx)
 {
     int n = 0;
@@ -114,13 +131,14 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
         if (strncmp(*e, "NSA_CUDA_", 9) != 0) continue;
         const char *eq = strchr(*e, '=');
         const size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
-        const char *known[] = {"NSA_CUDA_TARGET", "NSA_CUDA_FORCE", "NSA_CUDA_PROFILE", "NSA_CUDA_SCORE_ROWS_MAX"};
+        const char *known[] = {"NSA_CUDA_TARGET", "NSA_CUDA_FORCE", "NSA_CUDA_PROFILE", "NSA_CUDA_SCORE_ROWS_MAX",
+                               "NSA_CUDA_SLC_PASS_MAX"};
         bool ok = false;
         for (const char *k : known) ok = ok || (strlen(k) == len && strncmp(*e, k, len) == 0);
         if (!ok)
             return FAIL(NSA_ERR_INVALID_VALUE,
                         "cuda backend: the environment sets %.*s, which this version does not read (its variables are "
-                        "NSA_CUDA_TARGET, NSA_CUDA_FORCE, NSA_CUDA_PROFILE and NSA_CUDA_SCORE_ROWS_MAX; kernel switches of earlier versions "
+                        "NSA_CUDA_TARGET, NSA_CUDA_FORCE, NSA_CUDA_PROFILE, NSA_CUDA_SCORE_ROWS_MAX and NSA_CUDA_SLC_PASS_MAX; kernel switches of earlier versions "
                         "are gone: NSA_CUDA_FORCE=stage:kernel forces a kernel, docs/cuda.md); unset it",
                         (int)len, *e);
     }
@@ -142,21 +160,14 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     if (!parse_force(getenv("NSA_CUDA_FORCE"), &force, msg, sizeof msg))
         return FAIL(NSA_ERR_INVALID_VALUE, "cuda backend: %s", msg);
 
-    int64_t score_rows_max = (int64_t)1 << 30;
-    const char *srm = getenv("NSA_CUDA_SCORE_ROWS_MAX");
-    if (srm && *srm) {
-        char *end = NULL;
-        errno = 0;
-        const long long v = strtoll(srm, &end, 10);
-        if (errno || *end || v < 1)
-            return FAIL(NSA_ERR_INVALID_VALUE,
-                        "cuda backend: NSA_CUDA_SCORE_ROWS_MAX=\"%s\" is not a positive number of bytes", srm);
-        score_rows_max = v;
-    }
+    int64_t score_rows_max = (int64_t)1 << 30, slc_pass_max = SBK_PASS_BYTES;
+    if (!env_bytes("NSA_CUDA_SCORE_ROWS_MAX", &score_rows_max) || !env_bytes("NSA_CUDA_SLC_PASS_MAX", &slc_pass_max))
+        return NSA_ERR_INVALID_VALUE;
 
     CudaCtx *c = (CudaCtx *)calloc(1, sizeof *c);
     if (!c) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: cannot allocate a context");
     c->score_rows_max = score_rows_max;
+    c->slc_pass_max = slc_pass_max;
     c->device = device;
     c->device_cls = dcls;
     c->lim = lim;

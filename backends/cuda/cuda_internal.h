@@ -37,6 +37,7 @@ struct CudaCtx {
     Dev dev;        /* shared memory per SM of both, for the launchers (emulation) */
     Force force;    /* NSA_CUDA_FORCE */
     int64_t score_rows_max; /* NSA_CUDA_SCORE_ROWS_MAX: the most bytes of an unfused SCORES_TOPN's rows (1 GiB) */
+    int64_t slc_pass_max;   /* NSA_CUDA_SLC_PASS_MAX: the most bytes of slc_sm80_blk's partial states per pass (1 GiB) */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
      * waits for its stream and prints the stage times and kernels to stderr
      * (for measuring only: this synchronizes). */
@@ -70,7 +71,9 @@ struct CudaPlan {
     ScoreChunk *sc_chunks; /* and when [T, Hkv, max_ns] exceeds score_rows_max: the chunks (host) */
     int64_t n_sc_chunks;   /* 0: one pass over p->tiles, rows = T */
     int64_t *sc_tiles_dev; /* the chunks' tiles, chunk after chunk, heavy first within each */
-    SlcMap slc_map;    /* training plans with a selected branch: the inverse map's memory */
+    SlcMap slc_map;    /* the inverse map's memory: training plans (all tokens), slc_sm80_blk (a pass's) */
+    int64_t blk_pass;  /* slc_sm80_blk: tokens per pass */
+    float *blk_o, *blk_ml; /* and one pass's partial states */
     BwdTiles bwd;      /* training plans on bwd_attn_sm80: its work lists (on the device) */
     int64_t *bwd_dev[4]; /* their lists: rows tiles, compressed and window key items, compressed reduce items */
     size_t bytes;        /* all of the above (nsa_plan_info.backend_bytes) */

@@ -64,6 +64,8 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     if (p->vc16) cudaFree(p->vc16);
     if (p->sc_rows) cudaFree(p->sc_rows);
     if (p->sc_tiles_dev) cudaFree(p->sc_tiles_dev);
+    if (p->blk_o) cudaFree(p->blk_o);
+    if (p->blk_ml) cudaFree(p->blk_ml);
     free(p->sc_chunks);
     SlcMap &m = p->slc_map;
     void *maps[] = {(void *)m.blk_off, m.cnt, m.off, m.list_in, m.list_out, m.seg, m.seg_out, m.tmp};
@@ -297,8 +299,10 @@ static nsa_status make_slc_chunks(const nsa_bk_plan *plan, CudaPlan *p, int64_t 
 }
 
 /* The selected branch's inverse map (bwd_ref.cu, SlcMap): the batch's selection
- * block offsets on the device and the map's buffers, once per training plan. */
-static nsa_status make_slc_map(const nsa_bk_plan *plan, CudaPlan *p)
+ * block offsets on the device and the map's buffers for `tokens` tokens' entries:
+ * every token's for a training plan (the backward maps the whole batch), a
+ * pass's for slc_sm80_blk (which maps one pass of tokens at a time). */
+static nsa_status make_slc_map(const nsa_bk_plan *plan, CudaPlan *p, int64_t tokens)
 {
     const nsa_config *cfg = &plan->cfg;
     std::vector<int64_t> off;
@@ -314,13 +318,13 @@ static nsa_status make_slc_map(const nsa_bk_plan *plan, CudaPlan *p)
     }
     SlcMap &m = p->slc_map;
     m.nb = off[plan->batch];
-    const int64_t entries = plan->total_tokens * cfg->num_kv_heads * cfg->num_selected;
+    const int64_t entries = tokens * cfg->num_kv_heads * cfg->num_selected;
     const int64_t segments = cfg->num_kv_heads * m.nb;
     if (plan->total_tokens >= ((int64_t)1 << 31) || entries >= ((int64_t)1 << 31) - 1 || segments >= ((int64_t)1 << 30))
         return FAIL(NSA_ERR_UNSUPPORTED,
-                    "cuda backend: the backward's selection map holds T * Hkv * n = %lld entries; at most 2^31 - 2 "
-                    "(and T < 2^31) are supported",
-                    (long long)entries);
+                    "cuda backend: the selection map holds %lld tokens * Hkv * n = %lld entries and %lld blocks * "
+                    "Hkv; at most 2^31 - 2 entries, 2^30 blocks and T < 2^31 are supported",
+                    (long long)tokens, (long long)entries, (long long)segments);
     m.tmp_bytes = slc_map_tmp_bytes(entries, segments);
     const size_t e4 = (size_t)entries * sizeof(int), s4 = (size_t)(segments + 1) * sizeof(int);
     CU(palloc(&p->bytes, &m.blk_off, off.size() * sizeof(int64_t)), "plan_prepare (selection map)");
@@ -345,9 +349,20 @@ static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     if (s != NSA_SUCCESS) return FAIL(s, "%s", msg);
     p->scores_topn = cfg->num_selected > 0 && offers_scores_topn(c->lim, *cfg, c->force);
     if (p->ch.tiles && (s = make_tiles(plan, TC_BM, &p->tiles, &p->tiles_dev, &p->bytes)) != NSA_SUCCESS) return s;
-    if ((cfg->flags & NSA_CONFIG_TRAINING) && cfg->num_selected > 0 && plan->total_tokens > 0 &&
-        (s = make_slc_map(plan, p)) != NSA_SUCCESS)
-        return s;
+    if (cfg->num_selected > 0 && plan->total_tokens > 0) {
+        const bool training = (cfg->flags & NSA_CONFIG_TRAINING) != 0;
+        if (p->ch.slc_blk)
+            p->blk_pass = slc_sm80_blk_pass_tokens(plan->total_tokens, cfg->num_q_heads, cfg->num_selected, p->ch.dvp,
+                                                   c->slc_pass_max);
+        if ((training || p->ch.slc_blk) &&
+            (s = make_slc_map(plan, p, training ? plan->total_tokens : p->blk_pass)) != NSA_SUCCESS)
+            return s;
+        if (p->ch.slc_blk) { /* one pass's partial states: bounded by SBK_PASS_BYTES */
+            const size_t prow = (size_t)p->blk_pass * (size_t)cfg->num_q_heads * (size_t)cfg->num_selected;
+            CU(palloc(&p->bytes, &p->blk_o, prow * (size_t)p->ch.dvp * sizeof(float)), "plan_prepare (selected partial states)");
+            CU(palloc(&p->bytes, &p->blk_ml, prow * 2 * sizeof(float)), "plan_prepare (selected partial states)");
+        }
+    }
     if (p->ch.bwd_tiles) {
         int64_t cmp_slots = 0, win_slots = 0, slc_slots = 0;
         if ((s = make_tiles(plan, BWD_ROWS_BM, &p->bwd.rows, &p->bwd_dev[0], &p->bytes)) != NSA_SUCCESS) return s;

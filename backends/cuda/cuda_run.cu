@@ -229,6 +229,12 @@ nsa_status run_slc(const Run &r, char *ran, size_t ran_size)
         LAUNCH(slc_sm80_g16(r.g, r.c->dev, r.ch().slc, dqkp, dvp, q, k, v, idx, o, lse, r.s));
         break;
     case K_SLC_SM80: LAUNCH(slc_sm80(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, r.s)); break;
+    case K_SLC_SM80_BLK: {
+        SlcMap m = r.p->slc_map; /* the plan's buffers (run() writes their contents, not the record) */
+        LAUNCH(slc_sm80_blk(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, m, r.p->blk_pass, r.p->blk_o,
+                            r.p->blk_ml, r.s));
+        break;
+    }
     default: LAUNCH(attn_ref(r.g, 1, q, k, v, idx, o, lse, r.s)); break;
     }
     return NSA_SUCCESS;
@@ -334,7 +340,7 @@ nsa_status run_bwd_attn(const Run &r, int b)
             return FAIL(NSA_ERR_INTERNAL, "cuda backend: %s on a plan without the selection map (not a training plan?)",
                         nsa_stage_name(r.stage));
         SlcMap m = r.p->slc_map; /* the plan's buffers (run() writes their contents, not the record) */
-        LAUNCH(slc_map_build(r.g, view(a->indices), m, r.s));
+        LAUNCH(slc_map_build(r.g, view(a->indices), m, 0, r.g.T, false, r.s));
         map = &r.p->slc_map;
     }
     const int mode = b == NSA_BRANCH_CMP ? 0 : b == NSA_BRANCH_SLC ? 1 : 2;

@@ -33,6 +33,11 @@
 #            BASE_ROUNDS times (default 2), for the ';'-separated nsa flags of BASE_SHAPES
 #            (default D 128, Dqk 192, and G = 4 at D 128), per class in BASE_CLASSES (sm90)
 #   sdpa     tools/dense_baseline.py: PyTorch's cuDNN and FlashAttention-2 dense causal attention, 64k
+#   slcpass  slc_sm80_blk in passes (NSA_CUDA_SLC_PASS_MAX): small corpus; T = 8192, G = 4 bitwise as one pass
+#   slcncu   ncu: slc_sm80_blk's kernels (map build, sort, attention, reduce) at 64k, G = 4, time per kernel name
+#   groups   nsa bench per GQA shape (GROUP_SHAPES "hq hkv dqk;..."; GROUP_T) with the 64k profile, also with
+#            slc_attn forced to slc_sm80, beside .bench/sdpa_baseline.py's cuDNN forward (issue 14's table)
+#   oclbench NVIDIA's OpenCL: nsa bench at OCL_T (8192) with v3 and v2 attention and their stage profiles (OPENCL=1)
 #   ncu      stall reasons and source counters of NCU_SPEC kernels (not in the default)
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
 #   ldgsts   dev/cuda/ldgsts_l2.cu: cp.async's L2 reads per shared-memory layout (not in the default)
@@ -262,6 +267,63 @@ if has bwdbench; then # the backward per stage (NSA_CUDA_PROFILE) and in total a
       note "[$(el)] sdpa_baseline $args rc=$?"; tee -a "$SUM" < "$OUT/sdpa_$tag.log" | tail -8
     fi
   done; done
+fi
+if has slcpass; then # slc_sm80_blk in passes (NSA_CUDA_SLC_PASS_MAX): the small corpus, and bitwise the one-pass result
+  NSA_CUDA_SLC_PASS_MAX=200000 timeout 200 $B/tests/test_oracle cuda f16,bf16,fixed small > /tmp/sp.log 2>&1
+  rc=$?; note "[$(el)] parity-cuda small corpus, NSA_CUDA_SLC_PASS_MAX=200000: rc=$rc $(grep -cE '^FAIL|:F:' /tmp/sp.log) failures, $(grep -hE '^parity-cuda' /tmp/sp.log | grep -oE '[0-9]+ passed' | tr '\n' ' ')"
+  grep -E "^FAIL|:F:" -A1 /tmp/sp.log | head -4 | tee -a "$SUM"
+  for lim in default 3000000; do
+    env $([ $lim = default ] && echo X_UNUSED=1 || echo NSA_CUDA_SLC_PASS_MAX=$lim) NSA_CUDA_PROFILE=1 timeout 120 \
+      $NSA run --backend cuda --T 8192 --hq 32 --hkv 8 --dqk 128 --dv 128 --iters 1 --warmup 0 \
+      --outputs /tmp/sp_$lim > /tmp/sp_$lim.log 2>&1
+    rc=$?; note "[$(el)] slc passes $lim: rc=$rc $(grep -E 'PASS|FAIL' /tmp/sp_$lim.log | tr '\n' ' ' | cut -c1-200)"
+  done
+  for f in o.npy lse_slc.npy; do
+    cmp -s /tmp/sp_default/$f /tmp/sp_3000000/$f && note "  $f bitwise equal (passes vs one pass)" \
+      || note "  $f DIFFERS (passes vs one pass) or missing"
+  done
+fi
+if has slcncu; then # slc_sm80_blk's kernels at 64k, G = 4 (Hq 32, Hkv 8): time per kernel name summed over the passes
+  timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:'slc_blk|slc_map|Radix|Scan' \
+    $NSA run --backend cuda --T 65536 --hq 32 --hkv 8 --dqk 128 --dv 128 --iters 1 --warmup 0 --check-tokens 0 \
+    > "$OUT/slcncu.log" 2>&1
+  note "[$(el)] slcncu rc=$?:"
+  awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^  (void )?/, "", k); sub(/[<(].*/, "", k)}
+       /gpu__time_duration.sum/ {u=$(NF-1); v=$NF; gsub(",", "", v); if (u=="msecond") v*=1000; if (u=="nsecond") v/=1000; t[k]+=v; c[k]++}
+       END {for (k in t) printf "  %-40s %4d launches %10.1f us\n", substr(k,1,40), c[k], t[k]}' "$OUT/slcncu.log" | tee -a "$SUM"
+fi
+if has groups; then # issue 14's table: nsa bench per GQA shape at GROUP_T beside cuDNN (.bench/sdpa_baseline.py)
+  # in the same call, the 64k per-stage profile, and the same with slc_attn forced to slc_sm80 (the earlier kernel)
+  IFS=';' read -ra shapes <<< "${GROUP_SHAPES:-64 4 128;64 4 192;28 4 128;32 8 128;16 4 128;4 4 128}"
+  for sh in "${shapes[@]}"; do
+    read -r hq hkv dqk <<< "$sh"
+    tag="hq${hq}_hkv${hkv}_d${dqk}"
+    timeout 200 $NSA bench --backend cuda --T ${GROUP_T:-8192,16384,65536} --hq $hq --hkv $hkv --dqk $dqk --dv 128 \
+      --iters 7 --warmup 2 --no-stages --no-dense > "$OUT/groups_$tag.log" 2>&1
+    note "[$(el)] bench Hq $hq Hkv $hkv Dqk $dqk rc=$?: $(grep -E '^ +[0-9]+ ' "$OUT/groups_$tag.log" | awk '{print $1"="$2"ms"}' | tr '\n' ' ')"
+    for force in none slc_attn:slc_sm80; do
+      env $([ $force = none ] && echo X_UNUSED=1 || echo NSA_CUDA_FORCE=$force) NSA_CUDA_PROFILE=1 timeout 100 \
+        $NSA run --backend cuda --T 65536 --hq $hq --hkv $hkv --dqk $dqk --dv 128 --iters 3 --warmup 1 \
+        --check-tokens 0 > /tmp/gp.log 2>&1
+      note "[$(el)]   profile 64k ($force): $(grep 'nsa-cuda profile' /tmp/gp.log | tail -1 | cut -c1-900)"
+    done
+    if [ -f .bench/sdpa_baseline.py ]; then
+      timeout 200 python3 .bench/sdpa_baseline.py --T $(echo ${GROUP_T:-8192,16384,65536} | tr ',' ' ') --hq $hq \
+        --hkv $hkv --dqk $dqk --dv 128 --iters 7 --no-backward > "$OUT/sdpa_$tag.log" 2>&1
+      note "[$(el)]   sdpa_baseline rc=$?"; grep -iE "cudnn|flash" "$OUT/sdpa_$tag.log" | head -8 | tee -a "$SUM"
+    fi
+  done
+fi
+if has oclbench; then # issue 18: NVIDIA's OpenCL at the paper shape, v3 and v2 attention, per-stage profile (OPENCL=1 build)
+  for ver in v3 v2; do
+    NSA_OPENCL_KERNELS=$ver NSA_OPENCL_PLATFORM=NVIDIA timeout 240 $NSA bench --backend opencl --T ${OCL_T:-8192} \
+      --iters 3 --warmup 1 --no-stages --no-dense > "$OUT/oclbench_$ver.log" 2>&1
+    note "[$(el)] opencl bench $ver rc=$?: $(grep -E '^ +[0-9]+ ' "$OUT/oclbench_$ver.log" | awk '{print $1"="$2"ms "$3"TFLOP/s"}' | tr '\n' ' ')"
+    NSA_OPENCL_KERNELS=$ver NSA_OPENCL_PLATFORM=NVIDIA NSA_OPENCL_PROFILE=1 timeout 120 $NSA run --backend opencl \
+      --T ${OCL_T:-8192} --iters 1 --warmup 1 --check-tokens 256 > /tmp/oclp.log 2>&1
+    note "[$(el)]   run $ver: $(grep -E 'PASS|FAIL' /tmp/oclp.log | tr '\n' ' ' | cut -c1-160)"
+    grep -iE "cmp_attn|win_attn|slc_attn|scores|total" /tmp/oclp.log | tail -8 | cut -c1-200 | tee -a "$SUM"
+  done
 fi
 if has sdpa; then
   for dqk in 128; do

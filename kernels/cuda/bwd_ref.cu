@@ -297,11 +297,11 @@ static unsigned grid1(int64_t n);
 /* entry e = (t, g, slot): key = g * nb + blk_off[seq] + j for an eligible j, else
  * the sentinel Hkv * nb (sorted last); value t; counts per key */
 __global__ void slc_map_entries_kernel(const Geom g, const int *idx, int64_t ist, int64_t ish,
-                                       const int64_t *blk_off, int64_t nb, int *key, int *val, int *cnt)
+                                       const int64_t *blk_off, int64_t nb, int64_t t0, int64_t total, bool entry_vals,
+                                       int *key, int *val, int *cnt)
 {
-    const int64_t total = g.T * g.Hkv * g.n;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t slot = e % g.n, gi = (e / g.n) % g.Hkv, t = e / (g.n * g.Hkv);
+        const int64_t slot = e % g.n, gi = (e / g.n) % g.Hkv, t = t0 + e / (g.n * g.Hkv);
         const int64_t b = g.tok_seq[t], tl = t - g.cu_seqlens[b];
         const int64_t j = idx[t * ist + gi * ish + slot];
         int k = (int)(g.Hkv * nb);
@@ -310,7 +310,7 @@ __global__ void slc_map_entries_kernel(const Geom g, const int *idx, int64_t ist
             atomicAdd(cnt + k, 1); /* integer counts: the same whatever the order */
         }
         key[e] = k;
-        val[e] = (int)t;
+        val[e] = entry_vals ? (int)e : (int)t;
     }
 }
 
@@ -330,17 +330,17 @@ size_t slc_map_tmp_bytes(int64_t entries, int64_t segments)
     return a > b ? a : b;
 }
 
-cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, cudaStream_t s)
+cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, int64_t t0, int64_t t1, bool entry_vals, cudaStream_t s)
 {
-    const int64_t entries = g.T * g.Hkv * g.n, segments = g.Hkv * m.nb;
-    if (entries == 0) return cudaSuccess;
+    const int64_t entries = (t1 - t0) * g.Hkv * g.n, segments = g.Hkv * m.nb;
+    if (entries <= 0) return cudaSuccess;
     cudaError_t e = cudaMemsetAsync(m.cnt, 0, (size_t)(segments + 1) * sizeof(int), s);
     if (e != cudaSuccess) return e;
-    slc_map_entries_kernel<<<grid1(entries), 256, 0, s>>>(g, (const int *)idx.p, idx.st, idx.sh, m.blk_off, m.nb,
-                                                           m.seg, m.list_in, m.cnt);
+    slc_map_entries_kernel<<<grid1(entries), 256, 0, s>>>(g, (const int *)idx.p, idx.st, idx.sh, m.blk_off, m.nb, t0,
+                                                           entries, entry_vals, m.seg, m.list_in, m.cnt);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     size_t bytes = m.tmp_bytes;
-    /* stable: each segment's tokens keep their ascending order */
+    /* stable: each segment's entries keep their ascending order (tokens ascending) */
     if ((e = cub::DeviceRadixSort::SortPairs(m.tmp, bytes, m.seg, m.seg_out, m.list_in, m.list_out, (int)entries, 0,
                                              key_bits(segments), s)) != cudaSuccess)
         return e;

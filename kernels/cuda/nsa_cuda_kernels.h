@@ -154,7 +154,17 @@ struct SlcMap {
 };
 /* Temporary bytes slc_map_build needs for entries = T * Hkv * n (CUB's scan and sort). */
 size_t slc_map_tmp_bytes(int64_t entries, int64_t segments);
-cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, cudaStream_t s);
+/* The map of tokens [t0, t1): list values are the tokens (the backward's keys
+ * kernels), or with entry_vals the entries' indices e = ((t - t0) Hkv + g) n +
+ * slot (slc_sm80_blk). m's buffers hold (t1 - t0) Hkv n entries. */
+cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, int64_t t0, int64_t t1, bool entry_vals, cudaStream_t s);
+/* slc_sm80_blk.cu: block-major selected attention (any G <= 64, tiles.h):
+ * per pass of tokens [t0, t1) (slc_sm80_blk_pass_tokens), the map of the pass
+ * built into map (entry values), the partial states of each (token, head,
+ * slot) written to part_o (f32 [(t1 - t0) Hq n, dvp]) and part_ml (f32 pairs
+ * m, l), then merged in slot order into o and lse. */
+cudaError_t slc_sm80_blk(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
+                         MView lse, SlcMap &map, int64_t pass_tokens, float *part_o, float *part_ml, cudaStream_t s);
 /* mode 0 compressed (k, v = f32 kc, vc; dk, dv = the dkc, dvc accumulators),
  * 1 selected (map: the inverse map, built), 2 window: adds to dq (may be
  * absent), dk, dv (f32 accumulators). */

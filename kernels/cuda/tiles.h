@@ -279,6 +279,34 @@ inline SlcTile pick_slc_sm80_g16(int64_t G, int64_t ls, int64_t n, int dqkp, int
 }
 
 
+/* slc_sm80_blk (block-major, any G <= 64): a CTA takes SBK_BM / G consecutive
+ * entries of the selection's inverse map (each a (token, KV head, slot) that
+ * selected one block) as SBK_BM rows of G heads each, fetches each block's
+ * K/V once for its entries and writes their partial softmax states; a reduce
+ * kernel merges a row's slots. Its shared memory: the Q rows and one K/V tile
+ * of SBK_KB keys (52 KB at 128/128, 69 KB at 192/128: every class). */
+constexpr int SBK_THREADS = 128, SBK_BM = 64, SBK_KB = 64;
+constexpr size_t slc_sm80_blk_smem(int dqkp, int dvp)
+{
+    return 2 * ((size_t)(SBK_BM + SBK_KB) * (dqkp + 8) + (size_t)SBK_KB * (dvp + 8));
+}
+inline bool slc_sm80_blk_takes(int64_t G, int dqkp, int dvp)
+{
+    return G >= 1 && G <= SBK_BM && dvp <= 128 && attn_sm80_takes(dqkp, dvp);
+}
+/* Partial states of one pass (fp32 o of DV' columns + m, l per (token, head,
+ * slot)) take at most max_bytes of plan memory (default SBK_PASS_BYTES,
+ * NSA_CUDA_SLC_PASS_MAX); a longer batch runs in passes of as many tokens as
+ * fit, at least one (at 64k, Hq 32, n 16, D 128: 17 GB in 17 passes). */
+constexpr int64_t SBK_PASS_BYTES = (int64_t)1 << 30;
+inline int64_t slc_sm80_blk_pass_tokens(int64_t T, int64_t Hq, int64_t n, int dvp, int64_t max_bytes)
+{
+    const int64_t per = Hq * n * ((int64_t)dvp + 2) * 4; /* bytes per token */
+    int64_t tc = per > 0 ? max_bytes / per : T;
+    if (tc < 1) tc = 1;
+    return tc < T ? tc : T;
+}
+
 /* ------------------------------------------------------------ backward (bwd_sm80.cu)
  * Two kernels per branch on mma.sync, 4 warps each (every class):
  *   rows: 64 query rows per CTA (compressed, window: tokens x heads of one KV
