@@ -18,6 +18,7 @@
  *   SLC_ATTN      v1 or v2 as CMP_ATTN
  *   WIN_ATTN      as CMP_ATTN (v1, v2 or v3)
  *   COMBINE       element-wise over T * Hq * Dv
+ *   DECODE_APPEND, DECODE_ATTN   the decode step: decode.c (decode.cl)
  * Version 3 is used where it fits (choose_v3); else version 2 when its outputs fit the
  * registers (G * Dv <= 16 * its work-group size, 256 lanes) and a key tile fits the local
  * memory; NSA_OPENCL_KERNELS=v1 or v2 forces that version (v1 is the readable reference).
