@@ -145,6 +145,42 @@ static int same_cache(const nsa_bk_tensor *x, const nsa_bk_tensor *y)
 
 /* ------------------------------------------------------------------ DECODE_APPEND */
 
+/* Every tensor of both stages whose buffer offset is not a whole number of elements is
+ * refused here, before anything is queued (ocl_arg_tensor would refuse it later, after
+ * the step had written part of the caches). */
+static nsa_status check_alignment(const nsa_bk_args *args, size_t es)
+{
+    const struct {
+        const nsa_bk_tensor *t;
+        size_t size;
+        const char *name;
+    } all[] = {
+        {&args->q, es, "q"}, {&args->o, es, "o"}, {&args->w_k, es, "w_k"}, {&args->w_v, es, "w_v"},
+        {&args->pe_k, es, "pe_k"}, {&args->pe_v, es, "pe_v"}, {&args->indices, 4, "indices"},
+        {&args->dec_cu_seqlens_q, 4, "cu_seqlens_q"}, {&args->dec_cache_seqlens, 4, "cache_seqlens"},
+        {&args->dec_block_table, 4, "block_table"}, {&args->dec_cmp_block_table, 4, "cmp_block_table"},
+        {&args->dec_kc_cache, es, "kc_cache"}, {&args->dec_vc_cache, es, "vc_cache"},
+        {&args->dec_status, 4, "status"},
+        {&args->k[0], es, "k"}, {&args->k[1], es, "k"}, {&args->k[2], es, "k"},
+        {&args->v[0], es, "v"}, {&args->v[1], es, "v"}, {&args->v[2], es, "v"},
+        {&args->dec_k_cache[0], es, "k_cache"}, {&args->dec_k_cache[1], es, "k_cache"},
+        {&args->dec_k_cache[2], es, "k_cache"}, {&args->dec_v_cache[0], es, "v_cache"},
+        {&args->dec_v_cache[1], es, "v_cache"}, {&args->dec_v_cache[2], es, "v_cache"},
+        {&args->gate[0], 4, "gate"}, {&args->gate[1], 4, "gate"}, {&args->gate[2], 4, "gate"},
+        {&args->lse[0], 4, "lse"}, {&args->lse[1], 4, "lse"}, {&args->lse[2], 4, "lse"},
+        {&args->o_b[0], 4, "o_b"}, {&args->o_b[1], 4, "o_b"}, {&args->o_b[2], 4, "o_b"},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        const nsa_bk_tensor *t = all[i].t;
+        if (t->buf && ocl_tensor_elem_offset(t, all[i].size) < 0)
+            return OCL_ERR(NSA_ERR_UNSUPPORTED,
+                           "opencl: nsa_decode: %s's buffer starts at byte offset %zu, not a multiple of its element "
+                           "size %zu (the step was not queued)",
+                           all[i].name, ((const ocl_buffer *)t->buf)->offset, all[i].size);
+    }
+    return NSA_SUCCESS;
+}
+
 nsa_status ocl_decode_append(ocl_context *c, ocl_plan *op, const nsa_bk_args *args)
 {
     const nsa_bk_plan *plan = args->plan;
@@ -155,7 +191,8 @@ nsa_status ocl_decode_append(ocl_context *c, ocl_plan *op, const nsa_bk_args *ar
     const int forms = cfg->compress != NSA_COMPRESS_EXTERNAL;
     if (!plan->decode || !op->dec_verdict)
         return OCL_ERR(NSA_ERR_INTERNAL, "opencl: decode_append on a plan without decode scratch");
-    nsa_status s;
+    nsa_status s = check_alignment(args, es);
+    if (s != NSA_SUCCESS) return s;
     ocl_args a;
     /* 1. the checks */
     ocl_args_begin(&a, op->prog->kernel[OCL_K_DECODE_CHECK], "decode_check");
