@@ -41,8 +41,12 @@ nsa_status nsa_decode_check(nsa_plan *plan)
                              "nsa_decode_plan_create");
     nsa_status s = nsa_context_synchronize(plan->ctx);
     if (s != NSA_SUCCESS) return s;
-    if (plan->dec_status == NSA_SUCCESS) return NSA_SUCCESS;
-    return nsa_set_error(plan->dec_status, "%s", plan->dec_msg);
+    if (plan->dec_status != NSA_SUCCESS) return nsa_set_error(plan->dec_status, "%s", plan->dec_msg);
+    /* an asynchronous backend's step checked its data on the device: ask it */
+    const nsa_backend *be = plan->ctx->be;
+    if (!be->decode_status) return NSA_SUCCESS;
+    s = be->decode_status(plan->ctx->bctx, &plan->bk);
+    return s == NSA_SUCCESS ? s : nsa_backend_error(s, plan->ctx->backend_name, "reading a decode step's status");
 }
 
 /* The same view: one buffer, offset and strides (how a caller says "one tensor"). */

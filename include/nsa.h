@@ -56,8 +56,8 @@
  * Decoding (added in 0.5): a plan made with nsa_decode_plan_create runs
  * nsa_decode steps over caller-owned paged K/V caches (docs/nsa-semantics.md
  * section 10): each step appends the new tokens of every sequence of a batch
- * and returns their rows of the forward. cpu only so far; the GPU backends
- * refuse a decode plan with NSA_ERR_UNSUPPORTED.
+ * and returns their rows of the forward. cpu and opencl; cuda and hip refuse
+ * a decode plan with NSA_ERR_UNSUPPORTED.
  */
 #ifndef NSA_H
 #define NSA_H
@@ -498,7 +498,10 @@ NSA_API nsa_status nsa_backward_sized(nsa_plan *plan, const nsa_backward_args *a
  * sequence's first TK_b tokens. The step lengths and page tables are tensors in
  * the context's memory, so a step can be replayed (a CUDA graph) with new ones;
  * the plan's capacities bound them. Backends: cpu (the fp64 reference: every row
- * is bitwise the cpu nsa_forward's row); cuda, hip and opencl refuse
+ * is bitwise the cpu nsa_forward's row); opencl (portable fp32 kernels; the step
+ * checks its lengths and tables on the device, so nsa_decode returns once the
+ * step is queued and nsa_decode_check tells; every row is the OpenCL
+ * nsa_forward's within the parity tolerance); cuda and hip refuse
  * nsa_decode_plan_create with NSA_ERR_UNSUPPORTED for now. */
 
 /* Capacities of a decode plan, fixed when it is made (semantics section 10). */

@@ -388,6 +388,7 @@ static const nsa_backend ocl_backend = {
     .plan_prepare = ocl_plan_prepare,
     .plan_release = ocl_plan_release,
     .run = ocl_run,
+    .decode_status = ocl_decode_status,
 };
 
 NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION;

@@ -63,6 +63,14 @@ enum ocl_kernel_id {
     OCL_K_BWD_COMPRESS_ROWS,
     OCL_K_BWD_COMPRESS_W,
     OCL_K_BWD_STORE,
+    OCL_K_DECODE_CHECK, /* decode.cl: DECODE_APPEND */
+    OCL_K_DECODE_STORE,
+    OCL_K_DECODE_COMPRESS,
+    OCL_K_DECODE_CMP_ATTN, /* DECODE_ATTN */
+    OCL_K_DECODE_SCORES_TOPN,
+    OCL_K_DECODE_SLC_ATTN,
+    OCL_K_DECODE_WIN_ATTN,
+    OCL_K_DECODE_COMBINE,
     OCL_K_COUNT
 };
 
@@ -115,6 +123,12 @@ typedef struct ocl_plan {
     cl_mem bias;      /* [Hkv, maxD]: pe @ W */
     cl_mem gemm_tmp;  /* CLBlast's temporary buffer (NULL: none needed) */
     size_t gemm_tmp_bytes;
+    /* decode plans (decode.c; NULL otherwise) */
+    cl_mem dec_verdict; /* int32 [16]: the last step's checks (decode.cl's DV_* layout) */
+    cl_mem dec_count;   /* int32 [num_pages + num_cmp_pages]: decode_check's page counts */
+    size_t wg_dec_attn; /* decode_cmp / slc / win_attn work-group size (softmax.cl chunks) */
+    size_t wg_dec_scores; /* decode_scores_topn */
+    int64_t kt_dec, jc_dec; /* its row tile and chunk of selection blocks */
 } ocl_plan;
 
 /* program.c: the program of `dtype` for this context, built (or loaded from the
@@ -127,6 +141,19 @@ int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg);
 nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan);
 void ocl_plan_release(void *bctx, nsa_bk_plan *plan);
 nsa_status ocl_run(void *bctx, nsa_stage stage, const nsa_bk_args *args);
+
+/* stages.c: the scores_topn tile (row tile kt, chunk jc) that fits the device's local
+ * memory, whatever NSA_OPENCL_KERNELS says (0: none fits), and its local bytes. */
+int ocl_scores_topn_tile(const ocl_context *c, const nsa_config *cfg, size_t *kt, size_t *jc);
+size_t ocl_scores_topn_bytes(const nsa_config *cfg, size_t kt, size_t jc);
+
+/* decode.c: the decode stages (semantics section 10) */
+int ocl_decode_supports(ocl_context *c, const nsa_config *cfg);
+nsa_status ocl_decode_prepare(ocl_context *c, const nsa_bk_plan *plan, ocl_plan *op);
+void ocl_decode_release(ocl_plan *op);
+nsa_status ocl_decode_append(ocl_context *c, ocl_plan *op, const nsa_bk_args *args);
+nsa_status ocl_decode_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args);
+nsa_status ocl_decode_status(void *bctx, const nsa_bk_plan *plan);
 
 /* Kernel argument helper: appends arguments in order and remembers the first error. */
 typedef struct ocl_args {

@@ -61,6 +61,14 @@ static const char *const kernel_names[OCL_K_COUNT] = {
     [OCL_K_BWD_COMPRESS_ROWS] = "bwd_compress_rows",
     [OCL_K_BWD_COMPRESS_W] = "bwd_compress_w",
     [OCL_K_BWD_STORE] = "bwd_store",
+    [OCL_K_DECODE_CHECK] = "decode_check",
+    [OCL_K_DECODE_STORE] = "decode_store",
+    [OCL_K_DECODE_COMPRESS] = "decode_compress",
+    [OCL_K_DECODE_CMP_ATTN] = "decode_cmp_attn",
+    [OCL_K_DECODE_SCORES_TOPN] = "decode_scores_topn",
+    [OCL_K_DECODE_SLC_ATTN] = "decode_slc_attn",
+    [OCL_K_DECODE_WIN_ATTN] = "decode_win_attn",
+    [OCL_K_DECODE_COMBINE] = "decode_combine",
 };
 
 /* A cache file: this magic, the payload's size (uint64), its 128-bit hash (two

@@ -18,6 +18,7 @@
  *   SLC_ATTN      v1 or v2 as CMP_ATTN
  *   WIN_ATTN      as CMP_ATTN (v1, v2 or v3)
  *   COMBINE       element-wise over T * Hq * Dv
+ *   DECODE_APPEND, DECODE_ATTN   the decode step: decode.c (decode.cl)
  * Version 3 is used where it fits (choose_v3); else version 2 when its outputs fit the
  * registers (G * Dv <= 16 * its work-group size, 256 lanes) and a key tile fits the local
  * memory; NSA_OPENCL_KERNELS=v1 or v2 forces that version (v1 is the readable reference).
@@ -234,10 +235,8 @@ static size_t scores_tile_bytes(const nsa_config *cfg, size_t kt, size_t jc, int
 {
     return scores_v2_local_bytes(cfg, kt, jc) + (fused ? 4 * jc + 8 * (size_t)cfg->num_selected : 0);
 }
-static int scores_tile(const ocl_context *c, const nsa_config *cfg, int fused, size_t *kt_out, size_t *jc_out)
+static int scores_tile_fit(const ocl_context *c, const nsa_config *cfg, int fused, size_t *kt_out, size_t *jc_out)
 {
-    const char *env = getenv("NSA_OPENCL_KERNELS");
-    if (env && strcmp(env, "v1") == 0) return 0;
     size_t kt = 32, jc = 64;
     while (scores_tile_bytes(cfg, kt, jc, fused) > c->local_mem && (kt > 1 || jc > 1)) {
         if (kt > 4 || jc == 1) kt = kt > 1 ? kt / 2 : 1;
@@ -247,6 +246,22 @@ static int scores_tile(const ocl_context *c, const nsa_config *cfg, int fused, s
     *kt_out = kt;
     *jc_out = jc;
     return 1;
+}
+static int scores_tile(const ocl_context *c, const nsa_config *cfg, int fused, size_t *kt_out, size_t *jc_out)
+{
+    const char *env = getenv("NSA_OPENCL_KERNELS");
+    if (env && strcmp(env, "v1") == 0) return 0;
+    return scores_tile_fit(c, cfg, fused, kt_out, jc_out);
+}
+
+/* the decode step's decode_scores_topn (decode.c) has the fused kernel's tile */
+int ocl_scores_topn_tile(const ocl_context *c, const nsa_config *cfg, size_t *kt, size_t *jc)
+{
+    return scores_tile_fit(c, cfg, 1, kt, jc);
+}
+size_t ocl_scores_topn_bytes(const nsa_config *cfg, size_t kt, size_t jc)
+{
+    return scores_tile_bytes(cfg, kt, jc, 1);
 }
 
 /* NSA_OPENCL_NO_FUSED=1: refuse SCORES_TOPN, so plans take BLOCK_SCORES + SELECT_TOPN (testing both) */
@@ -299,6 +314,9 @@ int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
     case NSA_STAGE_BWD_WIN_ATTN:
     case NSA_STAGE_BWD_STORE:
         return 1; /* backward.cl: any head dim (rows are read from global memory) */
+    case NSA_STAGE_DECODE_APPEND:
+    case NSA_STAGE_DECODE_ATTN:
+        return attn_wg(c, NULL, cfg) > 0 && ocl_decode_supports(c, cfg);
     default:
         return 0;
     }
@@ -339,7 +357,10 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
     choose_v2(c, op, cfg);
     choose_v3(c, op, cfg);
     choose_scores_v2(c, op, cfg);
-    if (cfg->compress == NSA_COMPRESS_LINEAR && (s = ocl_linear_prepare(c, plan, op)) != NSA_SUCCESS) {
+    /* a decode plan has its own scratch (decode.c); LINEAR compression there is a kernel */
+    if (plan->decode) s = ocl_decode_prepare(c, plan, op);
+    else if (cfg->compress == NSA_COMPRESS_LINEAR) s = ocl_linear_prepare(c, plan, op);
+    if (s != NSA_SUCCESS) {
         plan->backend_plan = op;
         ocl_plan_release(c, plan);
         return s;
@@ -357,6 +378,7 @@ void ocl_plan_release(void *bctx, nsa_bk_plan *plan)
     cl_mem mems[] = {op->stage_x, op->stage_w, op->stage_pe, op->bias, op->gemm_tmp};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; ++i)
         if (mems[i]) clReleaseMemObject(mems[i]);
+    ocl_decode_release(op);
     free(op);
     plan->backend_plan = NULL;
 }
@@ -895,6 +917,9 @@ nsa_status ocl_run(void *bctx, nsa_stage stage, const nsa_bk_args *args)
 static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const nsa_bk_args *args)
 {
     if (!op) return OCL_ERR(NSA_ERR_INTERNAL, "opencl: run(%d) on a plan that plan_prepare did not see", (int)stage);
+    /* the decode stages read their lengths and page tables on the device (no plan tables) */
+    if (stage == NSA_STAGE_DECODE_APPEND) return ocl_decode_append(c, op, args);
+    if (stage == NSA_STAGE_DECODE_ATTN) return ocl_decode_attn(c, op, args);
     if (args->plan->total_tokens == 0) return NSA_SUCCESS;
     tables tb;
     nsa_status s = get_tables(args->plan, &tb);

@@ -5,6 +5,22 @@
  * its gate not read. o is stored in the storage type (round to nearest even).
  * Element-wise over T * Hq * Dv elements (e = first + global id, guarded e < total).
  */
+/* The gated sum of row (t, h), element c (combine, and the decode step's decode_combine). */
+inline float combine_value(const __global float *oc, long oc_off, long oc_st, long oc_sh,
+                           const __global float *os, long os_off, long os_st, long os_sh,
+                           const __global float *ow, long ow_off, long ow_st, long ow_sh,
+                           const __global float *gc, long gc_off, long gc_st, long gc_sh,
+                           const __global float *gs, long gs_off, long gs_st, long gs_sh,
+                           const __global float *gw, long gw_off, long gw_st, long gw_sh,
+                           int has_c, int has_s, int has_w, long t, long h, long c)
+{
+    float y = 0.0f;
+    if (has_c) y += gc[gc_off + t * gc_st + h * gc_sh] * oc[oc_off + t * oc_st + h * oc_sh + c];
+    if (has_s) y += gs[gs_off + t * gs_st + h * gs_sh] * os[os_off + t * os_st + h * os_sh + c];
+    if (has_w) y += gw[gw_off + t * gw_st + h * gw_sh] * ow[ow_off + t * ow_st + h * ow_sh + c];
+    return y;
+}
+
 __kernel void combine(const __global float *oc, long oc_off, long oc_st, long oc_sh,
                       const __global float *os, long os_off, long os_st, long os_sh,
                       const __global float *ow, long ow_off, long ow_st, long ow_sh,
@@ -18,9 +34,7 @@ __kernel void combine(const __global float *oc, long oc_off, long oc_st, long oc
     const long e = first + (long)get_global_id(0);
     if (e >= total) return;
     const long c = e % Dv, th = e / Dv, h = th % Hq, t = th / Hq;
-    float y = 0.0f;
-    if (has_c) y += gc[gc_off + t * gc_st + h * gc_sh] * oc[oc_off + t * oc_st + h * oc_sh + c];
-    if (has_s) y += gs[gs_off + t * gs_st + h * gs_sh] * os[os_off + t * os_st + h * os_sh + c];
-    if (has_w) y += gw[gw_off + t * gw_st + h * gw_sh] * ow[ow_off + t * ow_st + h * ow_sh + c];
-    st(o, o_off + t * o_st + h * o_sh + c, y);
+    st(o, o_off + t * o_st + h * o_sh + c,
+       combine_value(oc, oc_off, oc_st, oc_sh, os, os_off, os_st, os_sh, ow, ow_off, ow_st, ow_sh, gc, gc_off, gc_st,
+                     gc_sh, gs, gs_off, gs_st, gs_sh, gw, gw_off, gw_st, gw_sh, has_c, has_s, has_w, t, h, c));
 }

@@ -122,6 +122,19 @@ __kernel void round_rows(__global float *y, long y_off, long y_st, long y_sh,
     y[i] = round_nsa(y[i]);
 }
 
+/* LINEAR: s plus one token row's part of output element c, sum_e (x[xr + e] +
+ * pe[pr + e]) W[wr + e * D] in plain FMA, e in order (compress_linear, and the
+ * decode step's decode_compress, which reads the rows from a paged cache). */
+inline float linear_add_row(float s, const __global nsa_t *x, long xr, const __global nsa_t *w, long wr,
+                            const __global nsa_t *pe, long pr, int has_pe, long D)
+{
+    for (long k = 0; k < D; ++k) {
+        const float xv = ld(x, xr + k) + (has_pe ? ld(pe, pr + k) : 0.0f);
+        s = fma(xv, ld(w, wr + k * D), s);
+    }
+    return s;
+}
+
 __kernel void compress_linear(const __global nsa_t *x, long x_off, long x_st, long x_sh,
                               const __global nsa_t *w, long w_off, const __global nsa_t *pe, long pe_off, int has_pe,
                               __global float *y, long y_off, long y_st, long y_sh,
@@ -133,13 +146,8 @@ __kernel void compress_linear(const __global nsa_t *x, long x_off, long x_st, lo
     const long c = e % D, rg = e / D, g = rg % Hkv, r = rg / Hkv;
     const long tok0 = row_first_token(tab, cu_seq_at, cu_cmp_at, batch, d, r);
     float s = 0.0f;
-    for (long j = 0; j < l; ++j) {
-        const long xr = x_off + (tok0 + j) * x_st + g * x_sh, wr = w_off + (g * l + j) * D * D + c;
-        const long pr = pe_off + (g * l + j) * D;
-        for (long k = 0; k < D; ++k) {
-            const float xv = ld(x, xr + k) + (has_pe ? ld(pe, pr + k) : 0.0f);
-            s = fma(xv, ld(w, wr + k * D), s);
-        }
-    }
+    for (long j = 0; j < l; ++j)
+        s = linear_add_row(s, x, x_off + (tok0 + j) * x_st + g * x_sh, w, w_off + (g * l + j) * D * D + c, pe,
+                           pe_off + (g * l + j) * D, has_pe, D);
     y[y_off + r * y_st + g * y_sh + c] = round_nsa(s);
 }

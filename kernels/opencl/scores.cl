@@ -216,6 +216,43 @@ __kernel void block_scores_v2(const __global nsa_t *q, long q_off, long q_st, lo
     }
 }
 
+/* Lane 0 of scores_topn (and of the decode step's decode_scores_topn): merges the
+ * chunk's scores cs[0 .. j1 - j0] of the unforced blocks j0 .. j1 into the ranked list
+ * cand_s / cand_j of the best K (score descending, then index ascending; NaN scores
+ * are skipped) holding m candidates; returns the new count. */
+inline long topn_merge_chunk(__local const float *cs, long j0, long j1, long m, long K, __local float *cand_s,
+                             __local int *cand_j)
+{
+    for (long j = j0; j <= j1; ++j) {
+        const float s = cs[j - j0];
+        if (s != s) continue; /* NaN: never selected */
+        /* j ascends, so an equal score never beats a held one (lower index wins) */
+        if (m == K && !(s > cand_s[m - 1])) continue;
+        long pos = m < K ? m : K - 1;
+        while (pos > 0 && s > cand_s[pos - 1]) {
+            cand_s[pos] = cand_s[pos - 1];
+            cand_j[pos] = cand_j[pos - 1];
+            --pos;
+        }
+        cand_s[pos] = s;
+        cand_j[pos] = (int)j;
+        if (m < K) ++m;
+    }
+    return m;
+}
+
+/* Lane 0: the selection row, forced blocks [0, f1) and [f2, jmax], then the m
+ * candidates, sorted, -1 padded to n. */
+inline void topn_write_row(__global int *idx, long orow, long f1, long f2, long jmax, __local const int *cand_j,
+                           long m, long n)
+{
+    long k = 0;
+    for (long j = 0; j < f1; ++j) idx[orow + k++] = (int)j;
+    for (long j = f2; j <= jmax; ++j) idx[orow + k++] = (int)j;
+    for (long c = 0; c < m; ++c) idx[orow + k++] = cand_j[c];
+    topn_finish_row(idx, orow, k, n);
+}
+
 /* Local memory: block_scores_v2's | cs JC floats | cand_s n floats | cand_j n ints. */
 __kernel void scores_topn(const __global nsa_t *q, long q_off, long q_st, long q_sh,
                           const __global float *kc, long kc_off, long kc_st, long kc_sh,
@@ -260,30 +297,8 @@ __kernel void scores_topn(const __global nsa_t *q, long q_off, long q_st, long q
         SCORES_CHUNK_ROWS()
         for (long j = j0 + lid; j <= j1; j += nl) cs[j - j0] = scores_block(j, ilo, nc, l, d, ls, P);
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (lid == 0)
-            for (long j = j0; j <= j1; ++j) {
-                const float s = cs[j - j0];
-                if (s != s) continue; /* NaN: never selected */
-                /* j ascends, so an equal score never beats a held one (lower index wins) */
-                if (m == K && !(s > cand_s[m - 1])) continue;
-                long pos = m < K ? m : K - 1;
-                while (pos > 0 && s > cand_s[pos - 1]) {
-                    cand_s[pos] = cand_s[pos - 1];
-                    cand_j[pos] = cand_j[pos - 1];
-                    --pos;
-                }
-                cand_s[pos] = s;
-                cand_j[pos] = (int)j;
-                if (m < K) ++m;
-            }
+        if (lid == 0) m = topn_merge_chunk(cs, j0, j1, m, K, cand_s, cand_j);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid == 0) {
-        const long orow = ix_off + t * ix_st + g * ix_sh;
-        long k = 0;
-        for (long j = 0; j < f1; ++j) idx[orow + k++] = (int)j;
-        for (long j = f2; j <= jmax; ++j) idx[orow + k++] = (int)j;
-        for (long c = 0; c < m; ++c) idx[orow + k++] = cand_j[c];
-        topn_finish_row(idx, orow, k, n);
-    }
+    if (lid == 0) topn_write_row(idx, ix_off + t * ix_st + g * ix_sh, f1, f2, jmax, cand_j, m, n);
 }
