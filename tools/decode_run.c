@@ -434,25 +434,58 @@ static int64_t prefill_of(int64_t prefill, int64_t len)
     return prefill < 0 ? len / 2 : prefill < len ? prefill : len;
 }
 
-/* stage, run (timed), gather and advance one step */
-static nsa_status one_step(decode_run *d, const int64_t *tq, tk_output *out, double *seconds, char *err,
-                           size_t err_size)
+/* Steps of up to most tokens per sequence until each has reached its target
+ * (phase 0: its prefill, 1: its length); each step timed, and its rows
+ * gathered into out when out is given. times (may be NULL) receives the step
+ * times; *nsteps, *sum_s, *rows are incremented. */
+static nsa_status run_phase(decode_run *d, int phase, int64_t prefill, int64_t most, const char *label,
+                            tk_output *out, double *times, int64_t *nsteps, double *sum_s, int64_t *rows, char *err,
+                            size_t err_size)
 {
-    nsa_status s = decode_run_stage(d, tq, err, err_size);
-    if (s != NSA_SUCCESS) return s;
-    const double t0 = tool_now();
-    s = decode_run_step(d, err, err_size);
-    *seconds = tool_now() - t0;
-    if (s == NSA_SUCCESS) s = decode_run_gather(d, out, err, err_size);
-    if (s == NSA_SUCCESS) decode_run_advance(d);
+    int64_t steps[TK_MAX_BATCH];
+    nsa_status s = NSA_SUCCESS;
+    for (;;) {
+        int any = 0;
+        for (int64_t b = 0; b < d->B; b++) {
+            const int64_t end = phase == 0 ? prefill_of(prefill, d->len[b]) : d->len[b];
+            steps[b] = end - d->done[b] < most ? end - d->done[b] : most;
+            if (steps[b] < 0) steps[b] = 0;
+            any |= steps[b] > 0;
+        }
+        if (!any) break;
+        tool_progress("%s: %s step %lld", label, phase == 0 ? "prefill" : "decode", (long long)(*nsteps + 1));
+        if ((s = decode_run_stage(d, steps, err, err_size)) != NSA_SUCCESS) break;
+        const double t0 = tool_now();
+        s = decode_run_step(d, err, err_size);
+        const double t = tool_now() - t0;
+        if (s == NSA_SUCCESS && out) s = decode_run_gather(d, out, err, err_size);
+        if (s != NSA_SUCCESS) break;
+        decode_run_advance(d);
+        for (int64_t b = 0; b < d->B; b++) *rows += steps[b];
+        if (times) times[*nsteps] = t;
+        ++*nsteps;
+        *sum_s += t;
+    }
+    tool_progress_end();
     return s;
+}
+
+nsa_status decode_run_prefill(decode_run *d, int64_t prefill, int64_t chunk, const char *label, int64_t *steps,
+                              double *seconds, char *err, size_t err_size)
+{
+    int64_t rows = 0;
+    *steps = 0;
+    *seconds = 0;
+    if (chunk < 1 || chunk > d->lim.max_step_tokens)
+        return fail_msg(err, err_size, NSA_ERR_INTERNAL, "%s: a prefill chunk outside the plan", "decode run");
+    return run_phase(d, 0, prefill, chunk, label, NULL, NULL, steps, seconds, &rows, err, err_size);
 }
 
 nsa_status decode_run_all(decode_run *d, int64_t prefill, int64_t chunk, int64_t tq, const char *label,
                           tk_output *out, decode_stats *st, char *err, size_t err_size)
 {
     nsa_status s;
-    int64_t steps[TK_MAX_BATCH], max_decode = 0;
+    int64_t max_decode = 0;
     memset(st, 0, sizeof *st);
     st->step_median_s = st->step_min_s = NAN;
     if (chunk < 1 || tq < 1 || chunk > d->lim.max_step_tokens || tq > d->lim.max_step_tokens)
@@ -460,8 +493,7 @@ nsa_status decode_run_all(decode_run *d, int64_t prefill, int64_t chunk, int64_t
     s = decode_run_output_alloc(d, out, err, err_size);
     if (s != NSA_SUCCESS) return s;
     for (int64_t b = 0; b < d->B; b++) {
-        const int64_t p = prefill_of(prefill, d->len[b]);
-        const int64_t k = ceil_div(d->len[b] - p, tq);
+        const int64_t k = ceil_div(d->len[b] - prefill_of(prefill, d->len[b]), tq);
         if (k > max_decode) max_decode = k;
     }
     size_t tb;
@@ -469,45 +501,19 @@ nsa_status decode_run_all(decode_run *d, int64_t prefill, int64_t chunk, int64_t
         return fail_msg(err, err_size, NSA_ERR_INVALID_SHAPE, "%s: too many steps", "decode run");
     double *times = malloc(tb + sizeof(double));
     if (!times) return fail_msg(err, err_size, NSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", "decode run");
-    for (int phase = 0; phase < 2; phase++) {
-        for (;;) {
-            int any = 0;
-            for (int64_t b = 0; b < d->B; b++) {
-                const int64_t p = prefill_of(prefill, d->len[b]);
-                const int64_t end = phase == 0 ? p : d->len[b], most = phase == 0 ? chunk : tq;
-                steps[b] = end - d->done[b] < most ? end - d->done[b] : most;
-                if (steps[b] < 0) steps[b] = 0;
-                any |= steps[b] > 0;
-            }
-            if (!any) break;
-            double t;
-            tool_progress("%s: %s step %lld", label, phase == 0 ? "prefill" : "decode",
-                          (long long)(phase == 0 ? st->prefill_steps + 1 : st->decode_steps + 1));
-            s = one_step(d, steps, out, &t, err, err_size);
-            if (s != NSA_SUCCESS) {
-                tool_progress_end();
-                free(times);
-                return s;
-            }
-            for (int64_t b = 0; b < d->B; b++) st->rows += steps[b];
-            if (phase == 0) {
-                st->prefill_steps++;
-                st->prefill_s += t;
-            } else {
-                times[st->decode_steps++] = t;
-                st->decode_s += t;
-            }
-        }
-    }
-    tool_progress_end();
-    if (st->decode_steps > 0) {
+    s = run_phase(d, 0, prefill, chunk, label, out, NULL, &st->prefill_steps, &st->prefill_s, &st->rows, err,
+                  err_size);
+    if (s == NSA_SUCCESS)
+        s = run_phase(d, 1, prefill, tq, label, out, times, &st->decode_steps, &st->decode_s, &st->rows, err,
+                      err_size);
+    if (s == NSA_SUCCESS && st->decode_steps > 0) {
         st->step_min_s = times[0];
         for (int64_t i = 1; i < st->decode_steps; i++)
             if (times[i] < st->step_min_s) st->step_min_s = times[i];
         st->step_median_s = tool_median(times, (int)st->decode_steps);
     }
     free(times);
-    return NSA_SUCCESS;
+    return s;
 }
 
 void decode_run_free(decode_run *d)

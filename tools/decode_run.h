@@ -110,6 +110,12 @@ typedef struct decode_stats {
 nsa_status decode_run_all(decode_run *d, int64_t prefill, int64_t chunk, int64_t tq, const char *label,
                           tk_output *out, decode_stats *st, char *err, size_t err_size);
 
+/* Only the prefill of decode_run_all (rows not read back): each sequence brought
+ * to min(prefill, its length) cached tokens in steps of up to chunk tokens.
+ * *steps and *seconds (the steps' summed time) are set. */
+nsa_status decode_run_prefill(decode_run *d, int64_t prefill, int64_t chunk, const char *label, int64_t *steps,
+                              double *seconds, char *err, size_t err_size);
+
 void decode_run_free(decode_run *d);
 
 /* The bytes a step must read (semantics 10), from its selection (sel: the step's
