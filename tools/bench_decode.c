@@ -169,16 +169,12 @@ static void print_measure_json(const dmeasure *m)
         printf("null");
         return;
     }
-    printf("{\"time_s\": ");
-    json_num(stdout, m->time_s);
-    printf(", \"time_min_s\": ");
-    json_num(stdout, m->min_s);
-    printf(", \"bytes\": ");
-    json_num(stdout, m->bytes);
-    printf(", \"gbps\": ");
-    json_num(stdout, m->bytes / m->time_s / 1e9);
-    printf(", \"prefill_steps\": %lld, \"prefill_s\": ", (long long)m->prefill_steps);
-    json_num(stdout, m->prefill_s);
+    printf("{\"prefill_steps\": %lld", (long long)m->prefill_steps);
+    json_field(stdout, "prefill_s", m->prefill_s);
+    json_field(stdout, "time_s", m->time_s);
+    json_field(stdout, "time_min_s", m->min_s);
+    json_field(stdout, "bytes", m->bytes);
+    json_field(stdout, "gbps", m->bytes / m->time_s / 1e9);
     printf("}");
 }
 
@@ -227,12 +223,9 @@ int bench_decode(nsa_context *ctx, const bench_decode_opts *o)
                         printf(", \"%s\": ", dname[v]);
                         print_measure_json(&m[v]);
                     }
-                    printf(", \"pct_peak_gbps\": ");
-                    json_num(stdout, peak > 0 ? 100.0 * gbps / peak : NAN);
-                    printf(", \"dense_s\": ");
-                    json_num(stdout, dense);
-                    printf(", \"speedup_vs_dense\": ");
-                    json_num(stdout, speedup);
+                    json_field(stdout, "pct_peak_gbps", peak > 0 ? 100.0 * gbps / peak : NAN);
+                    json_field(stdout, "dense_s", dense);
+                    json_field(stdout, "speedup_vs_dense", speedup);
                     printf(", \"error\": ");
                     json_str(stdout, m[D_FULL].ran ? "" : m[D_FULL].note);
                     printf("}");

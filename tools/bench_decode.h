@@ -22,7 +22,6 @@ typedef struct bench_decode_opts {
     int64_t chunk, page_size, cmp_page_size;
     int warmup, iters, no_dense, json;
     double peak_gbps;     /* 0: unknown */
-    const char *peak_src; /* the peak table's entry, or NULL (flag or unknown) */
 } bench_decode_opts;
 
 /* The defaults of the sweep lists left empty (n* == 0), sized for the device. */

@@ -253,6 +253,40 @@ static void print_ms(int width, double seconds)
         printf(" %*.4g", width, seconds * 1e3);
 }
 
+/* The head of the report: the JSON object's first fields (left open), or the
+ * lines backend, config (the first case of the sweep; swept: what varies) and peak. */
+static void print_head(int json, nsa_context *ctx, const tk_case *c0, const char *swept, int64_t iters,
+                       int64_t warmup, double peak_tflops, double peak_gbps, const char *peak_src)
+{
+    if (json) {
+        printf("{\"command\": \"bench\", \"version\": ");
+        json_str(stdout, nsa_version_string());
+        printf(", \"backend\": ");
+        json_str(stdout, nsa_context_backend(ctx));
+        printf(", \"device\": ");
+        json_str(stdout, nsa_context_device(ctx));
+        printf(", \"iters\": %lld, \"warmup\": %lld", (long long)iters, (long long)warmup);
+        json_field(stdout, "peak_tflops", peak_tflops > 0 ? peak_tflops : NAN);
+        json_field(stdout, "peak_gbps", peak_gbps > 0 ? peak_gbps : NAN);
+        printf(", \"peak_table_entry\": ");
+        if (peak_src)
+            json_str(stdout, peak_src);
+        else
+            printf("null");
+        return;
+    }
+    char desc[512];
+    printf("backend: %s, device: %s (libnsa %s); median of %lld after %lld warm-up\n", nsa_context_backend(ctx),
+           nsa_context_device(ctx), nsa_version_string(), (long long)iters, (long long)warmup);
+    printf("config:  %s (%s)\n", tk_case_describe(c0, desc, sizeof desc), swept);
+    if (peak_tflops > 0 || peak_gbps > 0)
+        printf("peak:    %.4g TFLOP/s, %.4g GB/s (%s)\n", peak_tflops, peak_gbps,
+               peak_src ? "published dense figures for this GPU, tools/peaks.c; --peak-* override"
+                        : "--peak-tflops / --peak-gbps");
+    else
+        printf("peak:    unknown for this device (--peak-tflops / --peak-gbps give %%peak)\n");
+}
+
 int cmd_bench(int argc, char **argv)
 {
     config_flags cf;
@@ -416,7 +450,6 @@ int cmd_bench(int argc, char **argv)
     }
 
     if (decode) {
-        char desc[512];
         dopt.cf = &cf;
         dopt.chunk = chunk;
         dopt.page_size = page_size;
@@ -426,31 +459,7 @@ int cmd_bench(int argc, char **argv)
         dopt.no_dense = no_dense;
         dopt.json = json;
         dopt.peak_gbps = peak_gbps;
-        dopt.peak_src = peak_src;
-        if (json) {
-            printf("{\"command\": \"bench\", \"version\": ");
-            json_str(stdout, nsa_version_string());
-            printf(", \"backend\": ");
-            json_str(stdout, bname);
-            printf(", \"device\": ");
-            json_str(stdout, nsa_context_device(ctx));
-            printf(", \"iters\": %lld, \"warmup\": %lld, \"peak_gbps\": ", (long long)iters, (long long)warmup);
-            json_num(stdout, peak_gbps > 0 ? peak_gbps : NAN);
-            printf(", \"peak_table_entry\": ");
-            if (peak_src)
-                json_str(stdout, peak_src);
-            else
-                printf("null");
-        } else {
-            printf("backend: %s, device: %s (libnsa %s); median of %lld after %lld warm-up\n", bname,
-                   nsa_context_device(ctx), nsa_version_string(), (long long)iters, (long long)warmup);
-            printf("config:  %s (B, context + TQ swept)\n", tk_case_describe(&c0, desc, sizeof desc));
-            if (peak_gbps > 0)
-                printf("peak:    %.4g GB/s (%s)\n", peak_gbps,
-                       peak_src ? "published figure for this GPU, tools/peaks.c; --peak-gbps overrides" : "--peak-gbps");
-            else
-                printf("peak:    unknown for this device (--peak-gbps gives %%peak)\n");
-        }
+        print_head(json, ctx, &c0, "B, context + TQ swept", iters, warmup, peak_tflops, peak_gbps, peak_src);
         exit_code = bench_decode(ctx, &dopt);
         nsa_context_destroy(ctx);
         return exit_code;
@@ -460,23 +469,8 @@ int cmd_bench(int argc, char **argv)
     char ferr[512] = "";
     const double first_s = first_plan(ctx, &c0, &flog, ferr, sizeof ferr); /* < 0: failed (the sweep says why) */
 
+    print_head(json, ctx, &c0, "T swept", iters, warmup, peak_tflops, peak_gbps, peak_src);
     if (json) {
-        printf("{\"command\": \"bench\", \"version\": ");
-        json_str(stdout, nsa_version_string());
-        printf(", \"backend\": ");
-        json_str(stdout, bname);
-        printf(", \"device\": ");
-        json_str(stdout, nsa_context_device(ctx));
-        printf(", \"iters\": %lld, \"warmup\": %lld, \"peak_tflops\": ", (long long)iters,
-               (long long)warmup);
-        json_num(stdout, peak_tflops > 0 ? peak_tflops : NAN);
-        printf(", \"peak_gbps\": ");
-        json_num(stdout, peak_gbps > 0 ? peak_gbps : NAN);
-        printf(", \"peak_table_entry\": ");
-        if (peak_src)
-            json_str(stdout, peak_src);
-        else
-            printf("null");
         printf(", \"first_plan_s\": ");
         json_num(stdout, first_s >= 0 ? first_s : NAN);
         printf(", \"first_plan_log\": [");
@@ -487,16 +481,6 @@ int cmd_bench(int argc, char **argv)
         printf("]");
         printf(", \"results\": [");
     } else {
-        char desc[512];
-        printf("backend: %s, device: %s (libnsa %s); median of %lld after %lld warm-up\n", bname,
-               nsa_context_device(ctx), nsa_version_string(), (long long)iters, (long long)warmup);
-        printf("config:  %s (T swept)\n", tk_case_describe(&c0, desc, sizeof desc));
-        if (peak_tflops > 0 || peak_gbps > 0)
-            printf("peak:    %.4g TFLOP/s, %.4g GB/s (%s)\n", peak_tflops, peak_gbps,
-                   peak_src ? "published dense figures for this GPU, tools/peaks.c; --peak-* override"
-                            : "--peak-tflops / --peak-gbps");
-        else
-            printf("peak:    unknown for this device (--peak-tflops / --peak-gbps give %%peak)\n");
         if (first_s >= 0)
             printf("first:   plan %.1f ms (run-time kernel builds or cache loads happen in the first plan of a "
                    "context; not in the times below)\n", first_s * 1e3);

@@ -89,11 +89,12 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  gradient reference, when that fits the --check-gflop budget.\n"
             "--decode TQ computes the same problem with a decode plan (nsa_decode_plan_create,\n"
             "  nsa_decode; docs/nsa-semantics.md section 10) instead of nsa_forward: the\n"
-            "  caches are paged (--page-size, --cmp-page-size positions per page) and the page\n"
-            "  tables shuffled by --seed; each sequence is prefilled to its first --prefill P\n"
-            "  tokens (default: half its length) in steps of up to --chunk tokens (default\n"
-            "  %d), then decoded TQ tokens a step, every sequence of the batch in each step,\n"
-            "  until it is complete (EXTERNAL: the tool writes the compressed rows a step\n"
+            "  caches are paged (--page-size positions, --cmp-page-size compressed rows per\n"
+            "  page) and the page tables shuffled by --seed; each sequence is prefilled to its\n"
+            "  first --prefill P tokens (default: half its length) in steps of up to --chunk\n"
+            "  tokens (default %d), then decoded TQ tokens a step, every sequence of the\n"
+            "  batch in each step, until it is complete (EXTERNAL: the tool writes the\n"
+            "  compressed rows a step\n"
             "  completes before it, as a caller must). The rows are assembled into o, the\n"
             "  LSEs and selected, which --outputs writes as above and the check judges as\n"
             "  above. Time: each step timed once (nsa_decode to the end of nsa_decode_check);\n"
@@ -429,27 +430,22 @@ computed:
         printf(", \"tokens\": %lld, \"mode\": \"%s\"", (long long)tk_case_tokens(&c), decode ? "decode" : "forward");
         if (decode) {
             printf(", \"decode\": {\"tq\": %lld, \"prefill\": %lld, \"chunk\": %lld, \"page_size\": %lld, "
-                   "\"cmp_page_size\": %lld, \"prefill_steps\": %lld, \"decode_steps\": %lld, \"rows\": %lld, "
-                   "\"prefill_s\": ",
+                   "\"cmp_page_size\": %lld, \"prefill_steps\": %lld, \"decode_steps\": %lld, \"rows\": %lld",
                    (long long)decode_tq, (long long)prefill, (long long)chunk, (long long)page_size,
                    (long long)cmp_page_size, (long long)dst.prefill_steps, (long long)dst.decode_steps,
                    (long long)dst.rows);
-            json_num(stdout, dst.prefill_s);
-            printf(", \"decode_s\": ");
-            json_num(stdout, dst.decode_s);
-            printf(", \"step_median_s\": ");
-            json_num(stdout, dst.step_median_s);
-            printf(", \"step_min_s\": ");
-            json_num(stdout, dst.step_min_s);
+            json_field(stdout, "prefill_s", dst.prefill_s);
+            json_field(stdout, "decode_s", dst.decode_s);
+            json_field(stdout, "step_median_s", dst.step_median_s);
+            json_field(stdout, "step_min_s", dst.step_min_s);
             printf(", \"vs_forward\": ");
             if (dcmp.done) {
-                printf("{\"rows\": %lld, \"rows_bitwise_equal\": %lld, \"first_differing_row\": %lld, "
-                       "\"max_o_diff\": ",
+                printf("{\"rows\": %lld, \"rows_bitwise_equal\": %lld, \"first_differing_row\": %lld",
                        (long long)dcmp.rows, (long long)dcmp.rows_equal, (long long)dcmp.first_differ);
-                json_num(stdout, dcmp.max_o_diff);
-                printf(", \"bitwise_required\": %s, \"pass\": %s, \"seconds\": ",
-                       dcmp.bitwise_required ? "true" : "false", dcmp.pass ? "true" : "false");
-                json_num(stdout, dcmp.seconds);
+                json_field(stdout, "max_o_diff", dcmp.max_o_diff);
+                printf(", \"bitwise_required\": %s, \"pass\": %s", dcmp.bitwise_required ? "true" : "false",
+                       dcmp.pass ? "true" : "false");
+                json_field(stdout, "seconds", dcmp.seconds);
                 printf("}");
             } else {
                 printf("null");

@@ -65,17 +65,6 @@ static nsa_tensor view(nsa_buffer *b, int64_t heads, int64_t dim)
     return b ? nsa_tensor_dense(b, 0, heads, dim) : (nsa_tensor){0};
 }
 
-static void shuffle(int32_t *p, int64_t n, uint64_t *s)
-{
-    for (int64_t i = 0; i < n; i++) p[i] = (int32_t)i;
-    for (int64_t i = n - 1; i > 0; i--) {
-        const int64_t j = (int64_t)(tk_splitmix64(s) % (uint64_t)(i + 1));
-        const int32_t t = p[i];
-        p[i] = p[j];
-        p[j] = t;
-    }
-}
-
 static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 nsa_status decode_run_setup(nsa_context *ctx, const tk_case *c, const tk_inputs *in, int64_t max_step,
@@ -173,8 +162,8 @@ nsa_status decode_run_setup(nsa_context *ctx, const tk_case *c, const tk_inputs 
     }
     /* page tables: every sequence's pages anywhere in the pools */
     uint64_t rs = seed;
-    shuffle(perm, lim->num_pages, &rs);
-    shuffle(cperm, lim->num_cmp_pages, &rs);
+    tk_shuffle(perm, lim->num_pages, &rs);
+    tk_shuffle(cperm, lim->num_cmp_pages, &rs);
     memcpy(d->table, perm, tbytes);
     memcpy(d->ctable, cperm, ctbytes);
     free(perm);
