@@ -334,6 +334,7 @@ int cmd_run(int argc, char **argv)
         return TOOL_EXIT_FAIL;
     }
     memset(&p, 0, sizeof p);
+    memset(&out, 0, sizeof out);
     memset(&dr, 0, sizeof dr);
     memset(&dst, 0, sizeof dst);
     memset(&dcmp, 0, sizeof dcmp);

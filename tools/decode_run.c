@@ -127,6 +127,10 @@ nsa_status decode_run_setup(nsa_context *ctx, const tk_case *c, const tk_inputs 
         nsa_ck_add(lim->num_pages, 1, &lim->num_pages) ||
         nsa_ck_mul(d->B, lim->max_cmp_pages, &lim->num_cmp_pages))
         return fail_msg(err, err_size, NSA_ERR_INVALID_SHAPE, "%s: the capacities overflow 64 bits", "decode run");
+    if (lim->max_total_tokens > INT32_MAX || max_len > INT32_MAX)
+        return fail_msg(err, err_size, NSA_ERR_INVALID_SHAPE,
+                        "%s: a step's rows (batch x step) and a sequence's length must fit the int32 step lengths "
+                        "(cu_seqlens_q, cache_seqlens)", "decode run");
     s = nsa_decode_plan_create(ctx, g, lim, &d->plan);
     if (s != NSA_SUCCESS)
         return tool_format_error(err, err_size, "nsa_decode_plan_create", s);
