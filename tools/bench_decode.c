@@ -45,6 +45,7 @@ typedef struct dmeasure {
     int ran;
     double time_s, min_s, bytes, prefill_s;
     int64_t prefill_steps;
+    nsa_status status; /* the first failure's */
     char note[TOOL_ERR_MAX];
 } dmeasure;
 
@@ -52,9 +53,9 @@ void bench_decode_defaults(bench_decode_opts *o, int on_cpu)
 {
     if (o->nbatch == 0) {
         o->batch[0] = 1;
-        if (!on_cpu) {
-            o->batch[1] = 8;
-            o->batch[2] = 32;
+        if (!on_cpu) { /* the tool's problems hold at most TK_MAX_BATCH sequences */
+            o->batch[1] = TK_MAX_BATCH / 2;
+            o->batch[2] = TK_MAX_BATCH;
         }
         o->nbatch = on_cpu ? 1 : 3;
     }
@@ -81,6 +82,11 @@ static int run_point(nsa_context *ctx, const bench_decode_opts *o, int64_t B, in
     nsa_status s;
     char label[128];
     memset(m, 0, sizeof *m);
+    if (B < 1 || B > TK_MAX_BATCH) {
+        fprintf(stderr, CMD ": --batch %lld: the tool's problems have 1 to %d sequences\n", (long long)B,
+                TK_MAX_BATCH);
+        return TOOL_EXIT_USAGE;
+    }
     if (nsa_ck_add(C, TQ, &len)) {
         fprintf(stderr, CMD ": --context %lld + --tq %lld overflows 64 bits\n", (long long)C, (long long)TQ);
         return TOOL_EXIT_USAGE;
@@ -148,6 +154,7 @@ static int run_point(nsa_context *ctx, const bench_decode_opts *o, int64_t B, in
         m->bytes = decode_run_step_bytes(&d, sel);
         m->ran = 1;
     }
+    m->status = s;
     free(sel);
     free(t);
     decode_run_free(&d);
@@ -192,9 +199,10 @@ int bench_decode(nsa_context *ctx, const bench_decode_opts *o)
         printf("%6s %9s %5s %10s %10s %9s %7s %9s %10s %10s %8s\n", "B", "context", "TQ", "step ms", "min ms",
                "GB/s", "%peak", "cmp ms", "dense ms", "dense raw", "speedup");
     }
-    for (int ib = 0; ib < o->nbatch && exit_code != TOOL_EXIT_USAGE; ib++)
-        for (int ic = 0; ic < o->ncontext && exit_code != TOOL_EXIT_USAGE; ic++)
-            for (int iq = 0; iq < o->ntq && exit_code != TOOL_EXIT_USAGE; iq++) {
+    int stop = 0; /* a bad case, or a backend without a decode step: the other points would fail alike */
+    for (int ib = 0; ib < o->nbatch && !stop; ib++)
+        for (int ic = 0; ic < o->ncontext && !stop; ic++)
+            for (int iq = 0; iq < o->ntq && !stop; iq++) {
                 const int64_t B = o->batch[ib], C = o->context[ic], TQ = o->tq[iq];
                 dmeasure m[D_COUNT];
                 memset(m, 0, sizeof m);
@@ -202,8 +210,10 @@ int bench_decode(nsa_context *ctx, const bench_decode_opts *o)
                     if (v != D_FULL && (o->no_dense || !m[D_FULL].ran)) continue;
                     if (run_point(ctx, o, B, C, TQ, v, &m[v]) != 0) {
                         exit_code = TOOL_EXIT_USAGE;
+                        stop = 1;
                         break;
                     }
+                    if (v == D_FULL && m[v].status == NSA_ERR_UNSUPPORTED) stop = 1;
                     if (!m[v].ran && m[v].note[0]) {
                         fprintf(stderr, CMD ": --decode B=%lld context=%lld TQ=%lld %s: %s\n", (long long)B,
                                 (long long)C, (long long)TQ, dname[v], m[v].note);

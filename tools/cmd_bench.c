@@ -90,7 +90,7 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  backend's dense attention and the baselines.\n"
             "--decode: times one decode step (nsa_decode, docs/nsa-semantics.md section 10)\n"
             "  instead, for every --batch B, --context C and --tq TQ of the lists (defaults:\n"
-            "  B 1,8,32, C 8192,32768 on GPUs; B 1, C 128,256 on CPU devices; TQ 1): B\n"
+            "  B 1,4,8, C 8192,32768 on GPUs; B 1, C 128,256 on CPU devices; TQ 1; B <= 8): B\n"
             "  sequences over paged caches (--page-size, --cmp-page-size; page tables\n"
             "  shuffled by --seed) are prefilled to C cached tokens in steps of up to --chunk\n"
             "  (default 256), then the step of TQ new tokens per sequence is run --warmup\n"
