@@ -94,8 +94,9 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  sequences over paged caches (--page-size, --cmp-page-size; page tables\n"
             "  shuffled by --seed) are prefilled to C cached tokens in steps of up to --chunk\n"
             "  (default 256), then the step of TQ new tokens per sequence is run --warmup\n"
-            "  times and timed --iters times (median; each from nsa_decode to the end of\n"
-            "  nsa_decode_check; the step is repeated as it is, cache_seqlens staying C).\n"
+            "  times and timed --iters times (default 2 and 10 on every device; median; each\n"
+            "  from nsa_decode to the end of nsa_decode_check; the step is repeated as it\n"
+            "  is, cache_seqlens staying C).\n"
             "  GB/s: the bytes the step must read, per sequence: the new tokens' q, gates,\n"
             "  k, v; the compressed rows of the context (k and v); per KV head the distinct\n"
             "  cached tokens of its queries' selected blocks (from the step's selection) and\n"
@@ -416,9 +417,9 @@ int cmd_bench(int argc, char **argv)
             Ts[nT] = (int64_t)8192 << nT;
     }
     if (iters < 0)
-        iters = tool_on_cpu(ctx) ? 1 : 10;
+        iters = tool_on_cpu(ctx) && !decode ? 1 : 10; /* a decode step is short, also on cpu */
     if (warmup < 0)
-        warmup = tool_on_cpu(ctx) ? 0 : 2;
+        warmup = tool_on_cpu(ctx) && !decode ? 0 : 2;
 
     if (decode) { /* the sweep's lists; the header describes its first point */
         bench_decode_defaults(&dopt, tool_on_cpu(ctx));

@@ -565,7 +565,7 @@ computed:
             if (prefill < 0) snprintf(pf, sizeof pf, "half its length");
             else snprintf(pf, sizeof pf, "min(%lld, its length) tokens", (long long)prefill);
             printf("decode:  each sequence prefilled to %s in %lld steps of up to %lld tokens (%.4g ms), then "
-                   "%lld decode steps of TQ = %lld tokens (each sequence's last one shorter): median %.4g ms, min "
+                   "%lld decode steps of TQ = %lld tokens (a sequence's last one may be shorter): median %.4g ms, min "
                    "%.4g ms; %lld rows\n",
                    pf, (long long)dst.prefill_steps, (long long)chunk, dst.prefill_s * 1e3,
                    (long long)dst.decode_steps, (long long)decode_tq, dst.step_median_s * 1e3,
