@@ -103,6 +103,17 @@ for v in "--compress linear --decode 3 --prefill 0" "--compress external --decod
   for f in o lse_cmp lse_slc lse_win selected; do cmp -s "$tmp/dv$dvar/$f.npy" "$tmp/fv$dvar/$f.npy" || same=0; done
   if [ $same = 1 ]; then ok "run $v: outputs are the forward's"; else bad "run $v: outputs are the forward's"; fi
 done
+# per-branch k, v files: the window's keys and the selection's values of another seed,
+# so the decode plan gets three caches (each branch its own k or v)
+"$nsa" "${small[@]}" --seed 2 --check-tokens 0 --save-inputs "$tmp/s2" >/dev/null 2>&1
+mkdir -p "$tmp/pbin" && cp "$tmp/s2/k.npy" "$tmp/pbin/k_win.npy" && cp "$tmp/s2/v.npy" "$tmp/pbin/v_slc.npy"
+"$nsa" "${small[@]}" --inputs "$tmp/pbin" --check-tokens 0 --outputs "$tmp/pbf" >/dev/null 2>&1
+expect "run --decode with per-branch k_win, v_slc" 0 "rows bitwise equal .*: PASS" -- \
+  "$nsa" "${small[@]}" --inputs "$tmp/pbin" --decode 3 --page-size 7 --outputs "$tmp/pbd"
+grep -q "read from .*: k_win,v_slc;" "$tmp/out" && same=1 || same=0
+for f in o lse_cmp lse_slc lse_win selected; do cmp -s "$tmp/pbd/$f.npy" "$tmp/pbf/$f.npy" || same=0; done
+cmp -s "$tmp/pbf/o.npy" "$tmp/o4/o.npy" && same=0   # the files changed the problem
+if [ $same = 1 ]; then ok "run --decode per-branch: outputs are the forward's"; else bad "run --decode per-branch: outputs are the forward's"; fi
 expect "run --decode --json says it decoded" 0 '"mode": "decode", "decode": \{"tq": 3, "prefill": 10, "chunk": 4, "page_size": 8, "cmp_page_size": 2, "prefill_steps": 3, "decode_steps": 97, "rows": 300, ' -- \
   "$nsa" "${small[@]}" --decode 3 --prefill 10 --chunk 4 --page-size 8 --cmp-page-size 2 --json
 if python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); v = d["decode"]["vs_forward"]; sys.exit(0 if d["check"]["pass"] and v["pass"] and v["rows_bitwise_equal"] == 300 and d["exit_code"] == 0 else 1)' "$tmp/out"; then
