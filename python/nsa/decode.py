@@ -159,7 +159,8 @@ class DecodePlan:
         packed new tokens (R <= max_total_tokens; fewer rows are padded by a copy). cu_seqlens_q int32 [B + 1],
         cache_seqlens int32 [B] (TK0 of each sequence; not changed: advance it yourself), block_table int32
         [B, max_pages], cmp_block_table int32 [B, max_cmp_pages] (tensors on the device, or lists). k_cache,
-        v_cache (one pair, or tuples of three per branch) and kc_cache, vc_cache: the caches, written in place.
+        v_cache (one pair, or tuples of three per branch) and kc_cache, vc_cache: the caches, written in place
+        (the compressed ones and cmp_block_table may be None or empty when no compressed block fits max_context).
         Returns (o [R, Hq, Dv], [lse_cmp, lse_slc, lse_win] [R, Hq] (None where a branch is off), selected
         [R, Hkv, n] or None), rows past cu_seqlens_q[-1] unspecified."""
         if self._plan is None:
@@ -202,10 +203,11 @@ class DecodePlan:
             a.cu_seqlens_q = w.view(kept(self._ints(cu_seqlens_q, "cu_seqlens_q", 1)), "cu_seqlens_q", 1)
             a.cache_seqlens = w.view(kept(self._ints(cache_seqlens, "cache_seqlens", 1)), "cache_seqlens", 1)
             a.block_table = w.view(kept(self._ints(block_table, "block_table", 2)), "block_table", 2)
-            if kc_cache is not None:
+            empty = lambda t: t is None or (isinstance(t, torch.Tensor) and t.numel() == 0)  # noqa: E731
+            if not empty(kc_cache):  # needed when a max_context sequence has a compressed block
                 a.kc_cache = w.view(self._cache(kc_cache, "kc_cache", dqk), "kc_cache", 3)
                 a.vc_cache = w.view(self._cache(vc_cache, "vc_cache", dv), "vc_cache", 3)
-            if cmp_block_table is not None:
+            if not empty(cmp_block_table):
                 cbt = kept(self._ints(cmp_block_table, "cmp_block_table", 2))
                 a.cmp_block_table = w.view(cbt, "cmp_block_table", 2)
             a.o = w.view(o, "o", 3)

@@ -237,12 +237,16 @@ class TestDecode(unittest.TestCase):
         cbt = torch.randperm(L["num_cmp_pages"], generator=g)[:2 * L["max_cmp_pages"]].view(2, -1).to(torch.int32)
         return bt, cbt
 
-    def test_rows_equal_forward(self):
-        q, k, v, gates = inputs(T=100, seed=51)
+    def decode_all(self, q, k, v, gates, per_branch):
+        """prefill + decode the batch; every step's rows against the forward's, bitwise"""
         o_f, lse_f, sel_f = nsa.forward(q, k, v, gates, cu_seqlens=self.CU, **SMALL)
         plan = self.plan()
         self.assertEqual(plan.stages, "decode_append decode_attn")
         caches = plan.new_caches()
+        kc = vc = None
+        if per_branch:  # a k and a v cache per branch
+            kc = tuple(caches[0].clone() for _ in range(3))
+            vc = tuple(caches[1].clone() for _ in range(3))
         bt, cbt = self.tables(plan, 7)
         lens, done, rng, steps = [37, 63], [0, 0], torch.Generator().manual_seed(3), 0
         prefill = [20, 30]
@@ -256,8 +260,9 @@ class TestDecode(unittest.TestCase):
                 tq.append(min(n, lens[b] - done[b]))
             rows = [t for b in range(2) for t in range(self.CU[b] + done[b], self.CU[b] + done[b] + tq[b])]
             cu = [0, tq[0], tq[0] + tq[1]]
-            o, lse, sel = plan.step(q[rows], k[rows], v[rows], [g[rows] for g in gates], cu, done, bt, caches[0],
-                                    caches[1], caches[2], caches[3], cbt)
+            pick = lambda x: tuple(t[rows] for t in x) if isinstance(x, tuple) else x[rows]  # noqa: E731
+            o, lse, sel = plan.step(q[rows], pick(k), pick(v), [g[rows] for g in gates], cu, done, bt,
+                                    kc or caches[0], vc or caches[1], caches[2], caches[3], cbt)
             self.assertEqual(o.shape[0], len(rows))
             self.assertTrue(torch.equal(o, o_f[rows]), f"step {steps}: o")
             for b in range(3):
@@ -267,9 +272,34 @@ class TestDecode(unittest.TestCase):
             steps += 1
         plan.check()
         self.assertGreater(steps, 10)
-        # the caches hold the keys: sequence 1's position 62 lies in page bt[1][7], slot 6
-        self.assertTrue(torch.equal(caches[0][bt[1][7], 6], k[99]))
+        # each branch's caches hold its keys and values: sequence 1's position 62 lies in page bt[1][7], slot 6
+        for b in range(3):
+            kb, vb = (k[b], v[b]) if per_branch else (k, v)
+            self.assertTrue(torch.equal((kc[b] if per_branch else caches[0])[bt[1][7], 6], kb[99]), f"k_cache {b}")
+            self.assertTrue(torch.equal((vc[b] if per_branch else caches[1])[bt[1][7], 6], vb[99]), f"v_cache {b}")
         plan.close()
+
+    def test_rows_equal_forward(self):
+        q, k, v, gates = inputs(T=100, seed=51)
+        self.decode_all(q, k, v, gates, False)
+
+    def test_per_branch_keys_and_caches(self):
+        q, k, v, gates = inputs(T=100, seed=55)
+        k3 = (k, torch.rand(k.shape, generator=torch.Generator().manual_seed(1)) * 4 - 2, k.flip(0))
+        v3 = (v.flip(0), v, torch.rand(v.shape, generator=torch.Generator().manual_seed(2)) * 2 - 1)
+        self.decode_all(q, k3, v3, gates, True)
+
+    def test_no_compressed_block(self):
+        # max_context below l: no compressed cache at all (None, or the empty tensors new_caches gives)
+        plan = nsa.DecodePlan(4, 2, 16, 8, batch=1, max_step_tokens=4, max_context=6, page_size=4, num_pages=3,
+                              **SMALL)
+        self.assertEqual(plan.limits["max_cmp_pages"], 0)
+        q, k, v, gates = inputs(T=6, seed=57)
+        o_f, _, _ = nsa.forward(q, k, v, gates, **SMALL)
+        kc, vc, kcc, vcc = plan.new_caches()
+        o1, _, _ = plan.step(q[:4], k[:4], v[:4], [g[:4] for g in gates], [0, 4], [0], [[2, 0]], kc, vc, kcc, vcc)
+        o2, _, _ = plan.step(q[4:], k[4:], v[4:], [g[4:] for g in gates], [0, 2], [4], [[2, 0]], kc, vc)
+        self.assertTrue(torch.equal(torch.cat([o1, o2]), o_f))
 
     def test_errors(self):
         with self.assertRaises(nsa.Error) as e:
