@@ -430,9 +430,11 @@ computed:
         print_config_json(stdout, &c);
         printf(", \"tokens\": %lld, \"mode\": \"%s\"", (long long)tk_case_tokens(&c), decode ? "decode" : "forward");
         if (decode) {
-            printf(", \"decode\": {\"tq\": %lld, \"prefill\": %lld, \"chunk\": %lld, \"page_size\": %lld, "
+            printf(", \"decode\": {\"tq\": %lld", (long long)decode_tq);
+            json_field(stdout, "prefill", prefill >= 0 ? (double)prefill : NAN); /* null: half of each sequence */
+            printf(", \"chunk\": %lld, \"page_size\": %lld, "
                    "\"cmp_page_size\": %lld, \"prefill_steps\": %lld, \"decode_steps\": %lld, \"rows\": %lld",
-                   (long long)decode_tq, (long long)prefill, (long long)chunk, (long long)page_size,
+                   (long long)chunk, (long long)page_size,
                    (long long)cmp_page_size, (long long)dst.prefill_steps, (long long)dst.decode_steps,
                    (long long)dst.rows);
             json_field(stdout, "prefill_s", dst.prefill_s);
