@@ -79,6 +79,45 @@ expect "run --backward reads do.npy" 0 "dO from do.npy" -- "$nsa" "${small[@]}" 
 if ! cmp -s "$tmp/b1/dq.npy" "$tmp/b2/dq.npy"; then ok "do.npy was used"; else bad "do.npy was used"; fi
 cp "$tmp/o1/lse_cmp.npy" "$tmp/bin/do.npy"
 expect "run --backward rejects a wrong do.npy shape" nonzero "do.npy: shape" -- "$nsa" "${small[@]}" --backward --inputs "$tmp/bin"
+# --decode: the same problem computed by decode steps (chunked prefill, then TQ tokens a
+# step over shuffled pages): the check passes, and on cpu every output file is bitwise
+# the forward's for the same inputs ($tmp/o2: ${small[@]} with --inputs $tmp/in), also
+# for LINEAR, EXTERNAL, a ragged batch with an empty sequence, bf16 and odd page sizes
+expect "run --decode checks the reference and the forward" 0 "300 of 300 rows bitwise equal .*: PASS" -- \
+  "$nsa" "${small[@]}" --inputs "$tmp/in" --decode 4 --outputs "$tmp/d1"
+for f in o lse_cmp lse_slc lse_win selected; do
+  if cmp -s "$tmp/d1/$f.npy" "$tmp/o2/$f.npy"; then ok "run --decode: $f.npy is the forward's"; else bad "run --decode: $f.npy is the forward's"; fi
+done
+grep -q "^check:   vs testkit fp64 oracle" "$tmp/out" && grep -Eq "^ +PASS \(f32 tolerance" "$tmp/out" &&
+  ok "run --decode: the forward's check ran and passed" || bad "run --decode: the forward's check ran and passed"
+dvar=0
+for v in "--compress linear --decode 3 --prefill 0" "--compress external --decode 5 --prefill 200 --chunk 7" \
+         "--seqlens 100,0,37,163 --decode 2 --page-size 5 --cmp-page-size 3" "--dtype bf16 --decode 16 --chunk 1"; do
+  dvar=$((dvar + 1))
+  # shellcheck disable=SC2086
+  "$nsa" "${small[@]}" $v --check-tokens 0 --outputs "$tmp/dv$dvar" >/dev/null 2>&1
+  # shellcheck disable=SC2086
+  "$nsa" "${small[@]}" $(echo "$v" | sed -E 's/--(decode|prefill|chunk|page-size|cmp-page-size) [0-9]+//g') \
+    --check-tokens 0 --outputs "$tmp/fv$dvar" >/dev/null 2>&1
+  same=1
+  for f in o lse_cmp lse_slc lse_win selected; do cmp -s "$tmp/dv$dvar/$f.npy" "$tmp/fv$dvar/$f.npy" || same=0; done
+  if [ $same = 1 ]; then ok "run $v: outputs are the forward's"; else bad "run $v: outputs are the forward's"; fi
+done
+# per-branch k, v files: the window's keys and the selection's values of another seed,
+# so the decode plan gets three caches (each branch its own k or v)
+"$nsa" "${small[@]}" --seed 2 --check-tokens 0 --save-inputs "$tmp/s2" >/dev/null 2>&1
+mkdir -p "$tmp/pbin" && cp "$tmp/s2/k.npy" "$tmp/pbin/k_win.npy" && cp "$tmp/s2/v.npy" "$tmp/pbin/v_slc.npy"
+"$nsa" "${small[@]}" --inputs "$tmp/pbin" --check-tokens 0 --outputs "$tmp/pbf" >/dev/null 2>&1
+expect "run --decode with per-branch k_win, v_slc" 0 "rows bitwise equal .*: PASS" -- \
+  "$nsa" "${small[@]}" --inputs "$tmp/pbin" --decode 3 --page-size 7 --outputs "$tmp/pbd"
+grep -q "read from .*: k_win,v_slc;" "$tmp/out" && same=1 || same=0
+for f in o lse_cmp lse_slc lse_win selected; do cmp -s "$tmp/pbd/$f.npy" "$tmp/pbf/$f.npy" || same=0; done
+cmp -s "$tmp/pbf/o.npy" "$tmp/o4/o.npy" && same=0   # the files changed the problem
+if [ $same = 1 ]; then ok "run --decode per-branch: outputs are the forward's"; else bad "run --decode per-branch: outputs are the forward's"; fi
+expect "run --decode --json says it decoded" 0 '"mode": "decode", "decode": \{"tq": 3, "prefill": 10, "chunk": 4, "page_size": 8, "cmp_page_size": 2, "prefill_steps": 3, "decode_steps": 97, "rows": 300, ' -- \
+  "$nsa" "${small[@]}" --decode 3 --prefill 10 --chunk 4 --page-size 8 --cmp-page-size 2 --json
+if python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); v = d["decode"]["vs_forward"]; sys.exit(0 if d["check"]["pass"] and v["pass"] and v["rows_bitwise_equal"] == 300 and d["exit_code"] == 0 else 1)' "$tmp/out"; then
+  ok "run --decode --json parses, both checks pass"; else bad "run --decode --json parses, both checks pass"; fi
 expect "parity --backends cpu"      0 "cpu"             -- "$nsa" parity --backends cpu --corpus small --dtypes f32,bf16
 expect "parity --save"              0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --save "$tmp/p.bin"
 expect "parity --compare"           0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --compare "$tmp/p.bin"
@@ -142,6 +181,28 @@ expect_bad "--inputs names a file"                   "not a directory" -- "$nsa"
 expect_bad "--scale 1e-300 is not silently the default" "--scale 1e-300 is not a normal float" -- "$nsa" "${tiny[@]}" --scale 1e-300
 expect_bad "--scale -1e-300"                         "is not a normal float" -- "$nsa" "${tiny[@]}" --scale -1e-300
 expect_bad "--scale 1e300"                           "scale = inf must be finite" -- "$nsa" "${tiny[@]}" --scale 1e300
+# --decode flags and files it cannot serve
+mkdir -p "$tmp/bidx" && "$python" "$craft" npy "$tmp/bidx/block_indices.npy" 300,2,4 '<i4' 9600
+expect_bad "run --decode 0"                          "--decode TQ, --chunk, --page-size and --cmp-page-size must be >= 1" -- "$nsa" "${tiny[@]}" --decode 0
+expect_bad "run --decode 4 --chunk -1"               "must be >= 1, --prefill >= 0" -- "$nsa" "${tiny[@]}" --decode 4 --chunk -1
+expect_bad "run --decode 4 --prefill -3"             "must be >= 1, --prefill >= 0" -- "$nsa" "${tiny[@]}" --decode 4 --prefill -3
+expect_bad "run --page-size without --decode"        "need --decode TQ" -- "$nsa" "${tiny[@]}" --page-size 16
+expect_bad "run --decode --backward"                 "--decode does not take --backward" -- "$nsa" "${tiny[@]}" --decode 2 --backward
+expect_bad "run --decode --iters"                    "--decode does not take --iters or --warmup" -- "$nsa" "${tiny[@]}" --decode 2 --iters 5
+expect_bad "run --decode with block_indices.npy"     "block_indices.npy: a decode step has no block_indices" -- "$nsa" "${small[@]}" --decode 2 --inputs "$tmp/bidx"
+expect_bad "run --decode --page-size 2^62"           "nsa_decode_plan_create: .*lim->page_size = 4611686018427387904" -- "$nsa" "${tiny[@]}" --decode 2 --page-size 4611686018427387904
+expect_bad "run --decode 2^62 --T 2^60: sizes overflow" "would need more than 2\^63 bytes" -- "$nsa" run --backend cpu "${huge[@]}" --decode 4611686018427387904
+expect_bad "bench --batch list without --decode"     "--batch takes one value" -- "$nsa" bench --backend cpu --batch 1,2
+expect_bad "bench --context without --decode"        "need --decode" -- "$nsa" bench --backend cpu --context 64
+expect_bad "bench --decode --T"                      "does not take --T" -- "$nsa" bench --backend cpu --decode --T 64
+expect_bad "bench --decode --tq 0"                   "--tq, --chunk, --page-size, --cmp-page-size >= 1" -- "$nsa" bench --backend cpu --decode --tq 0
+expect_bad "bench --decode --batch 0"                "--batch 1\.\." -- "$nsa" bench --backend cpu --decode --batch 2,0
+if [ -n "$fakectx" ]; then
+  expect_bad "run --decode on a backend without decode names it" "--decode on backend fakeplan: nsa_decode_plan_create: NSA_ERR_UNSUPPORTED: .*backend fakeplan has no decode step" -- \
+    env NSA_BACKEND_PATH="$fakectx" "$nsa" "${tiny[@]:0:1}" --backend fakeplan "${tiny[@]:3}" --decode 4
+  expect_bad "bench --decode on a backend without decode" "backend fakeplan has no decode step" -- \
+    env NSA_BACKEND_PATH="$fakectx" "$nsa" bench --backend fakeplan --decode --hq 4 --hkv 1 --dqk 16 --dv 16 --dtype f32 --context 8
+fi
 # backend lists
 expect_bad "NSA_BACKEND=,,, names the empty names"    "\(empty\): an empty name" -- env NSA_BACKEND=,,, "$nsa" "${tiny[@]:0:1}" "${tiny[@]:3}"
 expect_bad "a 32-character backend name"             "32 characters long; backend names have at most 31" -- "$nsa" run --backend abcdefghijklmnopqrstuvwxyz012345
@@ -179,6 +240,34 @@ expect "bench --baseline of a missing file" 2 "baseline .*No such file" -- \
 head -c 5000 /dev/zero | tr '\0' 'a' > "$tmp/long.jsonl"
 expect "bench --baseline with an endless line" 2 "longer than 4096" -- "$nsa" "${bench[@]}" --baseline "$tmp/long.jsonl"
 expect "bench --plot into a missing folder" 1 "cannot write" -- "$nsa" "${bench[@]}" --plot "$tmp/no/such/dir.svg"
+
+# nsa bench --decode: a B x context x TQ sweep; every point's fields are there and sane
+dbench=(bench --backend cpu --decode --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --dtype f32 --batch 1,3 --context 0,79 --tq 1,4 --iters 2 --page-size 16)
+expect "bench --decode prints a row per point" 0 "^ +3 +79 +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +n/a +[0-9.e-]+ +-?[0-9.e-]+ +[0-9.e-]+ " -- "$nsa" "${dbench[@]}"
+expect "bench --decode --json" 0 '"mode": "decode"' -- "$nsa" "${dbench[@]}" --json --peak-gbps 100
+if python3 - "$tmp/out" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+pts = d["results"]
+assert d["command"] == "bench" and d["mode"] == "decode" and d["exit_code"] == 0 and d["peak_gbps"] == 100, d
+assert sorted((p["batch"], p["context"], p["tq"]) for p in pts) == sorted(
+    (b, c, q) for b in (1, 3) for c in (0, 79) for q in (1, 4)), pts
+for p in pts:
+    f, de, co = p["full"], p["dense"], p["cmp_only"]
+    assert p["ok"] and f["time_s"] > 0 and f["time_min_s"] <= f["time_s"] and f["bytes"] > 0, p
+    assert abs(f["gbps"] - f["bytes"] / f["time_s"] / 1e9) <= 1e-4 * f["gbps"], p  # 6 digits printed
+    assert abs(p["pct_peak_gbps"] - f["gbps"]) <= 1e-4 * f["gbps"], p  # peak 100 GB/s
+    assert abs(p["dense_s"] - (de["time_s"] - co["time_s"])) <= 1e-5 * (de["time_s"] + co["time_s"]), p
+    # Hq 4, Hkv 1, Dqk = Dv = 16, f32, one shared k/v: q + 3 gates + k, v per new token, and
+    # the dense step reads the whole context once: nc(TK) rows and TK tokens of k and v
+    B, TK, TQ = p["batch"], p["context"] + p["tq"], p["tq"]
+    nc = (TK - 32) // 16 + 1 if TK >= 32 else 0
+    want = B * (TQ * (4 * 16 * 4 + 2 * 4 * 4 + 32 * 4) + nc * 32 * 4 + TK * 32 * 4)
+    assert de["bytes"] == want, (p, want)
+    assert f["prefill_steps"] == (1 if p["context"] else 0), p
+PY
+then ok "bench --decode --json: every point, its fields and bytes"; else bad "bench --decode --json: every point, its fields and bytes"; fi
+expect "bench --decode --no-dense" 0 '"dense": null, "cmp_only": null' -- "$nsa" "${dbench[@]}" --json --no-dense --tq 2 --batch 1 --context 40
 
 # With no NSA_BACKEND, an OpenCL backend on a CPU device (PoCL) ranks after the cpu
 # backend (when no GPU backend is available, the default is then cpu)

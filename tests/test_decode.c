@@ -108,17 +108,6 @@ static nsa_tensor view(nsa_buffer *b, int64_t heads, int64_t dim)
     return b ? nsa_tensor_dense(b, 0, heads, dim) : (nsa_tensor){0};
 }
 
-static void shuffle(int32_t *p, int64_t n, uint64_t *s)
-{
-    for (int64_t i = 0; i < n; i++) p[i] = (int32_t)i;
-    for (int64_t i = n - 1; i > 0; i--) {
-        const int64_t j = (int64_t)(tk_splitmix64(s) % (uint64_t)(i + 1));
-        const int32_t t = p[i];
-        p[i] = p[j];
-        p[j] = t;
-    }
-}
-
 /* The plan, the caches and the step buffers of case c; 0 when the backend has no decode step. */
 static int dec_make(dec *d, const tk_case *c, const tk_inputs *in, int64_t ps, int64_t cps, uint64_t seed)
 {
@@ -175,8 +164,8 @@ static int dec_make(dec *d, const tk_case *c, const tk_inputs *in, int64_t ps, i
     d->table = malloc((size_t)(d->B * lim->max_pages) * sizeof *d->table);
     d->ctable = malloc((size_t)(d->B * lim->max_cmp_pages) * sizeof *d->ctable + 4);
     ck_assert(perm && cperm && d->table && d->ctable);
-    shuffle(perm, lim->num_pages, &rs);
-    shuffle(cperm, lim->num_cmp_pages, &rs);
+    tk_shuffle(perm, lim->num_pages, &rs);
+    tk_shuffle(cperm, lim->num_cmp_pages, &rs);
     for (int64_t i = 0; i < d->B * lim->max_pages; i++) d->table[i] = perm[i];
     for (int64_t i = 0; i < d->B * lim->max_cmp_pages; i++) d->ctable[i] = cperm[i];
     free(perm);

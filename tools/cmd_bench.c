@@ -25,8 +25,10 @@
 
 #include "args.h"
 #include "baseline_file.h"
+#include "bench_decode.h"
 #include "cmds.h"
 #include "config_flags.h"
+#include "decode_run.h"
 #include "nsa.h"
 #include "peaks.h"
 #include "plot_svg.h"
@@ -85,7 +87,26 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  GPU, measured in the same session); records for the swept T and this shape are\n"
             "  listed after the table with the speedup over each.\n"
             "--plot FILE.svg: a figure of time and speedup against T for this run, the\n"
-            "  backend's dense attention and the baselines.\n\n"
+            "  backend's dense attention and the baselines.\n"
+            "--decode: times one decode step (nsa_decode, docs/nsa-semantics.md section 10)\n"
+            "  instead, for every --batch B, --context C and --tq TQ of the lists (defaults:\n"
+            "  B 1,4,8, C 8192,32768 on GPUs; B 1, C 128,256 on CPU devices; TQ 1; B <= 8): B\n"
+            "  sequences over paged caches (--page-size, --cmp-page-size; page tables\n"
+            "  shuffled by --seed) are prefilled to C cached tokens in steps of up to --chunk\n"
+            "  (default 256), then the step of TQ new tokens per sequence is run --warmup\n"
+            "  times and timed --iters times (default 2 and 10 on every device; median; each\n"
+            "  from nsa_decode to the end of nsa_decode_check; the step is repeated as it\n"
+            "  is, cache_seqlens staying C).\n"
+            "  GB/s: the bytes the step must read, per sequence: the new tokens' q, gates,\n"
+            "  k, v; the compressed rows of the context (k and v); per KV head the distinct\n"
+            "  cached tokens of its queries' selected blocks (from the step's selection) and\n"
+            "  windows; %%peak against --peak-gbps or the table above. Dense decode by the\n"
+            "  same backend: the step with n = 0, w = C + TQ (the window branch is then\n"
+            "  causal attention over the whole context); the compression branch cannot be\n"
+            "  switched off, so the step with n = 0, w = 0 is timed too (cmp ms) and dense =\n"
+            "  t(n=0, w=C+TQ) - t(cmp only), the raw time printed beside it; speedup = dense /\n"
+            "  step. --no-dense skips both. Not with --T, --backward, --no-stages,\n"
+            "  --baseline or --plot.\n\n"
             "%s\nflags:\n",
             config_flags_help);
     args_print_options(f, opts, n);
@@ -233,15 +254,52 @@ static void print_ms(int width, double seconds)
         printf(" %*.4g", width, seconds * 1e3);
 }
 
+/* The head of the report: the JSON object's first fields (left open), or the
+ * lines backend, config (the first case of the sweep; swept: what varies) and peak. */
+static void print_head(int json, nsa_context *ctx, const tk_case *c0, const char *swept, int64_t iters,
+                       int64_t warmup, double peak_tflops, double peak_gbps, const char *peak_src)
+{
+    if (json) {
+        printf("{\"command\": \"bench\", \"version\": ");
+        json_str(stdout, nsa_version_string());
+        printf(", \"backend\": ");
+        json_str(stdout, nsa_context_backend(ctx));
+        printf(", \"device\": ");
+        json_str(stdout, nsa_context_device(ctx));
+        printf(", \"iters\": %lld, \"warmup\": %lld", (long long)iters, (long long)warmup);
+        json_field(stdout, "peak_tflops", peak_tflops > 0 ? peak_tflops : NAN);
+        json_field(stdout, "peak_gbps", peak_gbps > 0 ? peak_gbps : NAN);
+        printf(", \"peak_table_entry\": ");
+        if (peak_src)
+            json_str(stdout, peak_src);
+        else
+            printf("null");
+        return;
+    }
+    char desc[512];
+    printf("backend: %s, device: %s (libnsa %s); median of %lld after %lld warm-up\n", nsa_context_backend(ctx),
+           nsa_context_device(ctx), nsa_version_string(), (long long)iters, (long long)warmup);
+    printf("config:  %s (%s)\n", tk_case_describe(c0, desc, sizeof desc), swept);
+    if (peak_tflops > 0 || peak_gbps > 0)
+        printf("peak:    %.4g TFLOP/s, %.4g GB/s (%s)\n", peak_tflops, peak_gbps,
+               peak_src ? "published dense figures for this GPU, tools/peaks.c; --peak-* override"
+                        : "--peak-tflops / --peak-gbps");
+    else
+        printf("peak:    unknown for this device (--peak-tflops / --peak-gbps give %%peak)\n");
+}
+
 int cmd_bench(int argc, char **argv)
 {
     config_flags cf;
     const char *backend = NULL, *T_arg = NULL;
     int64_t device = -1, iters = -1, warmup = -1, batch = 1;
+    const char *batch_arg = NULL, *context_arg = NULL, *tq_arg = NULL;
+    int decode = 0;
+    int64_t chunk = 256, page_size = DECODE_RUN_PAGE_SIZE, cmp_page_size = DECODE_RUN_CMP_PAGE_SIZE;
     double peak_tflops = 0, peak_gbps = 0;
     int json = 0, no_stages = 0, no_dense = 0, backward = 0;
     const char *plot_path = NULL, *baseline_path = NULL;
-    args_opt opts[CONFIG_FLAGS_COUNT + 17];
+    args_opt opts[CONFIG_FLAGS_COUNT + 23];
     int nopts, rc, nT, exit_code = TOOL_EXIT_OK;
     int64_t Ts[MAX_T];
     nsa_context *ctx = NULL;
@@ -252,7 +310,7 @@ int cmd_bench(int argc, char **argv)
     nopts = config_flags_options(&cf, opts, 0);
 #define OPT(name, kind, dest, mv, help) opts[nopts++] = (args_opt){name, kind, dest, NULL, mv, help, 0}
     OPT("--T", ARGS_STRING, &T_arg, "N,N,..", "tokens per sequence to sweep (default: sized for the backend)");
-    OPT("--batch", ARGS_INT64, &batch, "B", "sequences of T tokens each (1)");
+    OPT("--batch", ARGS_STRING, &batch_arg, "B[,B..]", "sequences of T tokens each (1); --decode: a list to sweep");
     OPT("--backend", ARGS_STRING, &backend, "NAME", "backend (default: NSA_BACKEND, else the best available)");
     OPT("--device", ARGS_INT64, &device, "N", "device index (default: NSA_DEVICE, else 0)");
     OPT("--iters", ARGS_INT64, &iters, "N", "timed iterations (default 10; 1 on cpu)");
@@ -265,6 +323,12 @@ int cmd_bench(int argc, char **argv)
     OPT("--json", ARGS_FLAG, &json, NULL, "print one JSON object");
     OPT("--baseline", ARGS_STRING, &baseline_path, "FILE", "other implementations' times (JSON lines) to compare with");
     OPT("--plot", ARGS_STRING, &plot_path, "FILE.svg", "draw time and speedup against T into an SVG file");
+    OPT("--decode", ARGS_FLAG, &decode, NULL, "time a decode step instead (see above)");
+    OPT("--context", ARGS_STRING, &context_arg, "C,C,..", "--decode: cached tokens per sequence to sweep");
+    OPT("--tq", ARGS_STRING, &tq_arg, "TQ,TQ,..", "--decode: new tokens per sequence and step to sweep (1)");
+    OPT("--chunk", ARGS_INT64, &chunk, "N", "--decode: prefill step size (256)");
+    OPT("--page-size", ARGS_INT64, &page_size, "N", "--decode: positions per page of the K/V caches (64)");
+    OPT("--cmp-page-size", ARGS_INT64, &cmp_page_size, "N", "--decode: rows per page of the compressed cache (16)");
 #undef OPT
     rc = args_parse(CMD, opts, nopts, argc, argv, 1);
     if (rc == ARGS_HELP) {
@@ -273,11 +337,49 @@ int cmd_bench(int argc, char **argv)
     }
     if (rc != ARGS_OK)
         return TOOL_EXIT_USAGE;
+    bench_decode_opts dopt;
+    memset(&dopt, 0, sizeof dopt);
+    if (batch_arg) {
+        int nb = args_parse_i64_list(CMD, "--batch", batch_arg, dopt.batch, BENCH_DECODE_MAX_LIST);
+        if (nb < 0)
+            return TOOL_EXIT_USAGE;
+        if (nb != 1 && !decode) {
+            fprintf(stderr, CMD ": --batch takes one value (a list with --decode)\n");
+            return TOOL_EXIT_USAGE;
+        }
+        dopt.nbatch = nb;
+        batch = dopt.batch[0];
+        for (int i = 0; i < nb; i++)
+            if (dopt.batch[i] < 1 || dopt.batch[i] > TK_MAX_BATCH) batch = 0; /* refused below */
+    }
     if (device < -1 || iters == 0 || iters < -1 || warmup < -1 || batch < 1 ||
         batch > TK_MAX_BATCH || peak_tflops < 0 || peak_gbps < 0) {
         fprintf(stderr, CMD ": bad value: need --iters >= 1, --warmup >= 0, --batch 1..%d, "
                         "peaks >= 0\n", TK_MAX_BATCH);
         return TOOL_EXIT_USAGE;
+    }
+    if (!decode && (context_arg || tq_arg || args_seen(opts, nopts, "--chunk") ||
+                    args_seen(opts, nopts, "--page-size") || args_seen(opts, nopts, "--cmp-page-size"))) {
+        fprintf(stderr, CMD ": --context, --tq, --chunk, --page-size and --cmp-page-size need --decode\n");
+        return TOOL_EXIT_USAGE;
+    }
+    if (decode && (T_arg || backward || no_stages || baseline_path || plot_path)) {
+        fprintf(stderr, CMD ": --decode sweeps --batch, --context and --tq; it does not take --T, --backward, "
+                        "--no-stages, --baseline or --plot\n");
+        return TOOL_EXIT_USAGE;
+    }
+    if (decode) {
+        if ((context_arg && (dopt.ncontext = args_parse_i64_list(CMD, "--context", context_arg, dopt.context,
+                                                                 BENCH_DECODE_MAX_LIST)) < 0) ||
+            (tq_arg && (dopt.ntq = args_parse_i64_list(CMD, "--tq", tq_arg, dopt.tq, BENCH_DECODE_MAX_LIST)) < 0))
+            return TOOL_EXIT_USAGE;
+        int bad = chunk < 1 || page_size < 1 || cmp_page_size < 1;
+        for (int i = 0; i < dopt.ncontext; i++) bad |= dopt.context[i] < 0;
+        for (int i = 0; i < dopt.ntq; i++) bad |= dopt.tq[i] < 1;
+        if (bad) {
+            fprintf(stderr, CMD ": --decode needs --context >= 0, --tq, --chunk, --page-size, --cmp-page-size >= 1\n");
+            return TOOL_EXIT_USAGE;
+        }
     }
 
     static baseline_rec recs[BASELINE_MAX];
@@ -315,10 +417,15 @@ int cmd_bench(int argc, char **argv)
             Ts[nT] = (int64_t)8192 << nT;
     }
     if (iters < 0)
-        iters = tool_on_cpu(ctx) ? 1 : 10;
+        iters = tool_on_cpu(ctx) && !decode ? 1 : 10; /* a decode step is short, also on cpu */
     if (warmup < 0)
-        warmup = tool_on_cpu(ctx) ? 0 : 2;
+        warmup = tool_on_cpu(ctx) && !decode ? 0 : 2;
 
+    if (decode) { /* the sweep's lists; the header describes its first point */
+        bench_decode_defaults(&dopt, tool_on_cpu(ctx));
+        batch = dopt.batch[0];
+        if (dopt.context[0] <= INT64_MAX - dopt.tq[0]) Ts[0] = dopt.context[0] + dopt.tq[0];
+    }
     /* the first case of the sweep: its dtype picks the peak, the header describes it */
     tk_case c0;
     {
@@ -343,27 +450,28 @@ int cmd_bench(int argc, char **argv)
         }
     }
 
+    if (decode) {
+        dopt.cf = &cf;
+        dopt.chunk = chunk;
+        dopt.page_size = page_size;
+        dopt.cmp_page_size = cmp_page_size;
+        dopt.warmup = (int)warmup;
+        dopt.iters = (int)iters;
+        dopt.no_dense = no_dense;
+        dopt.json = json;
+        dopt.peak_gbps = peak_gbps;
+        print_head(json, ctx, &c0, "B, context + TQ swept", iters, warmup, peak_tflops, peak_gbps, peak_src);
+        exit_code = bench_decode(ctx, &dopt);
+        nsa_context_destroy(ctx);
+        return exit_code;
+    }
+
     first_log flog;
     char ferr[512] = "";
     const double first_s = first_plan(ctx, &c0, &flog, ferr, sizeof ferr); /* < 0: failed (the sweep says why) */
 
+    print_head(json, ctx, &c0, "T swept", iters, warmup, peak_tflops, peak_gbps, peak_src);
     if (json) {
-        printf("{\"command\": \"bench\", \"version\": ");
-        json_str(stdout, nsa_version_string());
-        printf(", \"backend\": ");
-        json_str(stdout, bname);
-        printf(", \"device\": ");
-        json_str(stdout, nsa_context_device(ctx));
-        printf(", \"iters\": %lld, \"warmup\": %lld, \"peak_tflops\": ", (long long)iters,
-               (long long)warmup);
-        json_num(stdout, peak_tflops > 0 ? peak_tflops : NAN);
-        printf(", \"peak_gbps\": ");
-        json_num(stdout, peak_gbps > 0 ? peak_gbps : NAN);
-        printf(", \"peak_table_entry\": ");
-        if (peak_src)
-            json_str(stdout, peak_src);
-        else
-            printf("null");
         printf(", \"first_plan_s\": ");
         json_num(stdout, first_s >= 0 ? first_s : NAN);
         printf(", \"first_plan_log\": [");
@@ -374,16 +482,6 @@ int cmd_bench(int argc, char **argv)
         printf("]");
         printf(", \"results\": [");
     } else {
-        char desc[512];
-        printf("backend: %s, device: %s (libnsa %s); median of %lld after %lld warm-up\n", bname,
-               nsa_context_device(ctx), nsa_version_string(), (long long)iters, (long long)warmup);
-        printf("config:  %s (T swept)\n", tk_case_describe(&c0, desc, sizeof desc));
-        if (peak_tflops > 0 || peak_gbps > 0)
-            printf("peak:    %.4g TFLOP/s, %.4g GB/s (%s)\n", peak_tflops, peak_gbps,
-                   peak_src ? "published dense figures for this GPU, tools/peaks.c; --peak-* override"
-                            : "--peak-tflops / --peak-gbps");
-        else
-            printf("peak:    unknown for this device (--peak-tflops / --peak-gbps give %%peak)\n");
         if (first_s >= 0)
             printf("first:   plan %.1f ms (run-time kernel builds or cache loads happen in the first plan of a "
                    "context; not in the times below)\n", first_s * 1e3);

@@ -10,6 +10,7 @@
 #include "args.h"
 #include "cmds.h"
 #include "config_flags.h"
+#include "decode_run.h"
 #include "nsa.h"
 #include "problem.h"
 #include "run_backward.h"
@@ -27,6 +28,8 @@
 #define RUN_T_GPU 8192
 /* fp64 FLOPs the check may spend per reference implementation by default. */
 #define RUN_CHECK_BUDGET 4e9
+/* --decode: prefill chunk when --chunk is not given */
+#define RUN_DECODE_CHUNK 64
 
 static void usage(FILE *f, const args_opt *opts, int n)
 {
@@ -83,9 +86,28 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  from the seed.\n"
             "  Its check compares every gradient of the whole problem (no causal prefix\n"
             "  exists for gradients) with the cpu backend, or on cpu with the tests' fp64\n"
-            "  gradient reference, when that fits the --check-gflop budget.\n\n"
+            "  gradient reference, when that fits the --check-gflop budget.\n"
+            "--decode TQ computes the same problem with a decode plan (nsa_decode_plan_create,\n"
+            "  nsa_decode; docs/nsa-semantics.md section 10) instead of nsa_forward: the\n"
+            "  caches are paged (--page-size positions, --cmp-page-size compressed rows per\n"
+            "  page) and the page tables shuffled by --seed; each sequence is prefilled to its\n"
+            "  first --prefill P tokens (default: half its length) in steps of up to --chunk\n"
+            "  tokens (default %d), then decoded TQ tokens a step, every sequence of the\n"
+            "  batch in each step, until it is complete (EXTERNAL: the tool writes the\n"
+            "  compressed rows a step\n"
+            "  completes before it, as a caller must). The rows are assembled into o, the\n"
+            "  LSEs and selected, which --outputs writes as above and the check judges as\n"
+            "  above. Time: each step timed once (nsa_decode to the end of nsa_decode_check);\n"
+            "  reported: the prefill steps' sum, the median and fastest decode step, and the\n"
+            "  sum of all steps (used for TFLOP/s; --iters and --warmup do not apply; nsa\n"
+            "  bench --decode times a step repeatedly). The check also runs the same\n"
+            "  backend's nsa_forward of the whole problem and compares every row: on cpu they\n"
+            "  must be bitwise equal (exit 1 otherwise), elsewhere the differing rows and the\n"
+            "  largest difference are reported. Not with --backward or block_indices.npy (a\n"
+            "  decode step selects its blocks itself). A backend without a decode step is an\n"
+            "  error that names it.\n\n"
             "%s\nflags:\n",
-            RUN_T_CPU, RUN_T_GPU, RUN_CHECK_BUDGET, config_flags_help);
+            RUN_T_CPU, RUN_T_GPU, RUN_CHECK_BUDGET, RUN_DECODE_CHUNK, config_flags_help);
     args_print_options(f, opts, n);
 }
 
@@ -109,6 +131,60 @@ static void print_config_json(FILE *f, const tk_case *c)
     fprintf(f, "]}");
 }
 
+/* --decode: the decode rows against the same backend's nsa_forward of the whole problem */
+typedef struct decode_cmp {
+    int done, bitwise_required, pass;
+    int64_t rows, rows_equal;  /* tokens whose o, LSE and selected rows are bitwise the forward's */
+    int64_t first_differ;      /* first such token that is not, or -1 */
+    double max_o_diff;         /* max |o - forward's o| */
+    double seconds;            /* the forward's setup, call and read-back */
+} decode_cmp;
+
+/* Returns 0, or 1 when the forward could not run (message printed) or, on cpu,
+ * when a row differs (the decode step is bitwise the cpu forward's there). */
+static int decode_vs_forward(nsa_context *ctx, const char *bname, const tk_case *c, const tk_inputs *in,
+                             const tk_output *got, decode_cmp *r)
+{
+    problem fp;
+    tk_output f;
+    char err[TOOL_ERR_MAX];
+    const nsa_config *g = &c->cfg;
+    const int64_t T = tk_case_tokens(c), W = g->num_q_heads * g->head_dim_v, Hq = g->num_q_heads;
+    const int64_t S = g->num_kv_heads * g->num_selected;
+    const size_t es = nsa_dtype_size(g->dtype);
+    const double t0 = tool_now();
+    nsa_status s = problem_setup(ctx, c, in, NULL, &fp, err, sizeof err);
+    if (s == NSA_SUCCESS) s = problem_forward(&fp, err, sizeof err);
+    if (s == NSA_SUCCESS) s = problem_download(&fp, &f, err, sizeof err);
+    problem_free(&fp);
+    if (s != NSA_SUCCESS) {
+        fprintf(stderr, CMD ": --decode check: the forward on %s: %s\n", bname, err);
+        return 1;
+    }
+    r->seconds = tool_now() - t0;
+    r->done = 1;
+    r->rows = T;
+    r->first_differ = -1;
+    r->bitwise_required = strcmp(bname, "cpu") == 0;
+    for (int64_t t = 0; t < T; t++) {
+        int same = memcmp((const char *)got->o_raw + (size_t)(t * W) * es, (const char *)f.o_raw + (size_t)(t * W) * es,
+                          (size_t)W * es) == 0;
+        for (int64_t e = 0; e < W; e++) {
+            const double dlt = fabs(got->o_d[t * W + e] - f.o_d[t * W + e]);
+            if (!(dlt <= r->max_o_diff)) r->max_o_diff = dlt; /* NaN sticks */
+        }
+        for (int b = 0; b < 3; b++)
+            if (f.lse_d[b])
+                same &= got->lse_d[b] && memcmp(got->lse_d[b] + t * Hq, f.lse_d[b] + t * Hq, (size_t)Hq * 8) == 0;
+        if (S > 0 && f.sel) same &= got->sel && memcmp(got->sel + t * S, f.sel + t * S, (size_t)S * 4) == 0;
+        r->rows_equal += same;
+        if (!same && r->first_differ < 0) r->first_differ = t;
+    }
+    problem_output_free(&f);
+    r->pass = !r->bitwise_required || r->rows_equal == r->rows;
+    return r->pass ? 0 : 1;
+}
+
 int cmd_run(int argc, char **argv)
 {
     config_flags cf;
@@ -117,7 +193,12 @@ int cmd_run(int argc, char **argv)
     double check_gflop = RUN_CHECK_BUDGET / 1e9;
     int json = 0, backward = 0;
     run_bwd bw;
-    args_opt opts[CONFIG_FLAGS_COUNT + 13];
+    args_opt opts[CONFIG_FLAGS_COUNT + 18];
+    int64_t decode_tq = 0, prefill = -1, chunk = RUN_DECODE_CHUNK, page_size = DECODE_RUN_PAGE_SIZE,
+            cmp_page_size = DECODE_RUN_CMP_PAGE_SIZE;
+    decode_run dr;
+    decode_stats dst;
+    decode_cmp dcmp;
     int nopts, rc;
     nsa_context *ctx = NULL;
     nsa_status s;
@@ -127,6 +208,8 @@ int cmd_run(int argc, char **argv)
     tk_case c;
     tk_inputs in;
     problem p;
+    nsa_plan_info pinfo;
+    nsa_decode_limits dr_lim = {0};
     static char kernels_text[TOOL_KERNELS_MAX];
     tk_output out;
     run_check chk;
@@ -149,6 +232,11 @@ int cmd_run(int argc, char **argv)
     OPT("--save-inputs", ARGS_STRING, &save_inputs_dir, "DIR", "write the inputs used as .npy into DIR (for --inputs)");
     OPT("--backward", ARGS_FLAG, &backward, NULL, "also run the backward pass (see above)");
     OPT("--json", ARGS_FLAG, &json, NULL, "print one JSON object");
+    OPT("--decode", ARGS_INT64, &decode_tq, "TQ", "compute the problem by decode steps of TQ tokens (see above)");
+    OPT("--prefill", ARGS_INT64, &prefill, "P", "--decode: tokens of each sequence prefilled first (default: half)");
+    OPT("--chunk", ARGS_INT64, &chunk, "N", "--decode: prefill step size (default 64)");
+    OPT("--page-size", ARGS_INT64, &page_size, "N", "--decode: positions per page of the K/V caches (default 64)");
+    OPT("--cmp-page-size", ARGS_INT64, &cmp_page_size, "N", "--decode: rows per page of the compressed cache (16)");
 #undef OPT
     rc = args_parse(CMD, opts, nopts, argc, argv, 1);
     if (rc == ARGS_HELP) {
@@ -163,6 +251,22 @@ int cmd_run(int argc, char **argv)
                         "(--iters >= 1, --warmup >= 0, --check-gflop > 0)\n");
         return TOOL_EXIT_USAGE;
     }
+    const int decode = args_seen(opts, nopts, "--decode");
+    if (!decode && (args_seen(opts, nopts, "--prefill") || args_seen(opts, nopts, "--chunk") ||
+                    args_seen(opts, nopts, "--page-size") || args_seen(opts, nopts, "--cmp-page-size"))) {
+        fprintf(stderr, CMD ": --prefill, --chunk, --page-size and --cmp-page-size need --decode TQ\n");
+        return TOOL_EXIT_USAGE;
+    }
+    if (decode && (decode_tq < 1 || (args_seen(opts, nopts, "--prefill") && prefill < 0) || chunk < 1 ||
+                   page_size < 1 || cmp_page_size < 1)) {
+        fprintf(stderr, CMD ": --decode TQ, --chunk, --page-size and --cmp-page-size must be >= 1, --prefill >= 0\n");
+        return TOOL_EXIT_USAGE;
+    }
+    if (decode && (backward || args_seen(opts, nopts, "--iters") || args_seen(opts, nopts, "--warmup"))) {
+        fprintf(stderr, CMD ": --decode does not take %s (each step runs once; nsa bench --decode times steps)\n",
+                backward ? "--backward" : "--iters or --warmup");
+        return TOOL_EXIT_USAGE;
+    }
 
     s = nsa_context_create(backend, (int)device, &ctx);
     if (s != NSA_SUCCESS)
@@ -172,9 +276,9 @@ int cmd_run(int argc, char **argv)
      * OpenCL CPU device such as PoCL) gets the small one */
     const int on_cpu = tool_on_cpu(ctx);
     if (iters < 0)
-        iters = on_cpu ? 1 : 20;
+        iters = on_cpu || decode ? 1 : 20;
     if (warmup < 0)
-        warmup = on_cpu ? 0 : 3;
+        warmup = on_cpu || decode ? 0 : 3;
 
     /* shapes: explicit flags, else the input files, else the defaults */
     if (inputs_dir) {
@@ -229,6 +333,36 @@ int cmd_run(int argc, char **argv)
         nsa_context_destroy(ctx);
         return TOOL_EXIT_FAIL;
     }
+    memset(&p, 0, sizeof p);
+    memset(&out, 0, sizeof out);
+    memset(&dr, 0, sizeof dr);
+    memset(&dst, 0, sizeof dst);
+    memset(&dcmp, 0, sizeof dcmp);
+    if (decode) {
+        /* the plan holds a step of the longest of --chunk and TQ, no longer than a sequence */
+        int64_t longest = 1, most = chunk > decode_tq ? chunk : decode_tq;
+        for (int64_t b = 0; b < c.batch; b++)
+            if (c.cu_seqlens[b + 1] - c.cu_seqlens[b] > longest) longest = c.cu_seqlens[b + 1] - c.cu_seqlens[b];
+        s = decode_run_setup(ctx, &c, &in, most < longest ? most : longest, page_size, cmp_page_size,
+                             (uint64_t)cf.seed, &dr, err, sizeof err);
+        if (s == NSA_SUCCESS)
+            s = decode_run_all(&dr, prefill, chunk < longest ? chunk : longest, decode_tq < longest ? decode_tq : longest,
+                               CMD " --decode", &out, &dst, err, sizeof err);
+        if (s != NSA_SUCCESS) {
+            fprintf(stderr, CMD ": --decode on backend %s: %s\n", bname, err);
+            problem_output_free(&out);
+            decode_run_free(&dr);
+            tk_inputs_free(&in);
+            nsa_context_destroy(ctx);
+            return TOOL_EXIT_FAIL;
+        }
+        median = fastest = dst.prefill_s + dst.decode_s;
+        pinfo = dr.info;
+        dr_lim = dr.lim;
+        tool_format_kernels(kernels_text, sizeof kernels_text, dr.plan, json);
+        decode_run_free(&dr);
+        goto computed;
+    }
     s = problem_setup(ctx, &c, &in, c.fixed_indices ? in.given : NULL, &p, err, sizeof err);
     if (s != NSA_SUCCESS) {
         fprintf(stderr, CMD ": %s\n", err);
@@ -246,6 +380,8 @@ int cmd_run(int argc, char **argv)
         nsa_context_destroy(ctx);
         return TOOL_EXIT_FAIL;
     }
+    pinfo = p.info;
+computed:
     if (outputs_dir && run_outputs_write(CMD, outputs_dir, &c, &out) != 0)
         exit_code = TOOL_EXIT_FAIL;
 
@@ -260,13 +396,16 @@ int cmd_run(int argc, char **argv)
             exit_code = rc;
         else if (chk.done && !chk.v.pass)
             exit_code = TOOL_EXIT_FAIL;
+        if (decode && decode_vs_forward(ctx, bname, &c, &in, &out, &dcmp) != 0)
+            exit_code = TOOL_EXIT_FAIL;
     } else {
         snprintf(chk.note, sizeof chk.note, "not checked (--check-tokens 0)");
     }
     /* the forward's plan, workspace and device inputs go before the training
      * plan is made (at T = 524288 the two do not fit on one GPU together); what
      * the report needs of them is kept */
-    tool_format_kernels(kernels_text, sizeof kernels_text, p.plan, json);
+    if (!decode)
+        tool_format_kernels(kernels_text, sizeof kernels_text, p.plan, json);
     problem_free(&p);
     memset(&bw, 0, sizeof bw);
     if (backward) {
@@ -289,17 +428,44 @@ int cmd_run(int argc, char **argv)
         json_str(stdout, nsa_context_device(ctx));
         printf(", \"config\": ");
         print_config_json(stdout, &c);
-        printf(", \"tokens\": %lld, \"inputs\": {\"read\": ", (long long)p.tokens);
+        printf(", \"tokens\": %lld, \"mode\": \"%s\"", (long long)tk_case_tokens(&c), decode ? "decode" : "forward");
+        if (decode) {
+            printf(", \"decode\": {\"tq\": %lld", (long long)decode_tq);
+            json_field(stdout, "prefill", prefill >= 0 ? (double)prefill : NAN); /* null: half of each sequence */
+            printf(", \"chunk\": %lld, \"page_size\": %lld, "
+                   "\"cmp_page_size\": %lld, \"prefill_steps\": %lld, \"decode_steps\": %lld, \"rows\": %lld",
+                   (long long)chunk, (long long)page_size,
+                   (long long)cmp_page_size, (long long)dst.prefill_steps, (long long)dst.decode_steps,
+                   (long long)dst.rows);
+            json_field(stdout, "prefill_s", dst.prefill_s);
+            json_field(stdout, "decode_s", dst.decode_s);
+            json_field(stdout, "step_median_s", dst.step_median_s);
+            json_field(stdout, "step_min_s", dst.step_min_s);
+            printf(", \"vs_forward\": ");
+            if (dcmp.done) {
+                printf("{\"rows\": %lld, \"rows_bitwise_equal\": %lld, \"first_differing_row\": %lld",
+                       (long long)dcmp.rows, (long long)dcmp.rows_equal, (long long)dcmp.first_differ);
+                json_field(stdout, "max_o_diff", dcmp.max_o_diff);
+                printf(", \"bitwise_required\": %s, \"pass\": %s", dcmp.bitwise_required ? "true" : "false",
+                       dcmp.pass ? "true" : "false");
+                json_field(stdout, "seconds", dcmp.seconds);
+                printf("}");
+            } else {
+                printf("null");
+            }
+            printf("}");
+        }
+        printf(", \"inputs\": {\"read\": ");
         json_str(stdout, read_list);
         printf(", \"generated\": ");
         json_str(stdout, inputs_dir ? gen_list : "all");
         printf("}, \"plan\": {\"stages\": ");
-        json_str(stdout, p.info.stages);
+        json_str(stdout, pinfo.stages);
         printf(", \"num_stages\": %d, \"workspace_bytes\": %llu, \"backend_bytes\": %llu, \"total_cmp_blocks\": %lld, "
                "\"max_slc_blocks\": %lld}, ",
-               p.info.num_stages, (unsigned long long)p.info.workspace_bytes,
-               (unsigned long long)p.info.backend_bytes, (long long)p.info.total_cmp_blocks,
-               (long long)p.info.max_slc_blocks);
+               pinfo.num_stages, (unsigned long long)pinfo.workspace_bytes,
+               (unsigned long long)pinfo.backend_bytes, (long long)pinfo.total_cmp_blocks,
+               (long long)pinfo.max_slc_blocks);
         printf("\"kernels\": ");
         fputs(kernels_text, stdout);
         printf(", \"time_s\": ");
@@ -380,14 +546,35 @@ int cmd_run(int argc, char **argv)
         else
             printf("inputs:  drawn from seed %lld (portable generator)\n", (long long)cf.seed);
         char b2[32];
+        if (decode)
+            printf("plan:    decode plan, %d stages (%s), workspace %s, plan memory %s; caches of %lld pages x %lld "
+                   "positions, compressed %lld pages x %lld rows, tables shuffled by seed %lld\n",
+                   pinfo.num_stages, pinfo.stages, tool_bytes((double)pinfo.workspace_bytes, b1, sizeof b1),
+                   tool_bytes((double)pinfo.backend_bytes, b2, sizeof b2), (long long)dr_lim.num_pages,
+                   (long long)dr_lim.page_size, (long long)dr_lim.num_cmp_pages, (long long)dr_lim.cmp_page_size,
+                   (long long)cf.seed);
+        else
         printf("plan:    %d stages (%s), workspace %s, plan memory %s, %lld compressed blocks, max %lld "
                "selection blocks per sequence\n",
-               p.info.num_stages, p.info.stages,
-               tool_bytes((double)p.info.workspace_bytes, b1, sizeof b1),
-               tool_bytes((double)p.info.backend_bytes, b2, sizeof b2),
-               (long long)p.info.total_cmp_blocks, (long long)p.info.max_slc_blocks);
+               pinfo.num_stages, pinfo.stages,
+               tool_bytes((double)pinfo.workspace_bytes, b1, sizeof b1),
+               tool_bytes((double)pinfo.backend_bytes, b2, sizeof b2),
+               (long long)pinfo.total_cmp_blocks, (long long)pinfo.max_slc_blocks);
         printf("kernels:\n");
         fputs(kernels_text, stdout);
+        if (decode) {
+            char pf[64];
+            if (prefill < 0) snprintf(pf, sizeof pf, "half its length");
+            else snprintf(pf, sizeof pf, "min(%lld, its length) tokens", (long long)prefill);
+            printf("decode:  each sequence prefilled to %s in %lld steps of up to %lld tokens (%.4g ms), then "
+                   "%lld decode steps of TQ = %lld tokens (a sequence's last one may be shorter): median %.4g ms, min "
+                   "%.4g ms; %lld rows\n",
+                   pf, (long long)dst.prefill_steps, (long long)chunk, dst.prefill_s * 1e3,
+                   (long long)dst.decode_steps, (long long)decode_tq, dst.step_median_s * 1e3,
+                   dst.step_min_s * 1e3, (long long)dst.rows);
+            printf("time:    %.4g ms, all steps (each timed once, nsa_decode to nsa_decode_check); wall clock\n",
+                   median * 1e3);
+        } else
         printf("time:    %.4g ms median of %lld (min %.4g ms) after %lld warm-up; wall clock, "
                "synchronized\n",
                median * 1e3, (long long)iters, fastest * 1e3, (long long)warmup);
@@ -423,6 +610,17 @@ int cmd_run(int argc, char **argv)
         }
         if (chk.note[0])
             printf("%s %s\n", chk.done ? "note:   " : "check:  ", chk.note);
+        if (dcmp.done) {
+            printf("decode:  vs %s nsa_forward of the whole problem (%.2f s): %lld of %lld rows bitwise equal (o, "
+                   "LSEs, selected); max |o diff| = %.3g",
+                   bname, dcmp.seconds, (long long)dcmp.rows_equal, (long long)dcmp.rows, dcmp.max_o_diff);
+            if (dcmp.bitwise_required)
+                printf(": %s (cpu: must be bitwise equal)", dcmp.pass ? "PASS" : "FAIL");
+            else
+                printf(" (reported; the check above judges the tolerance)");
+            if (dcmp.first_differ >= 0) printf("; first differing row %lld", (long long)dcmp.first_differ);
+            printf("\n");
+        }
         if (backward) {
             double rt, lt;
             tk_grad_tolerance(c.cfg.dtype, &rt, &lt);

@@ -89,6 +89,12 @@ void json_num(FILE *f, double v)
         fprintf(f, "%.6g", v);
 }
 
+void json_field(FILE *f, const char *key, double v)
+{
+    fprintf(f, ", \"%s\": ", key);
+    json_num(f, v);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

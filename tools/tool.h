@@ -52,6 +52,8 @@ void tool_progress_end(void);
 /* JSON values: a quoted, escaped string; a number (null for NaN/inf). */
 void json_str(FILE *f, const char *s);
 void json_num(FILE *f, double v);
+/* ", \"key\": " and the number: a field after the first of an object */
+void json_field(FILE *f, const char *key, double v);
 
 /* The kernel of every stage of a plan (nsa_plan_stage_kernel): text, one
  * "  stage  kernel" line each after the prefix line; or json != 0: one object

@@ -24,6 +24,10 @@ Other frameworks' tensors (anything with __dlpack__: NumPy, JAX, CuPy) are taken
 copy; results are torch tensors. nsa.ops.attention is nsa.attention as the torch.library
 custom ops libnsa::forward / libnsa::backward (torch.compile traces them; torch >= 2.4).
 
+Decoding (libnsa 0.5): nsa.DecodePlan makes a decode plan; its step() runs nsa_decode over the
+caller's paged K/V caches in place and returns the new tokens' rows, each the row nsa.forward
+computes (bitwise on the cpu backend). See nsa/decode.py.
+
 Errors of the library raise nsa.Error carrying its status and message.
 """
 import threading
@@ -34,7 +38,7 @@ from ._lib import (BACKWARD_TRUST_INDICES, BackwardArgs, CONFIG_TRAINING, Config
                    Tensor, check, lib, version)
 import ctypes
 
-__all__ = ["attention", "forward", "config", "ops", "Error", "version"]
+__all__ = ["attention", "forward", "config", "ops", "DecodePlan", "Error", "version"]
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 4}
 
@@ -323,6 +327,8 @@ def attention(q, k, v, gates, cu_seqlens=None, backend=None, **cfg):
     return _Attention.apply(q, k3[0], k3[1], k3[2], v3[0], v3[1], v3[2], gates[0], gates[1], gates[2], spec, cu,
                             backend)
 
+
+from .decode import DecodePlan  # noqa: E402  (decoding: libnsa 0.5)
 
 try:  # the torch.library custom ops (torch >= 2.4) use the functions above
     from . import ops  # noqa: E402

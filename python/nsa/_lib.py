@@ -76,6 +76,23 @@ class BackwardArgs(ctypes.Structure):
     ]
 
 
+class DecodeLimits(ctypes.Structure):  # libnsa 0.5
+    _fields_ = [(name, c_int64) for name in (
+        "batch", "max_step_tokens", "max_total_tokens", "max_context", "page_size", "num_pages", "max_pages",
+        "cmp_page_size", "num_cmp_pages", "max_cmp_pages")]
+
+
+class DecodeArgs(ctypes.Structure):  # libnsa 0.5
+    _fields_ = [
+        ("q", Tensor), ("k", T3), ("v", T3), ("gate", T3),
+        ("w_k", Tensor), ("w_v", Tensor), ("pe_k", Tensor), ("pe_v", Tensor),
+        ("cu_seqlens_q", Tensor), ("cache_seqlens", Tensor),
+        ("k_cache", T3), ("v_cache", T3), ("block_table", Tensor),
+        ("kc_cache", Tensor), ("vc_cache", Tensor), ("cmp_block_table", Tensor),
+        ("o", Tensor), ("lse", T3), ("selected", Tensor), ("status", Tensor),
+    ]
+
+
 class PlanInfo(ctypes.Structure):
     _fields_ = [
         ("batch", c_int64), ("total_tokens", c_int64), ("total_cmp_blocks", c_int64),
@@ -140,6 +157,11 @@ lib.nsa_plan_destroy.argtypes = [P]
 lib.nsa_plan_get_info_sized.argtypes = [P, ctypes.POINTER(PlanInfo), ctypes.c_size_t]
 lib.nsa_forward_sized.argtypes = [P, ctypes.POINTER(ForwardArgs), ctypes.c_size_t, P]
 lib.nsa_backward_sized.argtypes = [P, ctypes.POINTER(BackwardArgs), ctypes.c_size_t, P]
+if hasattr(lib, "nsa_decode_sized"):  # libnsa 0.5: decoding (nsa.DecodePlan)
+    lib.nsa_decode_plan_create_sized.argtypes = [P, ctypes.POINTER(Config), ctypes.c_size_t,
+                                                 ctypes.POINTER(DecodeLimits), ctypes.c_size_t, ctypes.POINTER(P)]
+    lib.nsa_decode_sized.argtypes = [P, ctypes.POINTER(DecodeArgs), ctypes.c_size_t, P]
+    lib.nsa_decode_check.argtypes = [P]
 
 
 def check(call, status):

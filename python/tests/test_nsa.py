@@ -12,6 +12,9 @@
   - packed batches equal their sequences run one by one; a shared k gets the sum
     of the branch gradients; bad arguments raise ValueError, library failures
     nsa.Error with its message; CUDA tensors where a GPU is present (else skipped);
+  - nsa.DecodePlan (decoding): chunked prefill then decode steps over shuffled paged
+    caches give rows bitwise equal to nsa.forward's; bad limits and tables raise
+    nsa.Error with the library's status and message;
   - the torch.library ops (nsa.ops) equal the autograd function bitwise, pass
     torch.library.opcheck and trace under torch.compile(fullgraph=True);
     NumPy arrays reach the library through DLPack.
@@ -215,6 +218,112 @@ class TestErrors(unittest.TestCase):
             nsa.forward(q, k, v, gates, **SMALL)
         self.assertEqual(e.exception.status, "NSA_ERR_INVALID_CONFIG")
         self.assertIn("num_q_heads", str(e.exception))
+
+
+class TestDecode(unittest.TestCase):
+    """nsa.DecodePlan: chunked prefill then decode steps over shuffled paged caches, on cpu."""
+    CU = [0, 37, 100]  # two sequences: 37 and 63 tokens
+
+    def plan(self, **kw):
+        args = dict(batch=2, max_step_tokens=16, max_context=63, page_size=8, num_pages=2 * 9 + 3, max_pages=9,
+                    cmp_page_size=4, max_cmp_pages=5, num_cmp_pages=2 * 5 + 1)
+        args.update(kw)
+        return nsa.DecodePlan(4, 2, 16, 8, **args, **SMALL)
+
+    def tables(self, plan, seed):
+        g = torch.Generator().manual_seed(seed)
+        L = plan.limits
+        bt = torch.randperm(L["num_pages"], generator=g)[:2 * L["max_pages"]].view(2, -1).to(torch.int32)
+        cbt = torch.randperm(L["num_cmp_pages"], generator=g)[:2 * L["max_cmp_pages"]].view(2, -1).to(torch.int32)
+        return bt, cbt
+
+    def decode_all(self, q, k, v, gates, per_branch):
+        """prefill + decode the batch; every step's rows against the forward's, bitwise"""
+        o_f, lse_f, sel_f = nsa.forward(q, k, v, gates, cu_seqlens=self.CU, **SMALL)
+        plan = self.plan()
+        self.assertEqual(plan.stages, "decode_append decode_attn")
+        caches = plan.new_caches()
+        kc = vc = None
+        if per_branch:  # a k and a v cache per branch
+            kc = tuple(caches[0].clone() for _ in range(3))
+            vc = tuple(caches[1].clone() for _ in range(3))
+        bt, cbt = self.tables(plan, 7)
+        lens, done, rng, steps = [37, 63], [0, 0], torch.Generator().manual_seed(3), 0
+        prefill = [20, 30]
+        while done != lens:
+            tq = []
+            for b in range(2):
+                if done[b] < prefill[b]:  # chunked prefill, then decode steps of 1..4 (sometimes none)
+                    n = min(int(torch.randint(1, 17, (1,), generator=rng)), prefill[b] - done[b])
+                else:
+                    n = int(torch.randint(0, 5, (1,), generator=rng))
+                tq.append(min(n, lens[b] - done[b]))
+            rows = [t for b in range(2) for t in range(self.CU[b] + done[b], self.CU[b] + done[b] + tq[b])]
+            cu = [0, tq[0], tq[0] + tq[1]]
+            pick = lambda x: tuple(t[rows] for t in x) if isinstance(x, tuple) else x[rows]  # noqa: E731
+            o, lse, sel = plan.step(q[rows], pick(k), pick(v), [g[rows] for g in gates], cu, done, bt,
+                                    kc or caches[0], vc or caches[1], caches[2], caches[3], cbt)
+            self.assertEqual(o.shape[0], len(rows))
+            self.assertTrue(torch.equal(o, o_f[rows]), f"step {steps}: o")
+            for b in range(3):
+                self.assertTrue(torch.equal(lse[b], lse_f[b][rows]), f"step {steps}: lse {b}")
+            self.assertTrue(torch.equal(sel, sel_f[rows]), f"step {steps}: selected")
+            done = [done[b] + tq[b] for b in range(2)]  # the host advances cache_seqlens
+            steps += 1
+        plan.check()
+        self.assertGreater(steps, 10)
+        # each branch's caches hold its keys and values: sequence 1's position 62 lies in page bt[1][7], slot 6
+        for b in range(3):
+            kb, vb = (k[b], v[b]) if per_branch else (k, v)
+            self.assertTrue(torch.equal((kc[b] if per_branch else caches[0])[bt[1][7], 6], kb[99]), f"k_cache {b}")
+            self.assertTrue(torch.equal((vc[b] if per_branch else caches[1])[bt[1][7], 6], vb[99]), f"v_cache {b}")
+        plan.close()
+
+    def test_rows_equal_forward(self):
+        q, k, v, gates = inputs(T=100, seed=51)
+        self.decode_all(q, k, v, gates, False)
+
+    def test_per_branch_keys_and_caches(self):
+        q, k, v, gates = inputs(T=100, seed=55)
+        k3 = (k, torch.rand(k.shape, generator=torch.Generator().manual_seed(1)) * 4 - 2, k.flip(0))
+        v3 = (v.flip(0), v, torch.rand(v.shape, generator=torch.Generator().manual_seed(2)) * 2 - 1)
+        self.decode_all(q, k3, v3, gates, True)
+
+    def test_no_compressed_block(self):
+        # max_context below l: no compressed cache at all (None, or the empty tensors new_caches gives)
+        plan = nsa.DecodePlan(4, 2, 16, 8, batch=1, max_step_tokens=4, max_context=6, page_size=4, num_pages=3,
+                              **SMALL)
+        self.assertEqual(plan.limits["max_cmp_pages"], 0)
+        q, k, v, gates = inputs(T=6, seed=57)
+        o_f, _, _ = nsa.forward(q, k, v, gates, **SMALL)
+        kc, vc, kcc, vcc = plan.new_caches()
+        o1, _, _ = plan.step(q[:4], k[:4], v[:4], [g[:4] for g in gates], [0, 4], [0], [[2, 0]], kc, vc, kcc, vcc)
+        o2, _, _ = plan.step(q[4:], k[4:], v[4:], [g[4:] for g in gates], [0, 2], [4], [[2, 0]], kc, vc)
+        self.assertTrue(torch.equal(torch.cat([o1, o2]), o_f))
+
+    def test_errors(self):
+        with self.assertRaises(nsa.Error) as e:
+            self.plan(page_size=0)
+        self.assertEqual(e.exception.status, "NSA_ERR_INVALID_VALUE")
+        self.assertIn("lim->page_size", e.exception.message)
+        plan = self.plan()
+        caches = plan.new_caches()
+        bt, cbt = self.tables(plan, 9)
+        q, k, v, gates = inputs(T=4, seed=53)
+        bt[1][0] = plan.limits["num_pages"]  # a page outside the pool
+        with self.assertRaises(nsa.Error) as e:
+            plan.step(q, k, v, gates, [0, 2, 4], [0, 0], bt, *caches, cbt)
+        self.assertEqual(e.exception.status, "NSA_ERR_INVALID_VALUE")
+        self.assertIn("block_table[1][0]", str(e.exception))
+        with self.assertRaises(nsa.Error) as e:  # TK0 past max_context
+            plan.step(q, k, v, gates, [0, 2, 4], [62, 0], self.tables(plan, 9)[0], *caches, cbt)
+        self.assertEqual(e.exception.status, "NSA_ERR_INVALID_SHAPE")
+        self.assertIn("max_context", str(e.exception))
+        with self.assertRaises(ValueError):  # more rows than max_total_tokens
+            big = inputs(T=33, seed=1)
+            plan.step(big[0], big[1], big[2], big[3], [0, 16, 32], [0, 0], bt, *caches, cbt)
+        with self.assertRaises(ValueError):  # a cache of another dtype
+            plan.step(q, k, v, gates, [0, 2, 4], [0, 0], bt, caches[0].double(), caches[1], caches[2], caches[3], cbt)
 
 
 # float64: a packed batch of two sequences (17 and 40 tokens) with every branch on; the

@@ -38,8 +38,7 @@ void tk_paged_free(tk_paged *pc)
     memset(pc, 0, sizeof *pc);
 }
 
-/* a shuffled list of n page numbers 0 .. n-1 */
-static void shuffle(int32_t *p, int64_t n, uint64_t *s)
+void tk_shuffle(int32_t *p, int64_t n, uint64_t *s)
 {
     for (int64_t i = 0; i < n; i++) p[i] = (int32_t)i;
     for (int64_t i = n - 1; i > 0; i--) {
@@ -89,8 +88,8 @@ nsa_status tk_paged_make(const tk_case *c, const tk_inputs *in, int64_t page_siz
     }
     /* every page of the pools once, in a shuffled order, across the sequences */
     uint64_t s = seed;
-    shuffle(pc->table, pc->num_pages, &s);
-    shuffle(pc->ctable, pc->num_cpages, &s);
+    tk_shuffle(pc->table, pc->num_pages, &s);
+    tk_shuffle(pc->ctable, pc->num_cpages, &s);
     /* poison: a value read before it was written shows in the comparison */
     for (int b = 0; b < 3; b++) {
         if (!pc->k[b] || (b > 0 && pc->k[b] == pc->k[0])) continue;

@@ -87,6 +87,10 @@ int tk_corpus(const char *name, tk_case **cases);
  * tests' page shuffles and step lengths). */
 uint64_t tk_splitmix64(uint64_t *state);
 
+/* p[0 .. n-1] = a shuffled list of the numbers 0 .. n-1 (Fisher-Yates over the
+ * splitmix64 stream s): the decode tests' and the nsa tool's page tables. */
+void tk_shuffle(int32_t *p, int64_t n, uint64_t *s);
+
 /* Sets cfg.dtype (F32, F16, BF16 or F64). */
 void tk_case_set_dtype(tk_case *c, nsa_dtype dtype);
 
