@@ -7,7 +7,7 @@
  *     modes    comma list of f32, f16, bf16, fixed, f64  (default: all five; f64
  *              is reported skipped on a backend that refuses it, as every GPU
  *              backend does, and must run on cpu)
- *     corpus   full | small                         (default: full; the environment
+ *     corpus   full | small | gpu                   (default: full; the environment
  *              variable NSA_TEST_CORPUS overrides, for sanitizer runs)
  *   NSA_TEST_CASE=substring runs only the cases whose label contains it.
  *
@@ -134,10 +134,10 @@ START_TEST(test_f64)
 END_TEST
 
 /* Bitwise reproducibility: the same case twice gives the same bytes. Uses a
- * varlen, strided and a long case, in two dtypes. */
+ * varlen, strided and a long case (the gpu corpus: a packed G = 4 batch), in two dtypes. */
 START_TEST(test_determinism)
 {
-    static const char *labels[] = {"B8-mixed", "strided-ext", "long1000", "s-strided", "s-varlen"};
+    static const char *labels[] = {"B8-mixed", "strided-ext", "long1000", "s-strided", "s-varlen", "g-G4-packed"};
     nsa_dtype dtypes[2];
     const int nd = check_dtypes(dtypes);
     if (nd == 0) {

@@ -34,6 +34,7 @@
 #            (default D 128, Dqk 192, and G = 4 at D 128), per class in BASE_CLASSES (sm90)
 #   sdpa     tools/dense_baseline.py: PyTorch's cuDNN and FlashAttention-2 dense causal attention, 64k
 #   slcpass  slc_sm80_blk in passes (NSA_CUDA_SLC_PASS_MAX): small corpus; T = 8192, G = 4 bitwise as one pass
+#   gpucorpus the gpu corpus (model sizes, G 1..16, T up to 8192) per class in GPU_CLASSES (sm90 sm80), GPU_MODES
 #   slcncu   ncu: slc_sm80_blk's kernels (map build, sort, attention, reduce) at 64k, G = 4, time per kernel name
 #   groups   nsa bench per GQA shape (GROUP_SHAPES "hq hkv dqk;..."; GROUP_T) with the 64k profile, also with
 #            slc_attn forced to slc_sm80, beside .bench/sdpa_baseline.py's cuDNN forward (issue 14's table)
@@ -281,6 +282,13 @@ if has slcpass; then # slc_sm80_blk in passes (NSA_CUDA_SLC_PASS_MAX): the small
   for f in o.npy lse_slc.npy; do
     cmp -s /tmp/sp_default/$f /tmp/sp_3000000/$f && note "  $f bitwise equal (passes vs one pass)" \
       || note "  $f DIFFERS (passes vs one pass) or missing"
+  done
+fi
+if has gpucorpus; then # the gpu corpus (tests/common/corpus.c: model sizes, G = 1, 4, 7, 8, 16, T up to 8192) per class
+  for cls in ${GPU_CLASSES:-sm90 sm80}; do
+    env $(target $cls) timeout 500 $B/tests/test_oracle cuda ${GPU_MODES:-bf16,fixed} gpu > "$OUT/gpucorpus_$cls.log" 2>&1
+    rc=$?; note "[$(el)] parity-cuda gpu corpus, class $cls: rc=$rc $(grep -cE '^FAIL|:F:' "$OUT/gpucorpus_$cls.log") failures"
+    grep -E "^parity-cuda|:F:" "$OUT/gpucorpus_$cls.log" | head -6 | tee -a "$SUM"
   done
 fi
 if has slcncu; then # slc_sm80_blk's kernels at 64k, G = 4 (Hq 32, Hkv 8): time per kernel name summed over the passes

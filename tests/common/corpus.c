@@ -183,6 +183,24 @@ static const spec small_specs[] = {
     {"s-fix-strided", "fix lay=strided T=25 H=2/2 D=4/3"},
 };
 
+/* ---------------------------------------------------------------- gpu corpus
+ * The sizes models use, for GPU backends (test_oracle <backend> <modes> gpu on a
+ * device; too slow for the fp64 oracle in CI): the paper's block parameters,
+ * head dims 64 / 128 / 192, the GQA groups of common models (G = 1, 4, 7, 8 and
+ * 16), T up to 8192, ragged packed batches, a fixed-indices case. */
+#define PAPER "l=32 d=16 s=64 n=16 i=1 o=2 w=512"
+static const spec gpu_specs[] = {
+    {"g-G1-8192", "T=8192 H=4/4 D=128/128 " PAPER},
+    {"g-G4-packed", "T=4096,3001,0,1100 H=32/8 D=128/128 " PAPER},
+    {"g-G7-5000", "T=5000 H=28/4 D=128/128 " PAPER},
+    {"g-G8-8192-D64", "T=8192 H=16/2 D=64/64 " PAPER},
+    {"g-G16-Dqk192", "T=6000,2000 H=64/4 D=192/128 " PAPER},
+    {"g-G4-D96-ragged", "T=2500,700,33 H=8/2 D=96/64 " PAPER},
+    {"g-G1-fix", "fix T=3001 H=4/4 D=128/128 " PAPER},
+    {"g-G4-lin", "T=2049 H=16/4 D=64/64 c=lin " PAPER},
+};
+#undef PAPER
+
 /* Number of seeded random cases appended to the full corpus. */
 #define FULL_RANDOM 40
 
@@ -375,6 +393,10 @@ int tk_corpus(const char *name, tk_case **cases)
     } else if (strcmp(name, "small") == 0) {
         specs = small_specs;
         nspec = (int)(sizeof small_specs / sizeof small_specs[0]);
+        nrand = 0;
+    } else if (strcmp(name, "gpu") == 0) {
+        specs = gpu_specs;
+        nspec = (int)(sizeof gpu_specs / sizeof gpu_specs[0]);
         nrand = 0;
     } else {
         return -1;
