@@ -31,8 +31,10 @@ extern "C" {
  * 8: the decode stages (NSA_STAGE_DECODE_APPEND, NSA_STAGE_DECODE_ATTN), the
  * decode fields of nsa_bk_plan and nsa_bk_args (a module of version 7 reads
  * shorter structs, and a supports() that answers by range might take the new
- * stage values). */
-#define NSA_BACKEND_API_VERSION 8
+ * stage values).
+ * 9: nsa_backend.decode_status (a backend whose decode step checks its lengths
+ * and tables on the device reports the last step's status to nsa_decode_check). */
+#define NSA_BACKEND_API_VERSION 9
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -321,6 +323,14 @@ typedef struct nsa_backend {
      * `stage`, as the backend chose it ("attn_sm90[bn128,1cta,tma]"), into
      * name (NUL-terminated, truncated to size). NULL: the stage's own name. */
     nsa_status (*stage_kernel)(void *bctx, const nsa_bk_plan *plan, nsa_stage stage, char *name, size_t size);
+
+    /* optional (added in API version 9): for a backend whose DECODE_APPEND
+     * checks the step's lengths and tables asynchronously (on the device, into
+     * memory of the decode plan): called by nsa_decode_check after the context
+     * synchronized, it returns the status of the plan's last step (NSA_SUCCESS
+     * before the first), recording its message with host->set_error when it
+     * failed. NULL: the status is what run() returned (a synchronous backend). */
+    nsa_status (*decode_status)(void *bctx, const nsa_bk_plan *plan);
 } nsa_backend;
 
 /* A module's entry: returns its vtable, or NULL (after host->set_error) if it
