@@ -326,13 +326,15 @@ int main(int argc, char **argv)
     const nsa_status s = nsa_decode_check(r.plan);
     CHECK(s == NSA_ERR_INVALID_VALUE, "nsa_decode_check after a bad table: %s", nsa_status_string(s));
     CHECK(strstr(nsa_last_error(), "block_table[1][0] = -1"), "message '%s'", nsa_last_error());
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nsa_last_error());
     const Out bo = read_out(r);
     CHECK(bo.status[0] == NSA_ERR_INVALID_VALUE && bo.status[1] == 1, "status (%d, %d)", bo.status[0], bo.status[1]);
     for (size_t i = 0; i < bo.o.size(); i++) CHECK(bo.o[i] == 0xFF, "the refused replay wrote o byte %zu", i);
     OK(nsa_buffer_write(r.bt, (size_t)(1 * lim.max_pages) * 4, &good, 4));
     CUOK(cudaGraphLaunch(ge, st));
     OK(nsa_decode_check(r.plan));
-    printf("decode-graph: a bad table entry under replay writes nothing and is reported (%s)\n", nsa_last_error());
+    printf("decode-graph: a bad table entry under replay writes nothing and is reported (%s)\n", msg);
     CUOK(cudaGraphExecDestroy(ge));
     printf("decode-graph: PASS\n");
     return 0;
