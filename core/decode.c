@@ -41,12 +41,15 @@ nsa_status nsa_decode_check(nsa_plan *plan)
                              "nsa_decode_plan_create");
     nsa_status s = nsa_context_synchronize(plan->ctx);
     if (s != NSA_SUCCESS) return s;
-    if (plan->dec_status != NSA_SUCCESS) return nsa_set_error(plan->dec_status, "%s", plan->dec_msg);
-    /* an asynchronous backend's step checked its data on the device: ask it */
-    const nsa_backend *be = plan->ctx->be;
-    if (!be->decode_status) return NSA_SUCCESS;
-    s = be->decode_status(plan->ctx->bctx, &plan->bk);
-    return s == NSA_SUCCESS ? s : nsa_backend_error(s, plan->ctx->backend_name, "reading a decode step's status");
+    if (plan->dec_status == NSA_SUCCESS && plan->ctx->be->decode_status && plan->prepared) {
+        /* a device that checks the step asynchronously: the record of its last step */
+        nsa_clear_error();
+        s = plan->ctx->be->decode_status(plan->ctx->bctx, &plan->bk);
+        return s == NSA_SUCCESS ? NSA_SUCCESS
+                                : nsa_backend_error(s, plan->ctx->backend_name, "reading a decode step's status");
+    }
+    if (plan->dec_status == NSA_SUCCESS) return NSA_SUCCESS;
+    return nsa_set_error(plan->dec_status, "%s", plan->dec_msg);
 }
 
 /* The same view: one buffer, offset and strides (how a caller says "one tensor"). */

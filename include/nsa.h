@@ -56,8 +56,10 @@
  * Decoding (added in 0.5): a plan made with nsa_decode_plan_create runs
  * nsa_decode steps over caller-owned paged K/V caches (docs/nsa-semantics.md
  * section 10): each step appends the new tokens of every sequence of a batch
- * and returns their rows of the forward. cpu and opencl; cuda and hip refuse
- * a decode plan with NSA_ERR_UNSUPPORTED.
+ * and returns their rows of the forward. Backends: cpu (the fp64 reference),
+ * cuda (f32, f16, bf16; the step checked and run on the device, CUDA-graph
+ * capturable) and opencl (portable fp32 kernels); hip refuses a decode plan
+ * with NSA_ERR_UNSUPPORTED.
  */
 #ifndef NSA_H
 #define NSA_H
@@ -498,11 +500,16 @@ NSA_API nsa_status nsa_backward_sized(nsa_plan *plan, const nsa_backward_args *a
  * sequence's first TK_b tokens. The step lengths and page tables are tensors in
  * the context's memory, so a step can be replayed (a CUDA graph) with new ones;
  * the plan's capacities bound them. Backends: cpu (the fp64 reference: every row
- * is bitwise the cpu nsa_forward's row); opencl (portable fp32 kernels; the step
- * checks its lengths and tables on the device, so nsa_decode returns once the
- * step is queued and nsa_decode_check tells; every row is the OpenCL
- * nsa_forward's within the parity tolerance); cuda and hip refuse
- * nsa_decode_plan_create with NSA_ERR_UNSUPPORTED for now. */
+ * is bitwise the cpu nsa_forward's row); cuda (f32, f16, bf16: the checks, the
+ * append, the compressed rows and the three branches run on the device, each
+ * row within the forward's parity tolerance of the cuda nsa_forward's row,
+ * bitwise reproducible; nsa_decode only queues the step, so it can be captured
+ * in a CUDA graph, and nsa_decode_check reports its checks; head dims with
+ * Dqk + Dv up to about 2900); opencl (portable fp32 kernels; the step checks its
+ * lengths and tables on the device, so nsa_decode returns once the step is
+ * queued and nsa_decode_check tells; every row is the OpenCL nsa_forward's
+ * within the parity tolerance); hip refuses nsa_decode_plan_create with
+ * NSA_ERR_UNSUPPORTED for now. */
 
 /* Capacities of a decode plan, fixed when it is made (semantics section 10). */
 typedef struct nsa_decode_limits {

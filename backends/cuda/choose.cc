@@ -78,7 +78,7 @@ static const char *const k_names[K_COUNT] = {
     "-",           "compress_mean",   "compress_linear", "compress_copy", "attn_ref",        "attn_sm80",
     "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm90_g16", "topn",
     "slc_sm80",    "slc_sm80_g16",    "slc_sm80_blk",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_attn_sm80",   "bwd_compress_mean",
-    "bwd_compress_linear", "bwd_store",
+    "bwd_compress_linear", "bwd_store", "decode_append", "decode_split",
 };
 
 const char *kern_name(Kern k) { return k >= 0 && k < K_COUNT ? k_names[k] : "?"; }

@@ -75,6 +75,8 @@ enum Kern {
     K_BWD_COMPRESS_MEAN,
     K_BWD_COMPRESS_LINEAR,
     K_BWD_STORE,
+    K_DECODE_APPEND, /* decode: device checks, append, compressed rows (decode.cu) */
+    K_DECODE_SPLIT,  /* decode: the three branches split across CTAs, merged in split order */
     K_COUNT
 };
 const char *kern_name(Kern k);

@@ -342,6 +342,7 @@ static nsa_backend g_backend = {
     cu_run,
     nullptr, /* device_kind: every device is a GPU */
     cu_stage_kernel,
+    cu_decode_status,
 };
 
 extern "C" NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION;

@@ -78,6 +78,7 @@ struct CudaPlan {
     int64_t *bwd_dev[4]; /* their lists: rows tiles, compressed and window key items, compressed reduce items */
     size_t bytes;        /* all of the above (nsa_plan_info.backend_bytes) */
     bool has_slc_map;
+    struct CudaDec *dec; /* decode plans: cuda_decode.cu's memory */
 };
 
 int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg);
@@ -85,6 +86,13 @@ nsa_status cu_plan_prepare(void *bctx, nsa_bk_plan *plan);
 void cu_plan_release(void *bctx, nsa_bk_plan *plan);
 nsa_status cu_stage_kernel(void *bctx, const nsa_bk_plan *plan, nsa_stage stage, char *name, size_t size);
 nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *args);
+
+/* cuda_decode.cu: decode plans (semantics 10) */
+nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p);
+void decode_release(CudaPlan *p);
+void decode_describe(const CudaPlan *p, nsa_stage stage, char *buf, size_t size);
+nsa_status decode_run(CudaCtx *c, const CudaPlan *p, nsa_stage stage, const nsa_bk_args *a);
+nsa_status cu_decode_status(void *bctx, const nsa_bk_plan *plan);
 
 } // namespace nsa_cuda
 

@@ -45,6 +45,7 @@ int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
     /* the backward stages: bwd_sm80.cu's or bwd_ref.cu's kernels, every dtype and
      * head dim (LINEAR's limit is the forward's, checked by the chooser) */
     if (stage >= NSA_STAGE_BWD_CMP_ATTN && stage <= NSA_STAGE_BWD_STORE) return 1;
+    if (stage == NSA_STAGE_DECODE_APPEND || stage == NSA_STAGE_DECODE_ATTN) return 1; /* cuda_decode.cu */
     return stage >= NSA_STAGE_COMPRESS && stage <= NSA_STAGE_COMBINE;
 }
 
@@ -67,6 +68,7 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     if (p->blk_o) cudaFree(p->blk_o);
     if (p->blk_ml) cudaFree(p->blk_ml);
     free(p->sc_chunks);
+    decode_release(p);
     SlcMap &m = p->slc_map;
     void *maps[] = {(void *)m.blk_off, m.cnt, m.off, m.list_in, m.list_out, m.seg, m.seg_out, m.tmp};
     for (void *x : maps)
@@ -395,7 +397,7 @@ nsa_status cu_plan_prepare(void *bctx, nsa_bk_plan *plan)
     CudaPlan *p = (CudaPlan *)calloc(1, sizeof *p);
     if (!p) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: cannot allocate a plan record");
     plan->backend_plan = p;
-    const nsa_status s = prepare(c, plan, p);
+    const nsa_status s = plan->decode ? decode_prepare(c, plan, p) : prepare(c, plan, p);
     plan->backend_bytes = p->bytes;
     if (s != NSA_SUCCESS) {
         cudaGetLastError(); /* a failed allocation is not sticky; clear it for the next call */
@@ -411,7 +413,10 @@ nsa_status cu_stage_kernel(void *bctx, const nsa_bk_plan *plan, nsa_stage stage,
     if (!p || stage < 0 || stage >= NSA_STAGE_COUNT)
         return FAIL(NSA_ERR_INTERNAL, "cuda backend: stage_kernel without a prepared plan or with stage %d",
                     (int)stage);
-    describe(p->ch.st[stage], stage, name, size);
+    if (plan->decode)
+        decode_describe(p, stage, name, size);
+    else
+        describe(p->ch.st[stage], stage, name, size);
     return NSA_SUCCESS;
 }
 

@@ -402,6 +402,10 @@ nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     if (!c || !a || !a->plan) return FAIL(NSA_ERR_INTERNAL, "cuda backend: run() without a context, arguments or plan");
     const nsa_bk_plan *pl = a->plan;
     const CudaPlan *p = (const CudaPlan *)pl->backend_plan;
+    if (p && pl->decode) { /* decode plans have no token tables: cuda_decode.cu */
+        CU(cudaSetDevice(c->device), "cudaSetDevice");
+        return decode_run(c, p, stage, a);
+    }
     if (!p || !pl->dev_tables) return FAIL(NSA_ERR_INTERNAL, "cuda backend: plan was not prepared");
     if (stage < 0 || stage >= NSA_STAGE_COUNT)
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: stage %d is not implemented", (int)stage);

@@ -1,0 +1,404 @@
+/*
+ * cuda_decode.cu -- the CUDA backend's decode step (semantics section 10;
+ * include/nsa.h "decoding"): the plan memory of a decode plan, the two decode
+ * stages, and the status of the last step for nsa_decode_check.
+ *
+ * Everything a step needs is allocated when the plan is made (decode_prepare):
+ *   the step's record (int32 [DR_FIELDS], decode.h), which the device checks
+ *     write every step and nsa_decode_check reads back;
+ *   the checks' flags and page counts (16 bytes + 4 per page), zeroed by a
+ *     cudaMemsetAsync at the start of every step;
+ *   the partial softmax states of the split attention
+ *     (max_total_tokens x Hq x splits x (Dv + 2) floats, the largest split
+ *     count of the three branches);
+ *   with a selected branch: the p_cmp group sums (max_total_tokens x Hkv x
+ *     max_nc floats) and the score rows (max_total_tokens x Hkv x max_ns).
+ * A step (run) only queues kernels and one memset on the context's stream:
+ * no host synchronisation, no allocation, no read of device data, so a step
+ * can be captured in a CUDA graph and replayed with new lengths and tables.
+ *
+ * Splits (flash decoding): each branch's keys of a row are cut into `ns`
+ * splits of `chunk` keys, ns chosen once per plan so that one row of a
+ * batch-1 step gives about two CTAs per SM (Hkv x head chunks x ns), with
+ * at least 64 keys a split. The splits are fixed by the plan, so results are
+ * bitwise the same run to run.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "cuda_internal.h"
+#include "decode.h"
+
+namespace nsa_cuda {
+
+struct CudaDec {
+    int *rec;          /* [DR_FIELDS] */
+    void *chk_mem;     /* flags, then page counts */
+    size_t chk_bytes;
+    DecCheckMem chk;
+    float *part;       /* partial states */
+    float *pbuf, *rows;
+    DecSplit sp[3];    /* per branch */
+    int64_t max_nc;
+};
+
+namespace {
+
+size_t dsize(nsa_dtype d) { return d == NSA_DTYPE_F16 || d == NSA_DTYPE_BF16 ? 2 : 4; }
+
+char *ptr(const nsa_bk_tensor &t)
+{
+    return t.buf ? ((CudaBuf *)t.buf)->ptr + (size_t)t.offset * dsize(t.dtype) : nullptr;
+}
+DecIn din(const nsa_bk_tensor &t) { return DecIn{ptr(t), t.stride_token, t.stride_head}; }
+DecCache dcache(const nsa_bk_tensor &t) { return DecCache{ptr(t), t.stride_token, t.stride_head}; }
+
+bool same_cache(const nsa_bk_tensor &a, const nsa_bk_tensor &b)
+{
+    return a.buf && a.buf == b.buf && a.offset == b.offset && a.stride_token == b.stride_token &&
+           a.stride_head == b.stride_head;
+}
+
+/* heads per CTA of the attention kernels */
+int64_t heads_per_cta(int64_t G) { return std::min<int64_t>(G, 8); }
+
+/* the split of a branch whose rows see at most kmax keys */
+DecSplit make_split(int64_t kmax, int64_t ctas_per_split, int64_t target, int64_t row_floats, int64_t MT,
+                    int64_t Hq, int64_t hc)
+{
+    DecSplit sp;
+    sp.hc = (int)hc;
+    int64_t ns = std::max<int64_t>(1, (target + ctas_per_split - 1) / ctas_per_split);
+    ns = std::min<int64_t>(ns, std::max<int64_t>(1, (kmax + 63) / 64));
+    /* the partial states of every row stay under 1 GiB */
+    const double per_split = (double)MT * (double)Hq * (double)row_floats * 4.0;
+    while (ns > 1 && per_split * (double)ns > 1073741824.0) ns /= 2;
+    ns = std::min<int64_t>(ns, 65535);
+    int64_t chunk = kmax > 0 ? (kmax + ns - 1) / ns : 32;
+    chunk = (chunk + 31) / 32 * 32;
+    sp.chunk = chunk;
+    sp.ns = (int)std::max<int64_t>(1, kmax > 0 ? (kmax + chunk - 1) / chunk : 1);
+    return sp;
+}
+
+template <typename T> cudaError_t dalloc(size_t *acc, T **p, size_t bytes)
+{
+    const cudaError_t e = cudaMalloc((void **)p, bytes ? bytes : 16);
+    if (e == cudaSuccess) *acc += bytes ? bytes : 16;
+    return e;
+}
+
+DecGeom dgeom(const nsa_bk_plan *pl, const CudaDec *d, const nsa_bk_args *a)
+{
+    const nsa_config &c = pl->cfg;
+    const nsa_decode_limits &lim = pl->lim;
+    DecGeom g = {};
+    g.B = lim.batch;
+    g.MT = lim.max_total_tokens;
+    g.Hq = c.num_q_heads;
+    g.Hkv = c.num_kv_heads;
+    g.G = c.num_q_heads / c.num_kv_heads;
+    g.Dqk = c.head_dim_qk;
+    g.Dv = c.head_dim_v;
+    g.l = c.cmp_block;
+    g.d = c.cmp_stride;
+    g.ls = c.slc_block;
+    g.n = c.num_selected;
+    g.n_init = c.num_init;
+    g.n_local = c.num_local;
+    g.w = c.window;
+    g.max_step = lim.max_step_tokens;
+    g.max_context = lim.max_context;
+    g.ps = lim.page_size;
+    g.num_pages = lim.num_pages;
+    g.max_pages = lim.max_pages;
+    g.cps = lim.cmp_page_size;
+    g.num_cmp_pages = lim.num_cmp_pages;
+    g.max_cmp_pages = lim.max_cmp_pages;
+    g.max_ns = pl->max_ns;
+    g.scale = c.scale;
+    g.dtype = (int)c.dtype;
+    g.compress = (int)c.compress;
+    g.cu = (const int *)ptr(a->dec_cu_seqlens_q);
+    g.tk0 = (const int *)ptr(a->dec_cache_seqlens);
+    g.bt = (const int *)ptr(a->dec_block_table);
+    g.bt_st = a->dec_block_table.stride_token;
+    g.cbt = (const int *)ptr(a->dec_cmp_block_table);
+    g.cbt_st = a->dec_cmp_block_table.stride_token;
+    g.rec = d->rec;
+    g.status = (int *)ptr(a->dec_status);
+    return g;
+}
+
+#define DNEED(t, name)                                                                                         \
+    do {                                                                                                       \
+        if (!(t).buf)                                                                                          \
+            return FAIL(NSA_ERR_MISSING_TENSOR, "cuda backend: stage %s needs tensor %s, which is absent",    \
+                        nsa_stage_name(stage), name);                                                          \
+    } while (0)
+#define DLAUNCH(expr)                                                                                          \
+    do {                                                                                                       \
+        const cudaError_t e_ = (expr);                                                                         \
+        if (e_ != cudaSuccess) return cuda_fail(e_, nsa_stage_name(stage));                                    \
+    } while (0)
+
+nsa_status run_append(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
+{
+    const nsa_stage stage = NSA_STAGE_DECODE_APPEND;
+    const nsa_bk_plan *pl = a->plan;
+    DNEED(a->dec_cu_seqlens_q, "cu_seqlens_q");
+    DNEED(a->dec_cache_seqlens, "cache_seqlens");
+    DNEED(a->dec_block_table, "block_table");
+    if (pl->max_nc > 0 && pl->lim.max_cmp_pages > 0) DNEED(a->dec_cmp_block_table, "cmp_block_table");
+    const DecGeom g = dgeom(pl, d, a);
+    /* the checks first: they write the record every later kernel reads */
+    CU(cudaMemsetAsync(d->chk_mem, 0, d->chk_bytes, c->stream), "decode_append (cudaMemsetAsync)");
+    DLAUNCH(dec_check(g, d->chk, c->stream));
+    /* the new tokens into each distinct cache, once */
+    DecIn ks[3], vs[3];
+    DecCache kd[3], vd[3];
+    int64_t kD[3], vD[3];
+    int nk = 0, nv = 0;
+    for (int br = 0; br < 3; br++) {
+        if (!a->dec_k_cache[br].buf) continue;
+        DNEED(a->k[br], "k (new tokens)");
+        DNEED(a->v[br], "v (new tokens)");
+        DNEED(a->dec_v_cache[br], "v_cache");
+        bool kdup = false, vdup = false;
+        for (int e = 0; e < br; e++) {
+            kdup |= same_cache(a->dec_k_cache[e], a->dec_k_cache[br]);
+            vdup |= same_cache(a->dec_v_cache[e], a->dec_v_cache[br]);
+        }
+        if (!kdup) {
+            ks[nk] = din(a->k[br]);
+            kd[nk] = dcache(a->dec_k_cache[br]);
+            kD[nk++] = g.Dqk;
+        }
+        if (!vdup) {
+            vs[nv] = din(a->v[br]);
+            vd[nv] = dcache(a->dec_v_cache[br]);
+            vD[nv++] = g.Dv;
+        }
+    }
+    DLAUNCH(dec_append(g, nk, ks, kd, kD, c->stream));
+    DLAUNCH(dec_append(g, nv, vs, vd, vD, c->stream));
+    /* the compressed rows the step completes (EXTERNAL: the caller wrote them) */
+    const nsa_config &cfg = pl->cfg;
+    /* (without compressed caches, num_cmp_pages = 0, a step that passes its checks forms no row) */
+    if (cfg.compress != NSA_COMPRESS_EXTERNAL && pl->max_nc > 0 && a->dec_kc_cache.buf) {
+        DNEED(a->dec_k_cache[NSA_BRANCH_CMP], "k_cache[cmp]");
+        DNEED(a->dec_v_cache[NSA_BRANCH_CMP], "v_cache[cmp]");
+        DNEED(a->dec_vc_cache, "vc_cache");
+        if (cfg.compress == NSA_COMPRESS_LINEAR) {
+            DNEED(a->w_k, "w_k");
+            DNEED(a->w_v, "w_v");
+        }
+        DLAUNCH(dec_compress(g, dcache(a->dec_k_cache[NSA_BRANCH_CMP]), dcache(a->dec_v_cache[NSA_BRANCH_CMP]),
+                             ptr(a->w_k), ptr(a->w_v), ptr(a->pe_k), ptr(a->pe_v), dcache(a->dec_kc_cache),
+                             dcache(a->dec_vc_cache), c->stream));
+    }
+    return NSA_SUCCESS;
+}
+
+DecAttnIn attn_in(const CudaDec *d, const nsa_bk_args *a, int br, const nsa_bk_tensor &k, const nsa_bk_tensor &v)
+{
+    DecAttnIn in = {};
+    in.q = din(a->q);
+    in.k = dcache(k);
+    in.v = dcache(v);
+    in.idx = din(a->indices);
+    in.part = d->part;
+    in.o = (float *)ptr(a->o_b[br]);
+    in.ost = a->o_b[br].stride_token;
+    in.osh = a->o_b[br].stride_head;
+    in.lse = (float *)ptr(a->lse[br]);
+    in.lst = a->lse[br].stride_token;
+    in.lsh = a->lse[br].stride_head;
+    return in;
+}
+
+nsa_status run_attn(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
+{
+    const nsa_stage stage = NSA_STAGE_DECODE_ATTN;
+    const nsa_bk_plan *pl = a->plan;
+    const nsa_config &cfg = pl->cfg;
+    DNEED(a->q, "q");
+    DNEED(a->o, "o");
+    DNEED(a->o_b[NSA_BRANCH_CMP], "o_b[cmp]");
+    DNEED(a->lse[NSA_BRANCH_CMP], "lse[cmp]");
+    DNEED(a->gate[NSA_BRANCH_CMP], "gate[cmp]");
+    const DecGeom g = dgeom(pl, d, a);
+    DLAUNCH(dec_attn(g, 0, d->sp[0], attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache), c->stream));
+    if (cfg.num_selected > 0) {
+        DNEED(a->indices, "indices");
+        DNEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
+        DNEED(a->gate[NSA_BRANCH_SLC], "gate[slc]");
+        DNEED(a->dec_k_cache[NSA_BRANCH_SLC], "k_cache[slc]");
+        DNEED(a->dec_v_cache[NSA_BRANCH_SLC], "v_cache[slc]");
+        DLAUNCH(dec_select(g, d->sp[0], din(a->q), dcache(a->dec_kc_cache), din(a->lse[NSA_BRANCH_CMP]), d->pbuf,
+                           d->max_nc, d->rows, (int *)ptr(a->indices), a->indices.stride_token,
+                           a->indices.stride_head, c->stream));
+        DLAUNCH(dec_attn(g, 1, d->sp[1],
+                         attn_in(d, a, NSA_BRANCH_SLC, a->dec_k_cache[NSA_BRANCH_SLC], a->dec_v_cache[NSA_BRANCH_SLC]),
+                         c->stream));
+    }
+    if (cfg.window > 0) {
+        DNEED(a->o_b[NSA_BRANCH_WIN], "o_b[win]");
+        DNEED(a->gate[NSA_BRANCH_WIN], "gate[win]");
+        DNEED(a->dec_k_cache[NSA_BRANCH_WIN], "k_cache[win]");
+        DNEED(a->dec_v_cache[NSA_BRANCH_WIN], "v_cache[win]");
+        DLAUNCH(dec_attn(g, 2, d->sp[2],
+                         attn_in(d, a, NSA_BRANCH_WIN, a->dec_k_cache[NSA_BRANCH_WIN], a->dec_v_cache[NSA_BRANCH_WIN]),
+                         c->stream));
+    }
+    DecIn gate[3], ob[3];
+    for (int b = 0; b < 3; b++) {
+        ob[b] = din(a->o_b[b]);
+        gate[b] = din(a->gate[b]);
+    }
+    DLAUNCH(dec_combine(g, gate, ob, ptr(a->o), a->o.stride_token, a->o.stride_head, c->stream));
+    return NSA_SUCCESS;
+}
+
+} // namespace
+
+nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
+{
+    const nsa_config &cfg = plan->cfg;
+    const nsa_decode_limits &lim = plan->lim;
+    const int64_t Hq = cfg.num_q_heads, Hkv = cfg.num_kv_heads, G = Hq / Hkv, MT = lim.max_total_tokens;
+    const int64_t Dqk = cfg.head_dim_qk, Dv = cfg.head_dim_v;
+    if (dec_attn_smem(Dqk, Dv) > 48 * 1024)
+        return FAIL(NSA_ERR_UNSUPPORTED,
+                    "cuda backend: the decode kernels' shared memory at head dims %lld / %lld (%zu bytes) exceeds "
+                    "48 KB (Dqk + Dv up to about 2900)",
+                    (long long)Dqk, (long long)Dv, dec_attn_smem(Dqk, Dv));
+    const int64_t hc = heads_per_cta(G), nhc = (G + hc - 1) / hc;
+    if (Hkv * nhc > 65535 || MT >= ((int64_t)1 << 31))
+        return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: a decode plan of %lld KV heads x %lld head chunks or %lld "
+                    "rows exceeds a grid", (long long)Hkv, (long long)nhc, (long long)MT);
+    CudaDec *d = (CudaDec *)calloc(1, sizeof *d);
+    if (!d) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: cannot allocate a decode plan record");
+    p->dec = d;
+    int sms = 0;
+    CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device), "cudaDeviceGetAttribute");
+    const int64_t target = 2 * (int64_t)std::max(sms, 1), per = Hkv * nhc;
+    d->max_nc = plan->max_nc;
+    const int64_t kmax[3] = {plan->max_nc, cfg.num_selected * cfg.slc_block, std::min<int64_t>(cfg.window, lim.max_context)};
+    int64_t ns_max = 1;
+    for (int b = 0; b < 3; b++) {
+        d->sp[b] = make_split(kmax[b], per, target, Dv + 2, MT, Hq, hc);
+        ns_max = std::max<int64_t>(ns_max, d->sp[b].ns);
+    }
+    const double part = (double)MT * (double)Hq * (double)ns_max * (double)(Dv + 2) * 4.0;
+    const double pb = cfg.num_selected > 0 ? (double)MT * (double)Hkv * (double)plan->max_nc * 4.0 : 0.0;
+    const double rw = cfg.num_selected > 0 ? (double)MT * (double)Hkv * (double)plan->max_ns * 4.0 : 0.0;
+    const double chk = 16.0 + 4.0 * ((double)lim.num_pages + (double)lim.num_cmp_pages);
+    if (part > 1e14 || pb > 1e14 || rw > 1e14 || chk > 1e14)
+        return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: a decode plan's scratch would take %.3g bytes",
+                    part + pb + rw + chk);
+    size_t *acc = &p->bytes;
+    CU(dalloc(acc, &d->rec, DR_FIELDS * sizeof(int)), "plan_prepare (decode record)");
+    CU(cudaMemsetAsync(d->rec, 0, DR_FIELDS * sizeof(int), c->stream), "plan_prepare (decode record)");
+    CU(cudaStreamSynchronize(c->stream), "plan_prepare (decode record)");
+    d->chk_bytes = (size_t)chk;
+    CU(dalloc(acc, (char **)&d->chk_mem, d->chk_bytes), "plan_prepare (decode checks)");
+    d->chk.flags = (unsigned long long *)d->chk_mem;
+    d->chk.pcount = (int *)((char *)d->chk_mem + 16);
+    d->chk.ccount = d->chk.pcount + lim.num_pages;
+    CU(dalloc(acc, &d->part, (size_t)part), "plan_prepare (decode partial states)");
+    if (cfg.num_selected > 0) {
+        CU(dalloc(acc, &d->pbuf, (size_t)pb), "plan_prepare (decode block scores)");
+        CU(dalloc(acc, &d->rows, (size_t)rw), "plan_prepare (decode block scores)");
+    }
+    p->ch.st[NSA_STAGE_DECODE_APPEND].k = K_DECODE_APPEND;
+    p->ch.st[NSA_STAGE_DECODE_ATTN].k = K_DECODE_SPLIT;
+    return NSA_SUCCESS;
+}
+
+void decode_release(CudaPlan *p)
+{
+    CudaDec *d = p->dec;
+    if (!d) return;
+    void *m[] = {d->rec, d->chk_mem, d->part, d->pbuf, d->rows};
+    for (void *x : m)
+        if (x) cudaFree(x);
+    free(d);
+    p->dec = nullptr;
+}
+
+void decode_describe(const CudaPlan *p, nsa_stage stage, char *buf, size_t size)
+{
+    const CudaDec *d = p->dec;
+    if (stage == NSA_STAGE_DECODE_ATTN && d)
+        snprintf(buf, size, "%s[splits cmp %dx%lld, slc %dx%lld, win %dx%lld; %d heads/cta]", kern_name(K_DECODE_SPLIT),
+                 d->sp[0].ns, (long long)d->sp[0].chunk, d->sp[1].ns, (long long)d->sp[1].chunk, d->sp[2].ns,
+                 (long long)d->sp[2].chunk, d->sp[0].hc);
+    else
+        describe(p->ch.st[stage], stage, buf, size);
+}
+
+nsa_status decode_run(CudaCtx *c, const CudaPlan *p, nsa_stage stage, const nsa_bk_args *a)
+{
+    if (!p->dec) return FAIL(NSA_ERR_INTERNAL, "cuda backend: a decode stage on a plan without decode memory");
+    if (stage == NSA_STAGE_DECODE_APPEND) return run_append(c, p->dec, a);
+    if (stage == NSA_STAGE_DECODE_ATTN) return run_attn(c, p->dec, a);
+    return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: stage %s is not a decode stage", nsa_stage_name(stage));
+}
+
+/* The record of the plan's last step as the cpu reference words it. */
+nsa_status cu_decode_status(void *bctx, const nsa_bk_plan *plan)
+{
+    CudaCtx *c = (CudaCtx *)bctx;
+    const CudaPlan *p = plan ? (const CudaPlan *)plan->backend_plan : nullptr;
+    if (!c || !p || !p->dec) return NSA_SUCCESS;
+    int r[DR_FIELDS];
+    CU(cudaSetDevice(c->device), "cudaSetDevice");
+    CU(cudaMemcpyAsync(r, p->dec->rec, sizeof r, cudaMemcpyDeviceToHost, c->stream), "cudaMemcpyAsync (decode record)");
+    CU(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (decode record)");
+    if (r[DR_STATUS] == NSA_SUCCESS) return NSA_SUCCESS;
+    const nsa_decode_limits &L = plan->lim;
+    const nsa_status s = (nsa_status)r[DR_STATUS];
+    const long long b = r[DR_SEQ], x = r[DR_COL], ps = L.page_size, cps = L.cmp_page_size;
+    const long long tq = (long long)r[DR_CU1] - r[DR_CU0], tk0 = r[DR_TK0], tk = tk0 + tq;
+    const char *why = nullptr;
+    switch (r[DR_REASON]) {
+    case DRS_CU0: return FAIL(s, "nsa_decode: cu_seqlens_q[0] = %d, but it must be 0", r[DR_CU0]);
+    case DRS_DECREASES: why = "cu_seqlens_q decreases"; break;
+    case DRS_TOTAL: why = "cu_seqlens_q passes the plan's max_total_tokens"; break;
+    case DRS_STEP: why = "its TQ exceeds the plan's max_step_tokens"; break;
+    case DRS_TK0: why = "cache_seqlens (TK0) is negative"; break;
+    case DRS_CONTEXT: why = "TK = TK0 + TQ exceeds the plan's max_context"; break;
+    case DRS_PAGES: why = "TK = TK0 + TQ does not fit its max_pages pages of page_size positions"; break;
+    case DRS_CMP_PAGES: why = "its Nc(TK) compressed rows do not fit max_cmp_pages pages of cmp_page_size rows"; break;
+    case DRS_ENTRY:
+        return FAIL(s, "nsa_decode: block_table[%lld][%lld] = %d is outside [0, num_pages = %lld) (sequence %lld reads "
+                    "or writes positions %lld .. %lld there)",
+                    b, x, r[DR_ENTRY], (long long)L.num_pages, b, x * ps, x * ps + ps - 1);
+    case DRS_CMP_ENTRY:
+        return FAIL(s, "nsa_decode: cmp_block_table[%lld][%lld] = %d is outside [0, num_cmp_pages = %lld) (sequence "
+                    "%lld reads or writes compressed rows %lld .. %lld there)",
+                    b, x, r[DR_ENTRY], (long long)L.num_cmp_pages, b, x * cps, x * cps + cps - 1);
+    case DRS_SHARED:
+        return FAIL(s, "nsa_decode: block_table[%lld][%lld] = %d: sequence %lld writes positions there, but page %d "
+                    "appears %d times in the batch's page tables (a page the step writes must belong to one sequence)",
+                    b, x, r[DR_ENTRY], b, r[DR_ENTRY], r[DR_COUNT]);
+    case DRS_CMP_SHARED:
+        return FAIL(s, "nsa_decode: cmp_block_table[%lld][%lld] = %d: sequence %lld writes compressed rows there, but "
+                    "page %d appears %d times in the batch's compressed page tables (a page the step writes must "
+                    "belong to one sequence)",
+                    b, x, r[DR_ENTRY], b, r[DR_ENTRY], r[DR_COUNT]);
+    default: return FAIL(s, "nsa_decode: sequence %lld: the step's checks failed (reason %d)", b, r[DR_REASON]);
+    }
+    return FAIL(s,
+                "nsa_decode: sequence %lld: %s (cu_seqlens_q[%lld] = %d, cu_seqlens_q[%lld] = %d, TQ = %lld, TK0 = "
+                "%lld, TK = %lld; limits: max_step_tokens %lld, max_total_tokens %lld, max_context %lld, max_pages "
+                "%lld x page_size %lld, max_cmp_pages %lld x cmp_page_size %lld)",
+                b, why, b, r[DR_CU0], b + 1, r[DR_CU1], tq, tk0, tk, (long long)L.max_step_tokens,
+                (long long)L.max_total_tokens, (long long)L.max_context, (long long)L.max_pages, ps,
+                (long long)L.max_cmp_pages, cps);
+}
+
+} // namespace nsa_cuda

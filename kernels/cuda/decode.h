@@ -1,0 +1,134 @@
+/*
+ * decode.h -- the launchers of the decode kernels (kernels/cuda/decode.cu,
+ * semantics section 10), as backends/cuda/cuda_decode.cu calls them.
+ * Host-side C++, no core header: the backend translates nsa_bk_args into
+ * the plain pointers and strides below.
+ *
+ * Every kernel reads the step's lengths (cu_seqlens_q, cache_seqlens) and
+ * page tables in device memory; nothing is read back on the host, nothing is
+ * allocated or synchronized, so a step can be captured in a CUDA graph and
+ * replayed with new lengths and tables. The check kernels write the step's
+ * record (DecRec); every later kernel reads its status first and does
+ * nothing when the step failed (a failed step writes nothing but the status).
+ */
+#ifndef NSA_KERNELS_CUDA_DECODE_H
+#define NSA_KERNELS_CUDA_DECODE_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace nsa_cuda {
+
+/* The record of a step's checks (int32 each), read by nsa_decode_check
+ * (cuda_decode.cu formats the message from it). */
+enum DecRecField {
+    DR_STATUS = 0, /* nsa_status */
+    DR_SEQ,        /* the first bad sequence, or -1 */
+    DR_REASON,     /* DecReason */
+    DR_COL,        /* the table column of a bad entry */
+    DR_ENTRY,      /* its value */
+    DR_COUNT,      /* how often a written page appears */
+    DR_CU0,        /* cu_seqlens_q[seq], cu_seqlens_q[seq + 1], cache_seqlens[seq] as read */
+    DR_CU1,
+    DR_TK0,
+    DR_FIELDS = 16
+};
+enum DecReason {
+    DRS_OK = 0,
+    DRS_CU0,        /* cu_seqlens_q[0] != 0 */
+    DRS_DECREASES,  /* TQ < 0 */
+    DRS_TOTAL,      /* cu_seqlens_q[b + 1] > max_total_tokens */
+    DRS_STEP,       /* TQ > max_step_tokens */
+    DRS_TK0,        /* TK0 < 0 */
+    DRS_CONTEXT,    /* TK > max_context */
+    DRS_PAGES,      /* TK > max_pages * page_size */
+    DRS_CMP_PAGES,  /* Nc(TK) > max_cmp_pages * cmp_page_size */
+    DRS_ENTRY,      /* block_table entry outside [0, num_pages) */
+    DRS_CMP_ENTRY,  /* cmp_block_table entry outside [0, num_cmp_pages) */
+    DRS_SHARED,     /* a written page appears more than once */
+    DRS_CMP_SHARED, /* a written compressed page appears more than once */
+};
+
+/* A paged cache: base (cfg dtype), row stride st and head stride sh (elements) */
+struct DecCache {
+    void *p;
+    int64_t st, sh;
+};
+struct DecIn { /* a packed [rows, heads, dim] input */
+    const void *p;
+    int64_t st, sh;
+};
+
+/* Everything a decode kernel reads: shape, capacities and the step's tensors. */
+struct DecGeom {
+    int64_t B, MT, Hq, Hkv, G, Dqk, Dv;
+    int64_t l, d, ls, n, n_init, n_local, w;
+    int64_t max_step, max_context, ps, num_pages, max_pages, cps, num_cmp_pages, max_cmp_pages;
+    int64_t max_ns; /* score row length */
+    float scale;
+    int dtype;      /* 0 f32, 1 f16, 2 bf16 */
+    int compress;   /* nsa_compress_mode */
+    const int *cu;  /* cu_seqlens_q [B + 1] */
+    const int *tk0; /* cache_seqlens [B] */
+    const int *bt;  /* block_table, row stride bt_st */
+    int64_t bt_st;
+    const int *cbt; /* cmp_block_table (NULL when no compressed rows exist) */
+    int64_t cbt_st;
+    int *rec;       /* the step's record [DR_FIELDS] (plan memory) */
+    int *status;    /* the caller's status tensor [2], or NULL */
+};
+
+/* Plan memory of the checks: two 64-bit flags then the page counts; zeroed
+ * (cudaMemsetAsync, capturable) at the start of every step. */
+struct DecCheckMem {
+    unsigned long long *flags; /* [2]: phase-1 and shared-page failures, as UINT64_MAX - b (0: none) */
+    int *pcount, *ccount;      /* [num_pages], [num_cmp_pages] */
+};
+
+cudaError_t dec_check(const DecGeom &g, const DecCheckMem &m, cudaStream_t s);
+
+/* Appends k[b], v[b] of the new tokens to the distinct caches (nk of them). */
+cudaError_t dec_append(const DecGeom &g, int nk, const DecIn *src, const DecCache *dst, const int64_t *D,
+                       cudaStream_t s);
+
+/* MEAN / LINEAR: the compressed rows the step completes, from the cached
+ * tokens of the compressed branch's caches (kraw, vraw) into kc / vc. */
+cudaError_t dec_compress(const DecGeom &g, DecCache kraw, DecCache vraw, const void *wk, const void *wv,
+                         const void *pek, const void *pev, DecCache kc, DecCache vc, cudaStream_t s);
+
+/* The split attention of one branch (mode 0 compressed, 1 selected, 2 window):
+ * grid (rows, Hkv x head chunks, ns splits of chunk keys each), partial
+ * softmax states into part (f32: [MT, Hq, ns] x (Dv + 2)). */
+struct DecSplit {
+    int ns;        /* splits */
+    int64_t chunk; /* keys per split */
+    int hc;        /* heads per CTA */
+};
+struct DecAttnIn {
+    DecIn q;
+    DecCache k, v;        /* mode 0: the compressed caches */
+    DecIn idx;            /* mode 1: the selected blocks (int32 [MT, Hkv, n]) */
+    float *part;          /* partial states */
+    float *o;             /* o_b (f32 [MT, Hq, Dv]) */
+    int64_t ost, osh;
+    float *lse;           /* lse of the branch, or NULL */
+    int64_t lst, lsh;
+};
+cudaError_t dec_attn(const DecGeom &g, int mode, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s);
+/* dynamic shared memory of dec_attn's kernel (the plan refuses head dims past 48 KB) */
+size_t dec_attn_smem(int64_t Dqk, int64_t Dv);
+
+/* Block scores and top-n: p_cmp group sums of every visible compressed row
+ * (split like the compressed branch: pbuf f32 [MT, Hkv, max_nc]), then one
+ * warp per (row, KV head) maps them onto the selection blocks (rows: f32
+ * [MT, Hkv, max_ns]) and ranks them (topn.cuh) into idx. */
+cudaError_t dec_select(const DecGeom &g, const DecSplit &sp, DecIn q, DecCache kc, DecIn lse_cmp, float *pbuf,
+                       int64_t max_nc, float *rows, int *idx, int64_t ist, int64_t ish, cudaStream_t s);
+
+/* o = sum_b gate_b o_b over the step's rows (fixed order, f32, rounded once). */
+cudaError_t dec_combine(const DecGeom &g, const DecIn gate[3], const DecIn ob[3], void *o, int64_t ost, int64_t osh,
+                        cudaStream_t s);
+
+} // namespace nsa_cuda
+
+#endif
