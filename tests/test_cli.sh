@@ -282,6 +282,14 @@ fi
 if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available"; then
   expect "NSA_BACKEND=opencl nsa run checks the reference" 0 "PASS" -- \
     env NSA_BACKEND=opencl "$nsa" run --T 200 --hq 8 --hkv 2 --dqk 32 --dv 16 --n 3 --w 48 --iters 2
+  # the kernel each stage runs: version 3 attention where it fits, the forced versions otherwise
+  kinfo=(info --kernels --T 256 --hq 8 --hkv 2 --dqk 32 --dv 32)
+  expect "opencl stage kernels: cmp_attn_v3 by default" 0 "cmp_attn +cmp_attn_v3\[" -- "$nsa" "${kinfo[@]}"
+  expect "opencl stage kernels: win_attn_v3 by default" 0 "win_attn +win_attn_v3\[" -- "$nsa" "${kinfo[@]}"
+  expect "opencl stage kernels: NSA_OPENCL_KERNELS=v2" 0 "cmp_attn +cmp_attn_v2\[" -- \
+    env NSA_OPENCL_KERNELS=v2 "$nsa" "${kinfo[@]}"
+  expect "opencl stage kernels: NSA_OPENCL_KERNELS=v1" 0 "slc_attn +slc_attn\[wg" -- \
+    env NSA_OPENCL_KERNELS=v1 "$nsa" "${kinfo[@]}"
   expect "nsa parity --backends opencl,cpu" 0 "opencl" -- \
     "$nsa" parity --backends opencl,cpu --corpus small --dtypes f32,bf16
   expect "opencl build failure shows the compiler log" nonzero "NSA_ERR_KERNEL_BUILD.*compiler log" -- \

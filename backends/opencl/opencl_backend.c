@@ -388,6 +388,7 @@ static const nsa_backend ocl_backend = {
     .plan_prepare = ocl_plan_prepare,
     .plan_release = ocl_plan_release,
     .run = ocl_run,
+    .stage_kernel = ocl_stage_kernel,
     .decode_status = ocl_decode_status,
 };
 

@@ -139,6 +139,7 @@ void ocl_program_release(ocl_program *p);
 /* stages.c */
 int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg);
 nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan);
+nsa_status ocl_stage_kernel(void *bctx, const nsa_bk_plan *plan, nsa_stage stage, char *name, size_t size);
 void ocl_plan_release(void *bctx, nsa_bk_plan *plan);
 nsa_status ocl_run(void *bctx, nsa_stage stage, const nsa_bk_args *args);
 

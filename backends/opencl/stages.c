@@ -424,6 +424,49 @@ static void block_args(ocl_args *a, const nsa_bk_tensor *out, const tables *tb, 
     ocl_arg_long(a, cfg->cmp_stride);
 }
 
+/* The kernel (and version, with its tile) that a prepared plan runs for a stage,
+ * for nsa_plan_stage_kernel (nsa info --kernels, nsa run, the profile). */
+nsa_status ocl_stage_kernel(void *bctx, const nsa_bk_plan *plan, nsa_stage stage, char *name, size_t size)
+{
+    (void)bctx;
+    const ocl_plan *op = plan ? (const ocl_plan *)plan->backend_plan : NULL;
+    if (!op || !name || size == 0)
+        return OCL_ERR(NSA_ERR_INTERNAL, "opencl: stage_kernel without a prepared plan or a name buffer");
+    const nsa_config *cfg = &plan->cfg;
+    switch (stage) {
+    case NSA_STAGE_COMPRESS:
+        snprintf(name, size, "%s", cfg->compress == NSA_COMPRESS_MEAN ? "compress_mean"
+                                   : cfg->compress == NSA_COMPRESS_EXTERNAL ? "compress_copy[convert_rows]"
+#ifdef NSA_OPENCL_CLBLAST
+                                                                              : "compress_linear[clblast]");
+#else
+                                                                              : "compress_linear");
+#endif
+        break;
+    case NSA_STAGE_CMP_ATTN:
+    case NSA_STAGE_WIN_ATTN: {
+        const char *base = stage == NSA_STAGE_CMP_ATTN ? "cmp_attn" : "win_attn";
+        if (op->attn_v3) snprintf(name, size, "%s_v3[r%d,bk%d,dc%d]", base, TA_R, TA_BK, TA_DC);
+        else if (op->attn_v2) snprintf(name, size, "%s_v2[kt%lld,wg%zu]", base, (long long)op->kt_v2, op->wg_v2);
+        else snprintf(name, size, "%s[wg%zu]", base, op->wg_attn);
+        break;
+    }
+    case NSA_STAGE_SLC_ATTN:
+        if (op->attn_v2) snprintf(name, size, "slc_attn_v2[kt%lld,wg%zu]", (long long)op->kt_v2, op->wg_v2);
+        else snprintf(name, size, "slc_attn[wg%zu]", op->wg_attn);
+        break;
+    case NSA_STAGE_BLOCK_SCORES:
+        if (op->scores_v2) snprintf(name, size, "block_scores_v2[kt%lld,jc%lld]", (long long)op->kt_scores, (long long)op->jc_scores);
+        else snprintf(name, size, "block_scores[wg%zu]", op->wg_scores);
+        break;
+    case NSA_STAGE_SCORES_TOPN:
+        snprintf(name, size, "scores_topn[kt%lld,jc%lld]", (long long)op->kt_fused, (long long)op->jc_fused);
+        break;
+    default: snprintf(name, size, "%s", nsa_stage_name(stage)); break;
+    }
+    return NSA_SUCCESS;
+}
+
 static nsa_status run_compress(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
 {
     const nsa_bk_plan *plan = args->plan;
