@@ -187,7 +187,7 @@ static const spec small_specs[] = {
  * The sizes models use, for GPU backends (test_oracle <backend> <modes> gpu on a
  * device; too slow for the fp64 oracle in CI): the paper's block parameters,
  * head dims 64 / 128 / 192, the GQA groups of common models (G = 1, 4, 7, 8 and
- * 16), T up to 8192, ragged packed batches, a fixed-indices case. */
+ * 16), T up to 8192, ragged packed batches, a fixed-indices case, l_s = 128. */
 #define PAPER "l=32 d=16 s=64 n=16 i=1 o=2 w=512"
 static const spec gpu_specs[] = {
     {"g-G1-8192", "T=8192 H=4/4 D=128/128 " PAPER},
@@ -198,6 +198,9 @@ static const spec gpu_specs[] = {
     {"g-G4-D96-ragged", "T=2500,700,33 H=8/2 D=96/64 " PAPER},
     {"g-G1-fix", "fix T=3001 H=4/4 D=128/128 " PAPER},
     {"g-G4-lin", "T=2049 H=16/4 D=64/64 c=lin " PAPER},
+    /* l_s = 128: two 64-key tiles per selected block (no other corpus case has l_s > 64) */
+    {"g-G4-ls128", "T=3000 H=16/4 D=64/64 l=32 d=16 s=128 n=8 i=1 o=2 w=256"},
+    {"g-G16-ls128", "T=1500 H=16/1 D=128/128 l=32 d=16 s=128 n=6 i=1 o=2 w=256"},
 };
 #undef PAPER
 
