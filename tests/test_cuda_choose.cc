@@ -78,12 +78,14 @@ static bool is_ref(Kern k) { return k == K_ATTN_REF || k == K_SCORES_REF || k ==
 static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &cfg, int64_t max_ns)
 {
     const int64_t G = cfg.num_q_heads / cfg.num_kv_heads;
-    const size_t rows = c.rows_smem ? scores_rows_smem(tile_tokens(G), max_ns) : 0;
+    const int qt = c.k == K_SCORES_SM80_KQ || c.k == K_SCORES_SM80_G16 ? scores_kq_tokens(G) : tile_tokens(G);
+    const size_t rows = c.rows_smem ? scores_rows_smem(qt, max_ns) : 0;
     switch (c.k) {
     case K_ATTN_SM80: return attn_sm80_smem(ch.dqkp, ch.dvp, c.attn.bn);
     case K_ATTN_SM90: return attn_sm90_smem(ch.dqkp, ch.dvp, c.attn.bn);
     case K_SCORES_SM80: return scores_sm80_smem(ch.dqkp, c.scores.bn) + rows;
     case K_SCORES_SM80_G16: return scores_sm80_g16_smem(ch.dqkp, c.scores.bn, c.scores.nb, rows);
+    case K_SCORES_SM80_KQ: return scores_sm80_kq_smem(ch.dqkp, c.scores.bn, c.scores.nb, scores_kq_gp(G), rows);
     case K_SCORES_SM90_G16: return scores_sm90_g16_smem(ch.dqkp, c.scores.nb) + rows;
     case K_SLC_SM80: return slc_sm80_smem(ch.dqkp, ch.dvp, cfg.num_selected, cfg.slc_block);
     case K_SLC_SM80_G16: return slc_sm80_g16_smem(ch.dqkp, ch.dvp, c.slc.panel, c.slc.ns);
@@ -207,8 +209,27 @@ static void check_paper_shape()
     /* G = 4 (Llama-3-8B's 32 / 8) */
     const nsa_config g4 = config(32, 8, 128, 128, NSA_DTYPE_BF16);
     expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
-    expect(CLS_SM90, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80[bn64,2buf,rows:global]+topn");
-    expect(CLS_SM90, g4, 128, NSA_STAGE_SCORES_TOPN, "scores_sm80[bn64,2buf,rows:smem]+topn:fused");
+    /* the transposed kernel with 4 tokens per warp: 32 tokens' rows of 1024 blocks (128 KB) fit beside it */
+    expect(CLS_SM90, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:smem]+topn:fused");
+    expect(CLS_SM90, g4, 128, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:smem]+topn:fused");
+    expect(CLS_SM80, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn32,2buf,rows:smem]+topn:fused");
+    /* G = 1: 128 tokens' rows (512 KB) do not fit */
+    expect(CLS_SM90, config(4, 4, 128, 128, NSA_DTYPE_BF16), 1024, NSA_STAGE_SCORES_TOPN,
+           "scores_sm80_kq[bn64,2buf,rows:global]+topn");
+    /* padded Dqk 256 is past the registers that hold Q: the general kernel */
+    expect(CLS_SM90, config(32, 8, 256, 256, NSA_DTYPE_BF16), 128, NSA_STAGE_SCORES_TOPN,
+           "scores_sm80[bn32,2buf,rows:smem]+topn:fused");
+    /* its own tile list where G is not a power of two (G 7: 16 tokens of 8 rows, not 18 of 7) */
+    for (int64_t G : {1, 2, 3, 4, 5, 7, 8, 12, 16}) {
+        Choice ch;
+        char msg[256];
+        const nsa_config c = config(4 * G, 4, 128, 128, NSA_DTYPE_BF16);
+        CHECK(choose(class_limits(CLS_SM90), c, 1024, Force{}, &ch, msg, sizeof msg) == NSA_SUCCESS, "%s", msg);
+        const bool kq = ch.st[NSA_STAGE_SCORES_TOPN].k == K_SCORES_SM80_KQ;
+        CHECK(kq == (G < 16), "G = %lld: scores run %s", (long long)G, kern_name(ch.st[NSA_STAGE_SCORES_TOPN].k));
+        const int want = kq && (G & (G - 1)) ? TC_BM / scores_kq_gp(G) : 0;
+        CHECK(ch.sc_tokens == want, "G = %lld: sc_tokens %d, expected %d", (long long)G, ch.sc_tokens, want);
+    }
     /* block-major for every G but 16, on every class, Dqk 192 too */
     for (Cls cls : classes)
         for (int64_t hq : {4, 8, 28, 32, 128}) {

@@ -76,7 +76,7 @@ bool parse_target(const char *s, Cls device, Cls *out, char *msg, size_t msg_siz
 
 static const char *const k_names[K_COUNT] = {
     "-",           "compress_mean",   "compress_linear", "compress_copy", "attn_ref",        "attn_sm80",
-    "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm90_g16", "topn",
+    "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm80_kq", "scores_sm90_g16", "topn",
     "slc_sm80",    "slc_sm80_g16",    "slc_sm80_blk",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_attn_sm80",   "bwd_compress_mean",
     "bwd_compress_linear", "bwd_store", "decode_append", "decode_split",
 };
@@ -108,7 +108,7 @@ static const ForceKey force_keys[] = {
 static int stage_kernels(nsa_stage st, const Kern **out)
 {
     static const Kern cmp[] = {K_ATTN_REF, K_ATTN_SM80, K_ATTN_SM90};
-    static const Kern sc[] = {K_SCORES_REF, K_SCORES_SM80, K_SCORES_SM80_G16, K_SCORES_SM90_G16};
+    static const Kern sc[] = {K_SCORES_REF, K_SCORES_SM80, K_SCORES_SM80_G16, K_SCORES_SM80_KQ, K_SCORES_SM90_G16};
     static const Kern tn[] = {K_TOPN};
     static const Kern slc[] = {K_ATTN_REF, K_SLC_SM80, K_SLC_SM80_G16, K_SLC_SM80_BLK};
     static const Kern cb[] = {K_COMBINE, K_COMBINE_IN_WIN};
@@ -117,7 +117,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     case NSA_STAGE_CMP_ATTN:
     case NSA_STAGE_WIN_ATTN: *out = cmp; return 3;
     case NSA_STAGE_BLOCK_SCORES:
-    case NSA_STAGE_SCORES_TOPN: *out = sc; return 4;
+    case NSA_STAGE_SCORES_TOPN: *out = sc; return 5;
     case NSA_STAGE_SELECT_TOPN: *out = tn; return 1;
     case NSA_STAGE_SLC_ATTN: *out = slc; return 4;
     case NSA_STAGE_COMBINE: *out = cb; return 2;
@@ -226,10 +226,14 @@ bool takes(Kern k, nsa_stage st, const Limits &lim, const Shape &s, StageChoice 
         c->attn = pick_attn_sm90(mode, s.dqkp, s.dvp, s.limit);
         return c->attn.bn > 0;
     case K_SCORES_SM80:
-    case K_SCORES_SM80_G16: {
-        if (!s.tc || s.G > TC_BM || (k == K_SCORES_SM80_G16 && s.G != 16)) return false;
-        c->scores = pick_scores_sm80(k == K_SCORES_SM80_G16, s.dqkp, scores_rows_smem(tile_tokens(s.G), s.max_ns),
-                                     s.limit, lim.smem_sm);
+    case K_SCORES_SM80_G16:
+    case K_SCORES_SM80_KQ: {
+        if (!s.tc || s.G > TC_BM || (k == K_SCORES_SM80_G16 && s.G != 16) ||
+            (k == K_SCORES_SM80_KQ && !scores_sm80_kq_takes(s.G, s.dqkp)))
+            return false;
+        const int gp = k == K_SCORES_SM80 ? 0 : scores_kq_gp(s.G);
+        const int qt = gp > 0 ? scores_kq_tokens(s.G) : tile_tokens(s.G);
+        c->scores = pick_scores_sm80(gp, s.dqkp, scores_rows_smem(qt, s.max_ns), s.limit, lim.smem_sm);
         c->rows_smem = c->scores.rows;
         return c->scores.bn > 0;
     }
@@ -267,6 +271,7 @@ int preference(nsa_stage st, Kern *out)
     case NSA_STAGE_SCORES_TOPN:
         out[n++] = K_SCORES_SM90_G16;
         out[n++] = K_SCORES_SM80_G16;
+        out[n++] = K_SCORES_SM80_KQ;
         out[n++] = K_SCORES_SM80;
         out[n++] = K_SCORES_REF;
         break;
@@ -293,6 +298,7 @@ const char *why_not(Kern k, const Limits &lim, const Shape &s)
     if ((k == K_ATTN_SM90 || k == K_SCORES_SM90_G16) && lim.cls != CLS_SM90)
         return "it needs a device of class sm90 (wgmma and the TMA)";
     if ((k == K_SCORES_SM80_G16 || k == K_SCORES_SM90_G16) && s.G != 16) return "it needs G = 16";
+    if (k == K_SCORES_SM80_KQ && !scores_sm80_kq_takes(s.G, s.dqkp)) return "it needs G < 16 and padded Dqk <= 192";
     if (k == K_SLC_SM80_BLK && !slc_sm80_blk_takes(s.G, s.dqkp, s.dvp))
         return "it needs G <= 64 and padded dims 32/32, 64/64, 128/128 or 192/128";
     if (k == K_SLC_SM80_G16 && !slc_sm80_g16_takes(s.G, s.cfg->slc_block, s.cfg->num_selected, s.dqkp, s.dvp))
@@ -341,7 +347,7 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
             }
             continue;
         }
-        Kern pref[4];
+        Kern pref[8];
         const int np = preference(st, pref);
         for (int i = 0; i < np; i++)
             if (takes(pref[i], st, lim, s, &c)) break;
@@ -388,6 +394,8 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
     const StageChoice &sc = out->st[NSA_STAGE_SCORES_TOPN];
     const bool sc_tc = cfg.num_selected > 0 && sc.k != K_SCORES_REF;
     out->fused_topn = sc_tc && sc.rows_smem;
+    if (sc_tc && sc.k == K_SCORES_SM80_KQ && scores_kq_tokens(s.G) != tile_tokens(s.G))
+        out->sc_tokens = scores_kq_tokens(s.G);
     const bool cmp_tc = ck_tc(out->st[NSA_STAGE_CMP_ATTN].k);
     out->kc16 = cmp_tc || sc_tc || out->bwd_tiles;
     out->tiles = out->kc16 || (cfg.window > 0 && ck_tc(wk));
@@ -415,6 +423,7 @@ void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size)
     case K_ATTN_SM90: snprintf(buf, size, "%s[bn%d,%dcta,tma]", n, c.attn.bn, c.attn.minb); break;
     case K_SCORES_SM80:
     case K_SCORES_SM80_G16:
+    case K_SCORES_SM80_KQ:
     case K_SCORES_SM90_G16:
         snprintf(buf, size, "%s[bn%d,%dbuf,rows:%s]%s", n, c.scores.bn, c.scores.nb, c.rows_smem ? "smem" : "global",
                  stage == NSA_STAGE_SCORES_TOPN ? (c.rows_smem ? "+topn:fused" : "+topn") : "");

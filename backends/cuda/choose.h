@@ -63,6 +63,7 @@ enum Kern {
     K_SCORES_REF,      /* one warp per (token, KV head), fp32 */
     K_SCORES_SM80,     /* any G <= 128 */
     K_SCORES_SM80_G16, /* G = 16 */
+    K_SCORES_SM80_KQ,  /* G < 16: the G16 kernel with 16 / G tokens per warp (G padded to a power of two) */
     K_SCORES_SM90_G16, /* G = 16, S^T = K Q^T on wgmma */
     K_TOPN,
     K_SLC_SM80,     /* one token x 16 heads per CTA */
@@ -110,6 +111,8 @@ struct Choice {
     bool tiles;      /* some kernel walks the plan's tile list */
     bool kc16;       /* some kernel reads the packed 16-bit compressed rows */
     bool bwd_tiles;  /* a backward stage runs bwd_attn_sm80 (its work lists) */
+    int sc_tokens;   /* the scores kernel's tokens per tile where they differ from tile_tokens(G)
+                        (scores_sm80_kq at a G that is not a power of two: its own tile list); else 0 */
 };
 
 /* Chooses every stage for a config and the plan's longest sequence's number

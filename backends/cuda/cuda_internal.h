@@ -66,6 +66,8 @@ struct CudaPlan {
     bool scores_topn;  /* the core planned the fused SCORES_TOPN stage */
     Tiles tiles;       /* tile list of the tiled kernels (tiles.tiles on the device) */
     int64_t *tiles_dev;
+    Tiles sc_tiles;    /* the scores kernel's tile list: tiles, or its own where ch.sc_tokens is set */
+    int64_t *sc_own_dev;
     void *kc16, *vc16; /* compressed keys / values in the input type, padded to dqkp / dvp */
     float *sc_rows;    /* SCORES_TOPN whose rows do not fit in shared memory: f32 [rows, Hkv, max_ns] */
     ScoreChunk *sc_chunks; /* and when [T, Hkv, max_ns] exceeds score_rows_max: the chunks (host) */

@@ -56,6 +56,7 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     if (!p) return;
     cudaSetDevice(c->device);
     if (p->tiles_dev) cudaFree(p->tiles_dev);
+    if (p->sc_own_dev) cudaFree(p->sc_own_dev);
     for (int64_t *d : p->bwd_dev)
         if (d) cudaFree(d);
     void *bwd[] = {p->bwd.slc_nch, p->bwd.slc_nsl, p->bwd.slc_choff, p->bwd.slc_sloff, p->bwd.slc_tmp, p->bwd.scratch};
@@ -147,7 +148,7 @@ static nsa_status make_score_rows(const nsa_bk_plan *plan, CudaPlan *p, int64_t 
 {
     const nsa_config *cfg = &plan->cfg;
     const double row_bytes = (double)cfg->num_kv_heads * (double)plan->max_ns * 4.0;
-    const int64_t T = plan->total_tokens, qt = p->tiles.qt;
+    const int64_t T = plan->total_tokens, qt = p->sc_tiles.qt;
     if (row_bytes > 1e12)
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: score rows of %.3g bytes per token", row_bytes);
     const int64_t rb = (int64_t)row_bytes;
@@ -351,6 +352,10 @@ static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     if (s != NSA_SUCCESS) return FAIL(s, "%s", msg);
     p->scores_topn = cfg->num_selected > 0 && offers_scores_topn(c->lim, *cfg, c->force);
     if (p->ch.tiles && (s = make_tiles(plan, TC_BM, &p->tiles, &p->tiles_dev, &p->bytes)) != NSA_SUCCESS) return s;
+    p->sc_tiles = p->tiles;
+    if (p->ch.sc_tokens > 0 && (s = make_tiles(plan, p->ch.sc_tokens * (int)(cfg->num_q_heads / cfg->num_kv_heads),
+                                               &p->sc_tiles, &p->sc_own_dev, &p->bytes)) != NSA_SUCCESS)
+        return s;
     if (cfg->num_selected > 0 && plan->total_tokens > 0) {
         const bool training = (cfg->flags & NSA_CONFIG_TRAINING) != 0;
         if (p->ch.slc_blk)

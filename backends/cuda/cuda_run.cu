@@ -172,24 +172,27 @@ nsa_status run_scores(const Run &r, bool fused)
     auto scores = [&](const Tiles &tl, MView rows, MView out) {
         return c.k == K_SCORES_SM90_G16
                    ? scores_sm90_g16(r.g, r.c->dev, c.scores, tl, r.p->ch.dqkp, q, r.kc16(), lse, rows, out, r.s)
-                   : scores_sm80(r.g, r.c->dev, c.scores, c.k == K_SCORES_SM80_G16, c.rows_smem, tl, r.p->ch.dqkp, q,
-                                 r.kc16(), lse, rows, out, r.s);
+                   : scores_sm80(r.g, r.c->dev, c.scores,
+                                 c.k == K_SCORES_SM80_G16  ? 16
+                                 : c.k == K_SCORES_SM80_KQ ? scores_kq_gp(r.g.G)
+                                                           : 0,
+                                 c.rows_smem, tl, r.p->ch.dqkp, q, r.kc16(), lse, rows, out, r.s);
     };
     if (!fused || c.rows_smem) {
-        LAUNCH(scores(r.p->tiles, sc, idx));
+        LAUNCH(scores(r.p->sc_tiles, sc, idx));
         return NSA_SUCCESS;
     }
     /* the rows in the plan's buffer, then topn on them: in one pass, or chunk by chunk (make_score_rows) */
     const MView rows = {r.p->sc_rows, r.g.Hkv * r.g.max_ns, r.g.max_ns};
     const View rows_in = {rows.p, rows.st, rows.sh};
     if (r.p->n_sc_chunks == 0) {
-        LAUNCH(scores(r.p->tiles, rows, none));
+        LAUNCH(scores(r.p->sc_tiles, rows, none));
         LAUNCH(select_topn(r.g, rows_in, 0, r.g.T, mview(a->indices), r.s));
         return NSA_SUCCESS;
     }
     for (int64_t i = 0; i < r.p->n_sc_chunks; i++) {
         const ScoreChunk &ck = r.p->sc_chunks[i];
-        Tiles tl = r.p->tiles;
+        Tiles tl = r.p->sc_tiles;
         tl.tiles = r.p->sc_tiles_dev + 3 * ck.off;
         tl.count = ck.count;
         tl.row0 = ck.t0;

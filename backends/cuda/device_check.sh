@@ -37,7 +37,8 @@
 #   gpucorpus the gpu corpus (model sizes, G 1..16, T up to 8192) per class in GPU_CLASSES (sm90 sm80), GPU_MODES
 #   slcncu   ncu: slc_sm80_blk's kernels (map build, sort, attention, reduce) at 64k, G = 4, time per kernel name
 #   groups   nsa bench per GQA shape (GROUP_SHAPES "hq hkv dqk;..."; GROUP_T) with the 64k profile, also with
-#            slc_attn forced to slc_sm80, beside .bench/sdpa_baseline.py's cuDNN forward (issue 14's table)
+#            each NSA_CUDA_FORCE of GROUP_FORCES (default "none slc_attn:slc_sm80"), beside
+#            .bench/sdpa_baseline.py's cuDNN forward (issue 14's table)
 #   oclbench NVIDIA's OpenCL: nsa bench at OCL_T (8192) with v3 and v2 attention and their stage profiles (OPENCL=1)
 #   ncu      stall reasons and source counters of NCU_SPEC kernels (not in the default)
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
@@ -309,7 +310,7 @@ if has groups; then # issue 14's table: nsa bench per GQA shape at GROUP_T besid
     timeout 200 $NSA bench --backend cuda --T ${GROUP_T:-8192,16384,65536} --hq $hq --hkv $hkv --dqk $dqk --dv 128 \
       --iters 7 --warmup 2 --no-stages --no-dense > "$OUT/groups_$tag.log" 2>&1
     note "[$(el)] bench Hq $hq Hkv $hkv Dqk $dqk rc=$?: $(grep -E '^ +[0-9]+ ' "$OUT/groups_$tag.log" | awk '{print $1"="$2"ms"}' | tr '\n' ' ')"
-    for force in none slc_attn:slc_sm80; do
+    for force in ${GROUP_FORCES:-none slc_attn:slc_sm80}; do
       env $([ $force = none ] && echo X_UNUSED=1 || echo NSA_CUDA_FORCE=$force) NSA_CUDA_PROFILE=1 timeout 100 \
         $NSA run --backend cuda --T 65536 --hq $hq --hkv $hkv --dqk $dqk --dv 128 --iters 3 --warmup 1 \
         --check-tokens 0 > /tmp/gp.log 2>&1

@@ -103,13 +103,14 @@ bool sm90a_available();
 /* scores_ref.cu: s(t, g, j) for every eligible j; any dtype (kc f32). */
 cudaError_t scores_ref(const Geom &g, View q, View kc, View lse, MView scores, cudaStream_t s);
 
-/* scores_sm80.cu (f16 / bf16, G <= 128; g16: the G = 16 kernel) and
+/* scores_sm80.cu (f16 / bf16, G <= 128; gp: 0 the general kernel, 16 the
+ * G = 16 kernel, 1 .. 8 the small-group kernel for G <= gp, scores_kq_gp) and
  * scores_sm90.cu (G = 16, padded Dqk 64 / 128 / 192): block scores from the
  * packed 16-bit compressed keys. rows_smem: the CTA's score rows live in
  * shared memory (required by scores_sm90_g16 and by a fused call); then idx.p
  * set ranks them in the kernel (SCORES_TOPN: indices out, sc unused), else
  * they are written to sc. !rows_smem: the rows are accumulated in sc itself. */
-cudaError_t scores_sm80(const Geom &g, const Dev &dev, const ScoresTile &tile, bool g16, bool rows_smem,
+cudaError_t scores_sm80(const Geom &g, const Dev &dev, const ScoresTile &tile, int gp, bool rows_smem,
                         const Tiles &tl, int dqkp, View q, View kc, View lse, MView sc, MView idx, cudaStream_t s);
 cudaError_t scores_sm90_g16(const Geom &g, const Dev &dev, const ScoresTile &tile, const Tiles &tl, int dqkp, View q,
                             View kc, View lse, MView sc, MView idx, cudaStream_t s);

@@ -78,11 +78,16 @@ NSA_DEV bool overlap_entry_sum(const Geom &g, int64_t j, int64_t ks, int BN, int
     return true;
 }
 
-/* One warp adds K tile kt's map for one token (nc visible blocks; p its BN
- * group sums) into its score row; khi: the last key the CTA's tokens see;
- * per: BN * d / l_s, the selection blocks a periodic tile advances by. */
-NSA_DEV void map_tile_row(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
-                          int64_t nc, const float *p, float *row, int lane)
+/* One warp adds K tile kt's map for TPW tokens (at most; ntok of them
+ * present) into their score rows: token x sees nc[x] compressed blocks, its
+ * BN group sums are p + x * pst and its row is row + x * rst; khi: the last
+ * key the CTA's tokens see; per: BN * d / l_s, the selection blocks a
+ * periodic tile advances by. The lanes take (token, entry) pairs. A token
+ * that sees no key of the tile is skipped: its sums there are 0, and adding
+ * 0 leaves its row bitwise unchanged. */
+template <int TPW>
+NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
+                           int ntok, const int64_t *nc, const float *p, int pst, float *row, int64_t rst, int lane)
 {
     const int64_t ks = kt * BN;
     int64_t jlo;
@@ -95,21 +100,29 @@ NSA_DEV void map_tile_row(const Geom &g, const MapTab &t, int ne, int64_t per, i
         jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
         nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
     }
-    if (ne > 0) {
-        float *r = row + jlo;
-        for (int e = lane; e < nj; e += 32) {
-            const float *w = t.w + e * MAP_I, *cc = p + t.f[e];
+    for (int x = lane; x < (TPW == 1 ? nj : ntok * nj); x += 32) {
+        const int tok = TPW == 1 ? 0 : x / nj, e = TPW == 1 ? x : x % nj;
+        if (ks >= nc[tok]) continue;
+        const float *pt = p + tok * pst;
+        float *r = row + tok * rst;
+        if (ne > 0) {
+            const float *w = t.w + e * MAP_I, *cc = pt + t.f[e];
             const int n = t.n[e];
             float acc = 0.f;
             for (int k = 0; k < n; k++) acc += w[k] * cc[k];
-            r[e] += acc;
-        }
-    } else {
-        for (int e = lane; e < nj; e += 32) {
+            r[jlo + e] += acc;
+        } else {
             float acc;
-            if (overlap_entry_sum(g, jlo + e, ks, BN, nc, p, acc)) row[jlo + e] += acc;
+            if (overlap_entry_sum(g, jlo + e, ks, BN, nc[tok], pt, acc)) r[jlo + e] += acc;
         }
     }
+}
+
+/* The same for one token (nc visible blocks; p its BN group sums). */
+NSA_DEV void map_tile_row(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
+                          int64_t nc, const float *p, float *row, int lane)
+{
+    map_tile_rows<1>(g, t, ne, per, BN, kt, khi, 1, &nc, p, 0, row, 0, lane);
 }
 
 /* The CTA's score rows (sAcc, row stride accw) out to the scores buffer, token

@@ -131,7 +131,8 @@ inline AttnTile pick_attn_sm90(int mode, int dqkp, int dvp, int64_t limit)
 
 /* ------------------------------------------------------------ block scores (+ top-n)
  * scores_sm80 (any G <= 128, mma.sync), scores_sm80_g16 (G = 16: one token per
- * warp, group sum by shuffles, no probability tile, two CTAs per SM) and
+ * warp, group sum by shuffles, no probability tile, two CTAs per SM),
+ * scores_sm80_kq (G < 16: the same with 16 / gp tokens per warp) and
  * scores_sm90_g16 (G = 16: S^T = K Q^T on wgmma, K tiles through the TMA).
  * Each CTA keeps its tokens' score rows in shared memory where they fit
  * (then the top-n ranking runs in the same kernel: SCORES_TOPN), else in
@@ -150,20 +151,32 @@ constexpr size_t scores_sm80_smem(int dqk, int bn)
 {
     return 2 * (size_t)(TC_BM * (dqk + 8) + 2 * bn * (dqk + 8)) + sizeof(float) * (size_t)(TC_BM * (bn + 4) + TC_BM * bn);
 }
-/* G = 16 (scores_sm80_g16): no probability tile. Where Q fits in registers
- * (padded Dqk <= 192) the Q tile is only a staging area for its fragments, so
- * the K tiles, the group sums of the CTA's 8 tokens and the score rows (rows:
+/* The transposed kernels, S^T = K Q^T with 16 query rows per warp as the
+ * MMA's columns: scores_sm80_g16 (G = 16, one token per warp) and
+ * scores_sm80_kq (G < 16: the group padded to gp, a power of two, and 16 / gp
+ * tokens per warp, so a CTA holds TC_BM / gp tokens). No probability tile.
+ * Where Q fits in registers (padded Dqk <= 192; scores_sm80_kq needs it) the
+ * Q tile is only a staging area for its fragments, so the K tiles, the group
+ * sums of the CTA's tokens (rows of bn floats at G = 16, bn + 4 below: the
+ * lanes of a quad write four tokens' sums at once) and the score rows (rows:
  * their bytes, 0 when they are in global memory) take its place afterwards;
  * K tiles in 128-byte-swizzled panels where Dqk is a multiple of 64 (+128 for
  * their alignment), else 16-byte-padded rows. */
 constexpr bool scores_g16_qreg(int dqk) { return dqk <= 192; }
 constexpr bool scores_g16_panel(int dqk) { return dqk % 64 == 0; }
-constexpr size_t scores_sm80_g16_smem(int dqk, int bn, int nb, size_t rows)
+constexpr int scores_kq_gp(int64_t G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : G <= 8 ? 8 : 16; }
+constexpr int scores_kq_tokens(int64_t G) { return TC_BM / scores_kq_gp(G); }
+constexpr int scores_kq_sumw(int gp, int bn) { return gp == 16 ? bn : bn + 4; }
+constexpr size_t scores_sm80_kq_smem(int dqk, int bn, int nb, int gp, size_t rows)
 {
     const size_t q = 2 * (size_t)TC_BM * (size_t)(dqk + 8);
     const size_t after = 2 * (size_t)nb * (size_t)bn * (size_t)(scores_g16_panel(dqk) ? dqk : dqk + 8) +
-                         sizeof(float) * (size_t)(TC_BM / 16 * bn) + rows;
+                         sizeof(float) * (size_t)(TC_BM / gp * scores_kq_sumw(gp, bn)) + rows;
     return 128 + (scores_g16_qreg(dqk) ? (q > after ? q : after) : q + after);
+}
+constexpr size_t scores_sm80_g16_smem(int dqk, int bn, int nb, size_t rows)
+{
+    return scores_sm80_kq_smem(dqk, bn, nb, 16, rows);
 }
 /* 1 KB of swizzle alignment, Q and nb K tiles of 64 keys unpadded, two sums tiles [8][72] */
 constexpr size_t scores_sm90_g16_smem(int dqk, int nb)
@@ -171,39 +184,42 @@ constexpr size_t scores_sm90_g16_smem(int dqk, int nb)
     return 1024 + 2 * (size_t)(TC_BM * dqk + nb * 64 * dqk) + sizeof(float) * (size_t)(2 * (TC_BM / 16) * 72);
 }
 
-/* scores_sm80 and scores_sm80_g16 (g16): BN 64 for Dqk <= 128, 32 for wider
- * heads, half that from Dqk 64 up where it does not fit. For G16, rows in
- * shared memory beat a larger K tile with rows in global memory (the rows are
- * updated once per K tile: v2.0 kept them in global memory and its scores
- * took 32 ms at 64k, D 128), so the first tile that fits with the rows wins,
- * then the first that fits without. rows: the rows' bytes (scores_rows_smem);
- * per_sm: the class's shared memory per SM (0: do not ask for two CTAs).
- * The sm86 class needs the smaller tiles (the general kernel's probability
- * and sums tiles of 128 rows are 66 KB at BN 64). */
+/* scores_sm80 (gp 0) and the transposed kernels (gp: 16 for scores_sm80_g16,
+ * scores_kq_gp(G) for scores_sm80_kq): BN 64 for Dqk <= 128, 32 for wider
+ * heads, half that from Dqk 64 up where it does not fit. For the transposed
+ * kernels, rows in shared memory beat a larger K tile with rows in global
+ * memory (the rows are updated once per K tile: v2.0 kept them in global
+ * memory and its scores took 32 ms at 64k, D 128), so the first tile that
+ * fits with the rows wins, then the first that fits without. rows: the rows'
+ * bytes (scores_rows_smem); per_sm: the class's shared memory per SM (0: do
+ * not ask for two CTAs). The sm86 class needs the smaller tiles (the general
+ * kernel's probability and sums tiles of 128 rows are 66 KB at BN 64). */
 inline bool scores_sm80_takes(int dqkp) { return dqkp == 32 || dqkp == 64 || dqkp == 128 || dqkp == 192 || dqkp == 256; }
-inline ScoresTile pick_scores_sm80(bool g16, int dqkp, size_t rows, int64_t limit, int64_t per_sm)
+inline bool scores_sm80_kq_takes(int64_t G, int dqkp) { return G >= 1 && G < 16 && scores_sm80_takes(dqkp) && scores_g16_qreg(dqkp); }
+inline ScoresTile pick_scores_sm80(int gp, int dqkp, size_t rows, int64_t limit, int64_t per_sm)
 {
     const ScoresTile none = {0, 0, false};
     if (!scores_sm80_takes(dqkp)) return none;
+    const bool kq = gp > 0;
     const int first = dqkp > 128 ? 32 : 64, last = dqkp >= 64 ? first / 2 : first;
     /* the candidates, best first: two K buffers of each size, then (G16) one buffer of the smaller */
     const ScoresTile cand[3] = {{first, 2, true}, {last, 2, true}, {last, 1, true}};
-    const int nc = g16 ? 3 : 2;
+    const int nc = gp == 16 ? 3 : 2;
     /* bytes of a candidate without (with_rows false) or with its score rows */
     auto bytes = [&](const ScoresTile &t, bool with_rows) {
-        return (int64_t)(g16 ? scores_sm80_g16_smem(dqkp, t.bn, t.nb, with_rows ? rows : 0)
-                             : scores_sm80_smem(dqkp, t.bn) + (with_rows ? rows : 0));
+        return (int64_t)(kq ? scores_sm80_kq_smem(dqkp, t.bn, t.nb, gp, with_rows ? rows : 0)
+                            : scores_sm80_smem(dqkp, t.bn) + (with_rows ? rows : 0));
     };
-    /* G16 is built for two CTAs per SM: the first candidate with rows that lets two fit (the A100's
-     * 164 KB at D 128, 64k: 2 x 66 KB with two 64-key buffers in Q's place; before Q moved to registers
-     * only one 32-key buffer fit, 2 x 80 KB: 17.3 ms), then the first with rows, then the first without
-     * (each CTA also holds its static shared memory and the runtime's 1 KB) */
-    if (g16 && per_sm > 0)
+    /* the transposed kernels are built for two CTAs per SM: the first candidate with rows that lets two fit
+     * (the A100's 164 KB at D 128, 64k, G 16: 2 x 66 KB with two 64-key buffers in Q's place; before Q moved
+     * to registers only one 32-key buffer fit, 2 x 80 KB: 17.3 ms), then the first with rows, then the first
+     * without (each CTA also holds its static shared memory and the runtime's 1 KB) */
+    if (kq && per_sm > 0)
         for (int i = 0; i < nc; i++)
             if (2 * (bytes(cand[i], true) + SMEM_STATIC_MARGIN + 1024) <= per_sm) return cand[i];
     /* the general kernel keeps its larger tile with the rows in global memory (G = 4 at 64k: 83.0 ms
      * against 84.3 for 32-key tiles with the rows in shared memory, one run each) */
-    for (int i = 0; g16 && i < nc; i++)
+    for (int i = 0; kq && i < nc; i++)
         if (bytes(cand[i], true) <= limit) return cand[i];
     for (int i = 0; i < 2; i++)
         if (bytes(cand[i], false) <= limit) return ScoresTile{cand[i].bn, 2, bytes(cand[i], true) <= limit};
