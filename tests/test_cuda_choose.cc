@@ -79,7 +79,11 @@ static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &
 {
     const int64_t G = cfg.num_q_heads / cfg.num_kv_heads;
     const int qt = c.k == K_SCORES_SM80_KQ || c.k == K_SCORES_SM80_G16 ? scores_kq_tokens(G) : tile_tokens(G);
-    const size_t rows = c.rows_smem ? scores_rows_smem(qt, max_ns) : 0;
+    const size_t rows = c.scores.ring ? scores_kq_ring_smem(qt, scores_kq_ring(c.scores.bn, cfg.cmp_block, cfg.cmp_stride,
+                                                                               cfg.slc_block),
+                                                            cfg.num_selected)
+                        : c.rows_smem ? scores_rows_smem(qt, max_ns)
+                                      : 0;
     switch (c.k) {
     case K_ATTN_SM80: return attn_sm80_smem(ch.dqkp, ch.dvp, c.attn.bn);
     case K_ATTN_SM90: return attn_sm90_smem(ch.dqkp, ch.dvp, c.attn.bn);
@@ -209,13 +213,18 @@ static void check_paper_shape()
     /* G = 4 (Llama-3-8B's 32 / 8) */
     const nsa_config g4 = config(32, 8, 128, 128, NSA_DTYPE_BF16);
     expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
-    /* the transposed kernel with 4 tokens per warp: 32 tokens' rows of 1024 blocks (128 KB) fit beside it */
-    expect(CLS_SM90, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:smem]+topn:fused");
-    expect(CLS_SM90, g4, 128, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:smem]+topn:fused");
-    expect(CLS_SM80, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn32,2buf,rows:smem]+topn:fused");
-    /* G = 1: 128 tokens' rows (512 KB) do not fit */
+    /* the transposed kernel with 4 tokens per warp, ranking as it goes: a ring of 32 partial scores and the kept
+     * keys per token instead of 32 rows of 1024 (128 KB), so two CTAs fit per SM on sm90 and sm80 */
+    expect(CLS_SM90, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:ring]+topn:fused");
+    expect(CLS_SM90, g4, 128, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:ring]+topn:fused");
+    expect(CLS_SM80, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:ring]+topn:fused");
+    /* G = 1: 128 tokens' states; two CTAs fit with 32-key tiles */
     expect(CLS_SM90, config(4, 4, 128, 128, NSA_DTYPE_BF16), 1024, NSA_STAGE_SCORES_TOPN,
-           "scores_sm80_kq[bn64,2buf,rows:global]+topn");
+           "scores_sm80_kq[bn32,2buf,rows:ring]+topn:fused");
+    /* n > 32 is past a warp's kept set: the general kernel */
+    nsa_config n48 = g4;
+    n48.num_selected = 48;
+    expect(CLS_SM90, n48, 128, NSA_STAGE_SCORES_TOPN, "scores_sm80[bn64,2buf,rows:smem]+topn:fused");
     /* padded Dqk 256 is past the registers that hold Q: the general kernel */
     expect(CLS_SM90, config(32, 8, 256, 256, NSA_DTYPE_BF16), 128, NSA_STAGE_SCORES_TOPN,
            "scores_sm80[bn32,2buf,rows:smem]+topn:fused");

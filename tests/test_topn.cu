@@ -14,6 +14,10 @@
  *   the largest scores all in a few lanes' slots (j % 32 fixed), so that more
  *   than TOPN_CAND keys pass the filter and the rounds must take over;
  *   n_init = n_local = 0 and larger forced sets.
+ * The streaming ranking of scores_sm80_kq (stream_offer / stream_emit, n <= 32)
+ * ranks the same rows offered in chunks of 16 and of 29 blocks through a ring
+ * of 64 slots, the last chunk reaching 3 blocks past the row's eligible ones
+ * (as a CTA's earlier tokens are offered its later tokens' blocks).
  * Outputs are poisoned first and every slot is compared.
  *
  * Exit status: 0 pass, 1 fail, 77 skipped (no CUDA device).
@@ -38,6 +42,41 @@ __global__ void select_kernel(Geom g, const float *sc, const int64_t *off, const
     for (int r = blockIdx.x * WARPS + warp; r < rows; r += gridDim.x * WARPS)
         warp_select_row<ROUNDS>(g, sc + off[r], tl[r], out + (int64_t)r * g.n, lane, cand[warp]);
 }
+
+/* Row r through the streaming ranking, offered `chunk` blocks at a time; one
+ * warp per row, each with its own token state (TopnStream of WARPS tokens). */
+constexpr int RING = 64;
+__global__ void stream_kernel(Geom g, const float *sc, const int64_t *off, const int64_t *tl, int rows, int chunk,
+                              int *out)
+{
+    extern __shared__ __align__(16) unsigned char sm[];
+    const TopnStream ts(sm, WARPS, RING, (int)g.n);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *ring = ts.ring + warp * RING;
+    for (int r = blockIdx.x * WARPS + warp; r < rows; r += gridDim.x * WARPS) {
+        for (int e = lane; e < RING; e += 32) ring[e] = 0.f;
+        if (lane == 0) {
+            ts.thr[warp] = 0;
+            ts.cnt[2 * warp] = ts.cnt[2 * warp + 1] = 0;
+        }
+        __syncwarp();
+        const float *s = sc + off[r];
+        const int64_t E = tl[r] / g.ls + 1;
+        int64_t j0 = 0;
+        for (; j0 + chunk < E; j0 += chunk) {
+            for (int64_t j = j0 + lane; j < j0 + chunk; j += 32) ring[j & (RING - 1)] = s[j];
+            __syncwarp();
+            stream_offer(ts, g, warp, tl[r], j0, j0 + chunk, lane);
+        }
+        for (int64_t j = j0 + lane; j < E; j += 32) ring[j & (RING - 1)] = s[j];
+        __syncwarp();
+        stream_offer(ts, g, warp, tl[r], j0, E + 3, lane);
+        stream_emit(ts, g, warp, out + (int64_t)r * g.n, lane);
+        __syncwarp();
+    }
+}
+
+static const char *const mode_names[] = {"filter", "rounds", "stream16", "stream29"};
 
 /* The semantics' selection: forced blocks above every other (lower j first),
  * then higher score, then lower j; the n best, ascending, -1 padded. */
@@ -81,8 +120,9 @@ struct Row {
         }                                                                                                      \
     } while (0)
 
-/* Ranks the rows on the device (filter or rounds) and compares every slot; the number of bad rows, -1 on a CUDA error. */
-static int run(const char *name, const std::vector<Row> &rows, int64_t n, int64_t n_init, int64_t n_local, int rounds)
+/* Ranks the rows on the device (mode: 0 filter, 1 rounds, 2 / 3 streaming in chunks of 16 / 29) and compares
+ * every slot; the number of bad rows, -1 on a CUDA error. */
+static int run(const char *name, const std::vector<Row> &rows, int64_t n, int64_t n_init, int64_t n_local, int mode)
 {
     Geom g;
     memset(&g, 0, sizeof g);
@@ -110,10 +150,13 @@ static int run(const char *name, const std::vector<Row> &rows, int64_t n, int64_
     CK(cudaMemcpy(dtl, tl.data(), tl.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
     CK(cudaMemset(dout, 0x7f, nout * sizeof(int))); /* poison: no valid index */
     const unsigned blocks = (unsigned)((rows.size() + WARPS - 1) / WARPS);
-    if (rounds)
+    if (mode == 1)
         select_kernel<true><<<blocks, 32 * WARPS>>>(g, dsc, doff, dtl, (int)rows.size(), dout);
-    else
+    else if (mode == 0)
         select_kernel<false><<<blocks, 32 * WARPS>>>(g, dsc, doff, dtl, (int)rows.size(), dout);
+    else
+        stream_kernel<<<blocks, 32 * WARPS, WARPS * (4 * RING + 8 * n + 8 * TOPN_BUF + 16)>>>(
+            g, dsc, doff, dtl, (int)rows.size(), mode == 2 ? 16 : 29, dout);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<int> got(nout);
@@ -127,7 +170,7 @@ static int run(const char *name, const std::vector<Row> &rows, int64_t n, int64_
         const std::vector<int> want = cpu_select(rows[r].s.data(), rows[r].tl, g.ls, n, n_init, n_local);
         if (memcmp(want.data(), got.data() + r * n, (size_t)n * sizeof(int)) != 0) {
             if (bad < 3) {
-                fprintf(stderr, "FAIL %s (%s), row %zu (E = %lld): slot", name, rounds ? "rounds" : "filter", r,
+                fprintf(stderr, "FAIL %s (%s), row %zu (E = %lld): slot", name, mode_names[mode], r,
                         (long long)rows[r].s.size());
                 for (int64_t b = 0; b < n; b++)
                     if (want[b] != got[r * n + b])
@@ -137,7 +180,7 @@ static int run(const char *name, const std::vector<Row> &rows, int64_t n, int64_
             bad++;
         }
     }
-    printf("%s %s (%s): %zu rows, %d wrong\n", bad ? "FAIL" : "PASS", name, rounds ? "rounds" : "filter",
+    printf("%s %s (%s): %zu rows, %d wrong\n", bad ? "FAIL" : "PASS", name, mode_names[mode],
            rows.size(), bad);
     return bad;
 }
@@ -178,7 +221,7 @@ int main()
     } cfgs[] = {{16, 1, 2}, {1, 0, 0}, {16, 0, 0}, {32, 1, 2}, {33, 1, 2}, {16, 4, 8}, {8, 3, 5}};
     int bad = 0;
     for (const Cfg &c : cfgs)
-        for (int rounds = 0; rounds < 2; rounds++) {
+        for (int mode = 0; mode < (c.n <= 32 ? 4 : 2); mode++) {
             char name[96];
             const struct {
                 const char *what;
@@ -187,7 +230,7 @@ int main()
             for (const auto &st : sets) {
                 snprintf(name, sizeof name, "%s n=%lld n_init=%lld n_local=%lld", st.what, (long long)c.n,
                          (long long)c.n_init, (long long)c.n_local);
-                const int b = run(name, *st.rows, c.n, c.n_init, c.n_local, rounds);
+                const int b = run(name, *st.rows, c.n, c.n_init, c.n_local, mode);
                 if (b < 0) return 1;
                 bad += b;
             }

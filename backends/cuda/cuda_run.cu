@@ -169,14 +169,16 @@ nsa_status run_scores(const Run &r, bool fused)
         LAUNCH(pack_cmp16(r.g, view(a->kc), r.g.Dqk, r.p->ch.dqkp, r.p->kc16, r.s));
     /* where the scores land and whether the kernel ranks them */
     const MView sc = fused ? none : mview(a->scores), idx = fused ? mview(a->indices) : none;
+    /* a ring (scores_sm80_kq ranking as it goes) serves SCORES_TOPN only: BLOCK_SCORES keeps whole rows, in sc */
     auto scores = [&](const Tiles &tl, MView rows, MView out) {
+        const bool rows_smem = c.rows_smem && (out.p != nullptr || !c.scores.ring);
         return c.k == K_SCORES_SM90_G16
                    ? scores_sm90_g16(r.g, r.c->dev, c.scores, tl, r.p->ch.dqkp, q, r.kc16(), lse, rows, out, r.s)
                    : scores_sm80(r.g, r.c->dev, c.scores,
                                  c.k == K_SCORES_SM80_G16  ? 16
                                  : c.k == K_SCORES_SM80_KQ ? scores_kq_gp(r.g.G)
                                                            : 0,
-                                 c.rows_smem, tl, r.p->ch.dqkp, q, r.kc16(), lse, rows, out, r.s);
+                                 rows_smem, tl, r.p->ch.dqkp, q, r.kc16(), lse, rows, out, r.s);
     };
     if (!fused || c.rows_smem) {
         LAUNCH(scores(r.p->sc_tiles, sc, idx));

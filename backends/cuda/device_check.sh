@@ -19,8 +19,8 @@
 #   backward test_backward cuda (full corpus) per class in CLASSES, memcheck and racecheck on
 #            the small corpus, 20 processes of nsa run --backward (one gradient hash expected)
 #   python   python/tests/cuda_device_check.py (CUDA tensors vs nsa run, copies, stream) and the unit tests
-#   det      20 processes, one o.npy hash expected
-#   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles)
+#   det      20 processes, one o.npy hash expected (T 8192, DET_ARGS: more nsa run flags)
+#   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles, or SAN_ARGS)
 #   opencl   the small corpus on NVIDIA's OpenCL, forward and backward (needs the module: OPENCL=1 builds it)
 #   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus
 #   bench    nsa bench at BENCH_T per class in BENCH_CLASSES (default sm90)
@@ -131,11 +131,13 @@ if has long; then
   fi
 fi
 if has rows; then
-  # score rows that do not fit in shared memory (G = 1: 128 tokens x 512 blocks x 4 bytes per CTA at T = 32768,
+  # score rows that do not fit in shared memory (G = 1 on the general kernel, forced: scores_sm80_kq ranks
+  # as it goes; 128 tokens x 512 blocks x 4 bytes per CTA at T = 32768,
   # rows:global, 268 MB) in chunks (NSA_CUDA_SCORE_ROWS_MAX=10000000: 29 chunks): the same indices and
   # outputs bitwise as one pass, and the check against the cpu backend
   for lim in default 10000000; do
-    env $([ $lim = default ] && echo X_UNUSED=1 || echo NSA_CUDA_SCORE_ROWS_MAX=$lim) NSA_CUDA_PROFILE=1 timeout 120 \
+    env $([ $lim = default ] && echo X_UNUSED=1 || echo NSA_CUDA_SCORE_ROWS_MAX=$lim) NSA_CUDA_PROFILE=1 \
+      NSA_CUDA_FORCE=block_scores:scores_sm80 timeout 120 \
       $NSA run --backend cuda --T 32768 --hq 4 --hkv 4 --dqk 64 --dv 64 --iters 1 --warmup 0 \
       --outputs /tmp/rows_$lim > /tmp/rows_$lim.log 2>&1
     rc=$?; note "[$(el)] score rows $lim: rc=$rc $(grep -E 'PASS|FAIL|plan:' /tmp/rows_$lim.log | tr '\n' ' ' | cut -c1-260)"
@@ -188,10 +190,10 @@ if has python; then # the Python package on CUDA tensors (python/tests/cuda_devi
 fi
 if has det; then
   for i in $(seq 1 20); do
-    $NSA run --backend cuda --T 8192 --iters 1 --warmup 0 --check-tokens 0 --outputs /tmp/det >/dev/null 2>&1
+    $NSA run --backend cuda --T 8192 ${DET_ARGS:-} --iters 1 --warmup 0 --check-tokens 0 --outputs /tmp/det >/dev/null 2>&1
     md5sum < /tmp/det/o.npy
   done | sort | uniq -c > /tmp/det.txt
-  note "[$(el)] determinism: 20 processes, $(wc -l < /tmp/det.txt) distinct o.npy hash(es)"
+  note "[$(el)] determinism ${DET_ARGS:-}: 20 processes, $(wc -l < /tmp/det.txt) distinct o.npy hash(es)"
 fi
 if has sanitize; then
   for cls in ${SAN_CLASSES:-sm90 sm80}; do
@@ -200,8 +202,8 @@ if has sanitize; then
     rc=$?; note "[$(el)] memcheck small corpus, class $cls: rc=$rc $(grep -E 'ERROR SUMMARY' /tmp/memcheck.log | tail -1)"
     for tool in memcheck racecheck; do
       env $(target $cls) timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $NSA run --backend cuda \
-        --T 4096 --hq 16 --hkv 1 --dqk 128 --dv 128 --iters 1 --warmup 0 --check-tokens 0 > /tmp/san3.log 2>&1
-      rc=$?; note "[$(el)] $tool nsa run T=4096 G=16 D=128, class $cls: rc=$rc $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' /tmp/san3.log | tail -1)"
+        --T 4096 ${SAN_ARGS:---hq 16 --hkv 1 --dqk 128 --dv 128} --iters 1 --warmup 0 --check-tokens 0 > /tmp/san3.log 2>&1
+      rc=$?; note "[$(el)] $tool nsa run T=4096 ${SAN_ARGS:-G=16 D=128}, class $cls: rc=$rc $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' /tmp/san3.log | tail -1)"
     done
   done
 fi

@@ -80,14 +80,16 @@ NSA_DEV bool overlap_entry_sum(const Geom &g, int64_t j, int64_t ks, int BN, int
 
 /* One warp adds K tile kt's map for TPW tokens (at most; ntok of them
  * present) into their score rows: token x sees nc[x] compressed blocks, its
- * BN group sums are p + x * pst and its row is row + x * rst; khi: the last
+ * BN group sums are p + x * pst and its row is row + x * rst, entry j at
+ * j & rmask (-1: the whole row; a ring's width - 1); khi: the last
  * key the CTA's tokens see; per: BN * d / l_s, the selection blocks a
  * periodic tile advances by. The lanes take (token, entry) pairs. A token
  * that sees no key of the tile is skipped: its sums there are 0, and adding
  * 0 leaves its row bitwise unchanged. */
 template <int TPW>
 NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
-                           int ntok, const int64_t *nc, const float *p, int pst, float *row, int64_t rst, int lane)
+                           int ntok, const int64_t *nc, const float *p, int pst, float *row, int64_t rst,
+                           int64_t rmask, int lane)
 {
     const int64_t ks = kt * BN;
     int64_t jlo;
@@ -110,10 +112,10 @@ NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, 
             const int n = t.n[e];
             float acc = 0.f;
             for (int k = 0; k < n; k++) acc += w[k] * cc[k];
-            r[jlo + e] += acc;
+            r[(jlo + e) & rmask] += acc;
         } else {
             float acc;
-            if (overlap_entry_sum(g, jlo + e, ks, BN, nc[tok], pt, acc)) r[jlo + e] += acc;
+            if (overlap_entry_sum(g, jlo + e, ks, BN, nc[tok], pt, acc)) r[(jlo + e) & rmask] += acc;
         }
     }
 }
@@ -122,7 +124,7 @@ NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, 
 NSA_DEV void map_tile_row(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
                           int64_t nc, const float *p, float *row, int lane)
 {
-    map_tile_rows<1>(g, t, ne, per, BN, kt, khi, 1, &nc, p, 0, row, 0, lane);
+    map_tile_rows<1>(g, t, ne, per, BN, kt, khi, 1, &nc, p, 0, row, 0, -1, lane);
 }
 
 /* The CTA's score rows (sAcc, row stride accw) out to the scores buffer, token

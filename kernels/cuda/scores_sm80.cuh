@@ -110,6 +110,9 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     constexpr bool TRANS = ALIAS; /* S^T = K Q^T (warp_kqt) */
     static_assert(GP == 0 || GP == 1 || GP == 2 || GP == 4 || GP == 8 || GP == 16, "GP: 0 or a power of two <= 16");
     static_assert(G16 || !KQ || TRANS, "scores_sm80_kq holds Q in registers (padded Dqk <= 192)");
+    /* STREAM: scores_sm80_kq's SCORES_TOPN ranks each token's blocks as the
+     * tiles complete them (topn.cuh, TopnStream; accw is the ring's width) */
+    constexpr bool STREAM = FUSED && KQ && !G16;
     using KL = typename std::conditional<PANEL, PanelTile<(PANEL ? DQK : 64), BN>, PadTile<SQ, BN>>::type;
     constexpr int KT = KL::elems; /* elements of one K tile */
     static_assert(NB == 2 || (NB == 1 && KQ), "one K buffer in the transposed loop only");
@@ -121,7 +124,8 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     T *sK = ALIAS ? sQ : sQ + BM * SQ;        /* [NB][KT] keys */
     float *sP = (float *)(sK + NB * KT);      /* [BM][SP] probabilities (not KQ) */
     float *sC = sP + (KQ ? 0 : BM * SP);      /* [tokens][SCW] group sums */
-    float *sAcc = sC + (KQ ? BM / GPD : BM) * SCW; /* [tokens][accw] score rows (accw > 0) */
+    float *sAcc = sC + (KQ ? BM / GPD : BM) * SCW; /* [tokens][accw] score rows (accw > 0), or the ring's state */
+    const TopnStream ts(sAcc, BM / GPD, accw, (int)g.n);
     __shared__ int64_t sNc[TC_BM];            /* nc(t) of the tile's tokens */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -162,7 +166,13 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
 
     /* zero the eligible part of every token's scores row */
     const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
-    if (FUSED || accw > 0) {
+    if (STREAM) { /* every ring slot 0, every kept set empty */
+        for (int e = tid; e < BM / GPD * accw; e += NT) ts.ring[e] = 0.f;
+        for (int e = tid; e < BM / GPD; e += NT) {
+            ts.thr[e] = 0;
+            ts.cnt[2 * e] = ts.cnt[2 * e + 1] = 0;
+        }
+    } else if (FUSED || accw > 0) {
         for (int e = tid; e < c.ntok * accw; e += NT) sAcc[e] = 0.f;
     } else {
         for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
@@ -314,10 +324,17 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
             /* the warp's tokens' rows: their sums were written by this warp's lanes */
             __syncwarp();
             if (warp_rows) {
-                const int tok0 = warp * TPW;
-                map_tile_rows<TPW>(g, sTab, tab_ne, tab_per, BN, kt, khi, min(TPW, c.ntok - tok0), sNc + tok0, sCw, SCW,
+                const int tok0 = warp * TPW, ntw = min(TPW, c.ntok - tok0);
+                map_tile_rows<TPW>(g, sTab, tab_ne, tab_per, BN, kt, khi, ntw, sNc + tok0, sCw, SCW,
                                    FUSED || accw > 0 ? sAcc + (int64_t)tok0 * accw : scg + tok0 * sst,
-                                   FUSED || accw > 0 ? (int64_t)accw : sst, lane);
+                                   FUSED || accw > 0 ? (int64_t)accw : sst, STREAM ? (int64_t)accw - 1 : -1, lane);
+                if (STREAM && kt + 1 < nkt) {
+                    /* blocks before the next tile's first are complete: rank them */
+                    __syncwarp();
+                    const int64_t j0 = nsa_slc_first_overlapped(ks, g.d, g.ls),
+                                  j1 = nsa_slc_first_overlapped(ks + BN, g.d, g.ls);
+                    for (int x = 0; x < ntw; x++) stream_offer(ts, g, tok0 + x, c.tl0 + tok0 + x, j0, j1, lane);
+                }
             }
         } else {
             float s[BN / 8][4];
@@ -395,7 +412,17 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     }
     cp_async_wait<0>();
     __syncthreads(); /* the rows are complete (the G16 loop ends without a barrier) */
-    if (FUSED) {
+    if (STREAM) {
+        /* the blocks from the last tile's first to each token's own, then the kept sets out */
+        const int64_t j0 = nkt > 0 ? nsa_slc_first_overlapped((nkt - 1) * BN, g.d, g.ls) : 0;
+        for (int x = 0; x < TPW; x++) {
+            const int tok = warp * TPW + x;
+            if (tok >= c.ntok) break;
+            const int64_t tl = c.tl0 + tok;
+            stream_offer(ts, g, tok, tl, j0, nsa_slc_last(tl, g.ls) + 1, lane);
+            stream_emit(ts, g, tok, idx + (c.t0 + tok) * ist + c.gi * ish, lane);
+        }
+    } else if (FUSED) {
         /* sAcc holds exactly the values the plain path stores in the scores
          * buffer (same arithmetic, same order), so the ranking matches it;
          * the K tiles' memory is free now and holds the ranking's scratch */
@@ -413,12 +440,15 @@ static cudaError_t launch_sm80(const Dev &dev, bool rows_smem, const Geom &g, co
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
     const bool fused = idx.p != nullptr;
-    if ((fused && !rows_smem) || (GP > 0 && (scores_kq_gp(g.G) != GP || tl.qt != TC_BM / (GP > 0 ? GP : 1) || tl.hc != g.G)) ||
+    const bool ring = fused && GP > 0 && GP < 16; /* the kernel's STREAM */
+    if ((fused && !rows_smem) || (ring && (g.n < 1 || g.n > scores_kq_ring_max_n)) ||
+        (GP > 0 && (scores_kq_gp(g.G) != GP || tl.qt != TC_BM / (GP > 0 ? GP : 1) || tl.hc != g.G)) ||
         tl.nchunk != 1 || !rs32_ok(kc.st, BN))
         return cudaErrorInvalidValue;
-    const size_t rows = rows_smem ? scores_rows_smem(tl.qt, g.max_ns) : 0;
+    const int rw = ring ? scores_kq_ring(BN, g.l, g.d, g.ls) : 0;
+    const size_t rows = ring ? scores_kq_ring_smem(tl.qt, rw, g.n) : rows_smem ? scores_rows_smem(tl.qt, g.max_ns) : 0;
     size_t smem = GP > 0 ? scores_sm80_kq_smem(DQK, BN, NB, GP, rows) : scores_sm80_smem(DQK, BN) + rows;
-    const int accw = rows_smem ? (int)g.max_ns : 0;
+    const int accw = ring ? rw : rows_smem ? (int)g.max_ns : 0;
     auto kern = fused ? scores_sm80_kernel<T, DQK, BN, true, GP, NB> : scores_sm80_kernel<T, DQK, BN, false, GP, NB>;
     cudaError_t e = launch_smem(kern, dev, smem);
     if (e != cudaSuccess) return e;

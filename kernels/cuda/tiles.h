@@ -141,6 +141,7 @@ struct ScoresTile {
     int bn;    /* compressed keys per K tile; 0: no tile fits */
     int nb;    /* K tile buffers */
     bool rows; /* the CTA's score rows fit in shared memory beside the tiles */
+    bool ring; /* scores_sm80_kq's SCORES_TOPN: a ring of partial scores per token, ranked as tiles complete them */
 };
 
 inline size_t scores_rows_smem(int qt, int64_t max_ns) { return sizeof(float) * (size_t)qt * (size_t)max_ns; }
@@ -174,6 +175,23 @@ constexpr size_t scores_sm80_kq_smem(int dqk, int bn, int nb, int gp, size_t row
                          sizeof(float) * (size_t)(TC_BM / gp * scores_kq_sumw(gp, bn)) + rows;
     return 128 + (scores_g16_qreg(dqk) ? (q > after ? q : after) : q + after);
 }
+/* scores_sm80_kq's streaming ranking (topn.cuh, TopnStream): ring slots per
+ * token, a power of two that holds the selection blocks one K tile of bn keys
+ * touches (((bn - 1) d + l - 1) / l_s + 2 at most) and the span from the last
+ * tile's first block to the token's own ((l + bn d) / l_s + 3 at most); and
+ * the bytes of the tokens' states (n <= 32 kept keys each). */
+inline int scores_kq_ring(int bn, int64_t l, int64_t d, int64_t ls)
+{
+    const int64_t need = (l + (int64_t)bn * d) / ls + 4;
+    int rw = 2;
+    while (rw < need) rw *= 2;
+    return rw;
+}
+constexpr int scores_kq_ring_max_n = 32;
+inline size_t scores_kq_ring_smem(int tokens, int rw, int64_t n)
+{
+    return (size_t)tokens * (4 * (size_t)rw + 8 * (size_t)n + 8 * 32 + 8 + 8);
+}
 constexpr size_t scores_sm80_g16_smem(int dqk, int bn, int nb, size_t rows)
 {
     return scores_sm80_kq_smem(dqk, bn, nb, 16, rows);
@@ -196,18 +214,26 @@ constexpr size_t scores_sm90_g16_smem(int dqk, int nb)
  * kernel's probability and sums tiles of 128 rows are 66 KB at BN 64). */
 inline bool scores_sm80_takes(int dqkp) { return dqkp == 32 || dqkp == 64 || dqkp == 128 || dqkp == 192 || dqkp == 256; }
 inline bool scores_sm80_kq_takes(int64_t G, int dqkp) { return G >= 1 && G < 16 && scores_sm80_takes(dqkp) && scores_g16_qreg(dqkp); }
-inline ScoresTile pick_scores_sm80(int gp, int dqkp, size_t rows, int64_t limit, int64_t per_sm)
+struct ScoresRing { /* scores_sm80_kq ranking as it goes (SCORES_TOPN, 1 <= n <= 32) */
+    int tokens;
+    int64_t l, d, ls, n;
+};
+inline ScoresTile pick_scores_sm80(int gp, int dqkp, size_t rows, int64_t limit, int64_t per_sm,
+                                   const ScoresRing *ring = nullptr)
 {
-    const ScoresTile none = {0, 0, false};
+    const ScoresTile none = {0, 0, false, false};
     if (!scores_sm80_takes(dqkp)) return none;
     const bool kq = gp > 0;
     const int first = dqkp > 128 ? 32 : 64, last = dqkp >= 64 ? first / 2 : first;
     /* the candidates, best first: two K buffers of each size, then (G16) one buffer of the smaller */
-    const ScoresTile cand[3] = {{first, 2, true}, {last, 2, true}, {last, 1, true}};
+    const ScoresTile cand[3] = {{first, 2, true, ring != nullptr}, {last, 2, true, ring != nullptr},
+                                {last, 1, true, ring != nullptr}};
     const int nc = gp == 16 ? 3 : 2;
     /* bytes of a candidate without (with_rows false) or with its score rows */
     auto bytes = [&](const ScoresTile &t, bool with_rows) {
-        return (int64_t)(kq ? scores_sm80_kq_smem(dqkp, t.bn, t.nb, gp, with_rows ? rows : 0)
+        const size_t r = ring ? scores_kq_ring_smem(ring->tokens, scores_kq_ring(t.bn, ring->l, ring->d, ring->ls), ring->n)
+                              : rows;
+        return (int64_t)(kq ? scores_sm80_kq_smem(dqkp, t.bn, t.nb, gp, with_rows ? r : 0)
                             : scores_sm80_smem(dqkp, t.bn) + (with_rows ? rows : 0));
     };
     /* the transposed kernels are built for two CTAs per SM: the first candidate with rows that lets two fit
@@ -222,7 +248,10 @@ inline ScoresTile pick_scores_sm80(int gp, int dqkp, size_t rows, int64_t limit,
     for (int i = 0; kq && i < nc; i++)
         if (bytes(cand[i], true) <= limit) return cand[i];
     for (int i = 0; i < 2; i++)
-        if (bytes(cand[i], false) <= limit) return ScoresTile{cand[i].bn, 2, bytes(cand[i], true) <= limit};
+        if (bytes(cand[i], false) <= limit) {
+            const bool fit = bytes(cand[i], true) <= limit;
+            return ScoresTile{cand[i].bn, 2, fit, fit && ring != nullptr};
+        }
     return none;
 }
 /* scores_sm90_g16, padded Dqk 64 / 128 / 192. Its score rows must be in shared
@@ -230,9 +259,9 @@ inline ScoresTile pick_scores_sm80(int gp, int dqkp, size_t rows, int64_t limit,
  * that two CTAs fit per SM (12.1 ms at 64k; two buffers, one CTA: 20.5). */
 inline ScoresTile pick_scores_sm90_g16(int dqkp, size_t rows, int64_t limit)
 {
-    const ScoresTile none = {0, 0, false};
+    const ScoresTile none = {0, 0, false, false};
     if (dqkp != 64 && dqkp != 128 && dqkp != 192) return none;
-    const ScoresTile t = {64, dqkp == 192 ? 1 : 2, true};
+    const ScoresTile t = {64, dqkp == 192 ? 1 : 2, true, false};
     return (int64_t)(scores_sm90_g16_smem(dqkp, t.nb) + rows) <= limit ? t : none;
 }
 

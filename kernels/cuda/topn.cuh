@@ -13,6 +13,8 @@
 #ifndef NSA_KERNELS_CUDA_TOPN_CUH
 #define NSA_KERNELS_CUDA_TOPN_CUH
 
+#include <climits>
+
 #include "nsa_cuda.cuh"
 #include "nsa_cuda_kernels.h"
 
@@ -142,6 +144,113 @@ NSA_DEV void warp_select_row(const Geom &g, const float *row, int64_t tl, int *d
         if (sel) dst[cnt + __popc(bal & ((1u << lane) - 1u))] = (int)j;
         cnt += __popc(bal);
     }
+}
+
+/* ------------------------------------------------------------ streaming top-n
+ * scores_sm80_kq ranks a token's selection blocks as its K tiles complete
+ * them, so a CTA keeps a ring of rw (a power of two) partial scores per token
+ * instead of the whole row (T / l_s floats, which at G < 16 and long T does
+ * not fit beside the tiles). Per token: list, the n largest rank keys seen so
+ * far (descending after each merge), and buf, up to TOPN_BUF newer keys above
+ * the list's n-th (thr; 0 while the list holds fewer than n). The keys are
+ * rank_key's, so the result is warp_select_row's: the n largest keys of all
+ * blocks are the n largest of (the n largest of the blocks offered so far)
+ * and the blocks after them. Layout (one block of shared memory, tiles.h
+ * scores_kq_ring_smem): ring [tokens][rw] f32, list [tokens][n] u64,
+ * buf [tokens][TOPN_BUF] u64, thr [tokens] u64, cnt [tokens][2] int (list,
+ * buf). A token's state is used by one warp only. */
+constexpr int TOPN_BUF = 32;
+
+struct TopnStream {
+    float *ring;
+    uint64_t *list, *buf, *thr;
+    int *cnt;
+    int rw, n;
+    NSA_DEV TopnStream(void *base, int tokens, int rw_, int n_) : rw(rw_), n(n_)
+    {
+        ring = (float *)base;
+        list = (uint64_t *)(ring + (size_t)tokens * rw);
+        buf = list + (size_t)tokens * n;
+        thr = buf + (size_t)tokens * TOPN_BUF;
+        cnt = (int *)(thr + tokens);
+    }
+};
+
+/* The warp merges token tok's buf into its list: the at most n + TOPN_BUF
+ * <= 64 keys (unique) are ranked two per lane, the n largest stored in order. */
+NSA_DEV void stream_merge(const TopnStream &s, int tok, int lane)
+{
+    uint64_t *L = s.list + (size_t)tok * s.n, *B = s.buf + (size_t)tok * TOPN_BUF;
+    int *cnt = s.cnt + 2 * tok;
+    const int lc = cnt[0], m = lc + cnt[1];
+    auto item = [&](int i) { return i < lc ? L[i] : B[i - lc]; };
+    const uint64_t a = lane < m ? item(lane) : 0, b = lane + 32 < m ? item(lane + 32) : 0;
+    int ra = 0, rb = 0;
+    for (int i = 0; i < m; i++) {
+        const uint64_t x = item(i);
+        ra += x > a;
+        rb += x > b;
+    }
+    __syncwarp(); /* every lane has read the old list */
+    if (lane < m && ra < s.n) L[ra] = a;
+    if (lane + 32 < m && rb < s.n) L[rb] = b;
+    __syncwarp();
+    if (lane == 0) {
+        const int nl = m < s.n ? m : s.n;
+        cnt[0] = nl;
+        cnt[1] = 0;
+        s.thr[tok] = nl == s.n ? L[s.n - 1] : 0;
+    }
+    __syncwarp();
+}
+
+/* The warp offers token tok (local position tl) its selection blocks
+ * j0 .. j1 - 1, which no later K tile adds to, and clears their ring slots.
+ * Blocks past the token's last eligible one (floor(tl / l_s)) are not ranked. */
+NSA_DEV void stream_offer(const TopnStream &s, const Geom &g, int tok, int64_t tl, int64_t j0, int64_t j1, int lane)
+{
+    const int64_t cur = nsa_slc_last(tl, g.ls), lo_local = cur - g.n_local;
+    float *r = s.ring + (size_t)tok * s.rw;
+    uint64_t *B = s.buf + (size_t)tok * TOPN_BUF;
+    int *cnt = s.cnt + 2 * tok;
+    for (int64_t base = j0; base < j1; base += 32) {
+        const int64_t j = base + lane;
+        uint64_t key = 0;
+        bool pass = false;
+        if (j < j1) {
+            float *slot = r + (j & (s.rw - 1));
+            if (j <= cur) {
+                key = rank_key(*slot, j, j < g.n_init || j > lo_local);
+                pass = key > s.thr[tok];
+            }
+            *slot = 0.f;
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, pass);
+        if (!bal) continue;
+        int bc = cnt[1];
+        if (bc + __popc(bal) > TOPN_BUF) {
+            stream_merge(s, tok, lane);
+            bc = 0;
+        }
+        if (pass) B[bc + __popc(bal & ((1u << lane) - 1u))] = key;
+        __syncwarp();
+        if (lane == 0) cnt[1] = bc + __popc(bal);
+        __syncwarp();
+    }
+}
+
+/* The warp's last merge for token tok, then its n output slots dst: the kept
+ * blocks in ascending j, -1 padded (warp_select_row's output). */
+NSA_DEV void stream_emit(const TopnStream &s, const Geom &g, int tok, int *dst, int lane)
+{
+    stream_merge(s, tok, lane);
+    const int lc = s.cnt[2 * tok];
+    const uint64_t *L = s.list + (size_t)tok * s.n;
+    const int j = lane < lc ? (int)(0x7fffffffLL - (int64_t)(L[lane] & 0x7fffffffull)) : INT_MAX;
+    int rank = 0;
+    for (int o = 0; o < lc; o++) rank += __shfl_sync(0xffffffffu, j, o) < j;
+    if (lane < lc) dst[rank] = j;
+    for (int64_t b = lc + lane; b < g.n; b += 32) dst[b] = -1;
 }
 
 } // namespace nsa_cuda
