@@ -8,7 +8,9 @@
  *              is reported skipped on a backend that refuses it, as every GPU
  *              backend does, and must run on cpu)
  *     corpus   full | small | gpu                   (default: full; the environment
- *              variable NSA_TEST_CORPUS overrides, for sanitizer runs)
+ *              variable NSA_TEST_CORPUS overrides, for sanitizer runs; gpu, the
+ *              model sizes, checks about 256 sampled tokens per sequence against
+ *              the oracle, and its summary lines say how many: "rows checked")
  *   NSA_TEST_CASE=substring runs only the cases whose label contains it.
  *
  * Exit status 77 (meson's "skipped") when the backend is unavailable on this

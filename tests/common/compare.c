@@ -1,7 +1,11 @@
 /*
- * Backend output vs the oracle. Every element is checked; NaN or inf where the
- * reference is finite never passes (the runner poisons outputs with NaN, so an
- * element a backend never wrote fails here).
+ * Backend output vs the oracle. Every element of every row the oracle computed
+ * is checked; NaN or inf where the reference is finite never passes (the runner
+ * poisons outputs with NaN, so an element a backend never wrote fails here).
+ * Where the case samples its rows (tk_case.rows) the rows left out are not
+ * compared, but must still hold written values (o finite, LSEs not NaN,
+ * selected entries -1 or an eligible block), so a row the backend skipped
+ * fails wherever it is.
  *
  * Near-tie rule (semantics 7): the selection is a discrete choice, so a backend
  * may pick another block than the oracle where two scores differ by less than
@@ -125,11 +129,64 @@ static int check_selection_row(const tk_case *c, const tk_oracle *ref, const int
     return result;
 }
 
-static double rms_of(const double *x, int64_t count)
+static int row_checked(const tk_oracle *ref, int64_t t)
+{
+    return !ref->sampled || ref->sampled[t];
+}
+
+/* RMS of the rows [T][width] of x the oracle computed (every row: the same sum,
+ * in the same order, as over the flat array) */
+static double rms_of_rows(const tk_oracle *ref, const double *x, int64_t T, int64_t width)
 {
     double s = 0.0;
-    for (int64_t i = 0; i < count; ++i) s += x[i] * x[i];
+    int64_t count = 0;
+    for (int64_t t = 0; t < T; ++t) {
+        if (!row_checked(ref, t)) continue;
+        for (int64_t e = 0; e < width; ++e) s += x[t * width + e] * x[t * width + e];
+        count += width;
+    }
     return count > 0 ? sqrt(s / (double)count) : 0.0;
+}
+
+/* Token t's rows where the oracle's sample leaves it out: not compared, but the
+ * runner's poison (NaN, 0x7f7f7f7f indices) must be gone: o finite, no LSE NaN
+ * or +inf (-inf: the branch sees nothing), each selected entry -1 or a block
+ * that starts at or before t. */
+static void unsampled_written(const tk_case *c, const tk_output *got, int64_t t, tk_verdict *v)
+{
+    const nsa_config *g = &c->cfg;
+    const int64_t Hq = g->num_q_heads, Hkv = g->num_kv_heads, Dv = g->head_dim_v, n = g->num_selected;
+    int64_t seq, local;
+    tk_case_token(c, t, &seq, &local);
+    for (int64_t e = 0; e < Hq * Dv; ++e) {
+        const int64_t i = t * Hq * Dv + e;
+        const double have = got->o_d ? got->o_d[i] : (double)got->o[i];
+        if (!isfinite(have)) {
+            FAILF(v, "%s: o[t=%lld (seq %lld local %lld), head %lld, %lld] = %g (a row left out of the sample, "
+                  "yet it must be written)", c->label, (long long)t, (long long)seq, (long long)local,
+                  (long long)(e / Dv), (long long)(e % Dv), have);
+            return;
+        }
+    }
+    for (int b = 0; b < 3; ++b)
+        for (int64_t h = 0; h < Hq && (got->lse_d[b] || got->lse[b]); ++h) {
+            const double have = got->lse_d[b] ? got->lse_d[b][t * Hq + h] : (double)got->lse[b][t * Hq + h];
+            if (isnan(have) || have == INFINITY) {
+                FAILF(v, "%s: lse[%d][t=%lld (seq %lld local %lld), head %lld] = %g (a row left out of the "
+                      "sample, yet it must be written)", c->label, b, (long long)t, (long long)seq,
+                      (long long)local, (long long)h, have);
+                return;
+            }
+        }
+    for (int64_t e = 0; e < Hkv * n && got->sel; ++e) {
+        const int32_t j = got->sel[t * Hkv * n + e];
+        if (j != -1 && !(j >= 0 && j <= local / g->slc_block)) {
+            FAILF(v, "%s: selected[t=%lld (seq %lld local %lld), kv head %lld][%lld] = %d is no eligible block "
+                  "(a row left out of the sample, yet it must be written)", c->label, (long long)t,
+                  (long long)seq, (long long)local, (long long)(e / n), (long long)(e % n), j);
+            return;
+        }
+    }
 }
 
 static double rms_of_f(const float *x, int64_t count)
@@ -164,12 +221,14 @@ int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, cons
         FAILF(v, "%s: no selected indices were read back", c->label);
     } else if (n > 0 && got->sel) {
         int swaps = 0;
-        for (int64_t t = 0; t < T && v->pass; ++t)
+        for (int64_t t = 0; t < T && v->pass; ++t) {
+            if (!row_checked(ref, t)) continue;
             for (int64_t kh = 0; kh < Hkv && v->pass; ++kh) {
                 int r = check_selection_row(c, ref, got->sel + (t * Hkv + kh) * n, t, kh, &tol, v);
                 if (r == 1) ++swaps;
                 v->elements += n;
             }
+        }
         v->tie_swaps = swaps;
         if (v->pass && swaps > 0) {
             nsa_status st = tk_oracle_run(c, in, got->sel, &rerun);
@@ -177,7 +236,7 @@ int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, cons
                 FAILF(v, "%s: oracle re-run failed: %s", c->label, nsa_status_string(st));
                 return 0;
             }
-            eff = &rerun;
+            eff = &rerun; /* the same case, so the same sample of rows */
         }
     }
 
@@ -186,14 +245,19 @@ int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, cons
      * branches: each branch output is a convex combination of V rows, so
      * rounding P before P@V errs in proportion to |V|, which for long
      * sequences is far above |o| (averages of many random rows shrink). */
-    const double rms = rms_of(ref->o, T * Hq * Dv);
+    const double rms = rms_of_rows(ref, ref->o, T, Hq * Dv);
     double scale = rms;
     for (int b = 0; b < 3; ++b)
         if (on[b] && in->v[b]) {
             double rv = rms_of_f(in->v[b], T * g->num_kv_heads * Dv);
             if (rv > scale) scale = rv;
         }
-    for (int64_t t = 0; t < T; ++t)
+    for (int64_t t = 0; t < T; ++t) {
+        if (!row_checked(ref, t)) {
+            unsampled_written(c, got, t, v);
+            continue;
+        }
+        v->rows_checked++;
         for (int64_t h = 0; h < Hq; ++h)
             for (int64_t x = 0; x < Dv; ++x) {
                 int64_t i = (t * Hq + h) * Dv + x;
@@ -214,12 +278,14 @@ int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, cons
                 double ratio = err / lim;
                 if (!(ratio <= v->o_ratio)) v->o_ratio = isnan(ratio) ? INFINITY : ratio;
             }
+    }
 
     /* ---- LSEs */
     for (int b = 0; b < 3; ++b) {
         if (!on[b]) continue;
         const double *want_l = (b == NSA_BRANCH_SLC ? eff : ref)->lse[b];
-        for (int64_t t = 0; t < T; ++t)
+        for (int64_t t = 0; t < T; ++t) {
+            if (!row_checked(ref, t)) continue;
             for (int64_t h = 0; h < Hq; ++h) {
                 double want = want_l[t * Hq + h];
                 double have = got->lse_d[b] ? got->lse_d[b][t * Hq + h] : (double)got->lse[b][t * Hq + h];
@@ -240,6 +306,7 @@ int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, cons
                           bname[b], (long long)t, (long long)seq, (long long)local, (long long)h, have, want);
                 }
             }
+        }
     }
     tk_oracle_free(&rerun);
     return v->pass;
@@ -341,14 +408,20 @@ void tk_stats_add(tk_stats *s, const tk_case *c, const tk_verdict *v)
         if (v->lse_err > s->max_lse_err) s->max_lse_err = v->lse_err;
         s->tie_swaps += v->tie_swaps;
     }
+    s->sampled |= c->rows > 0;
+    s->rows_checked += v->rows_checked;
+    s->rows_total += tk_case_tokens(c);
 }
 
 void tk_stats_print(FILE *f, const char *title, const tk_stats *s)
 {
     fprintf(f,
             "%s: %d run, %d passed, %d failed (%d unsupported); max o err %.3g of rms (%.3g of tol, case %s), "
-            "max lse err %.3g, %lld near-tie swaps\n",
+            "max lse err %.3g, %lld near-tie swaps",
             title, s->run, s->passed, s->failed, s->unsupported, s->max_o_err, s->max_o_ratio,
             s->worst[0] ? s->worst : "-", s->max_lse_err, (long long)s->tie_swaps);
+    if (s->sampled)
+        fprintf(f, "; rows checked: %lld of %lld", (long long)s->rows_checked, (long long)s->rows_total);
+    fprintf(f, "\n");
     if (s->failed) fprintf(f, "%s: first failure: %s\n", title, s->first_failure);
 }

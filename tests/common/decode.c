@@ -176,6 +176,7 @@ nsa_status tk_paged_rows(const tk_case *c, const tk_inputs *in, const tk_paged *
     p.cu_seqlens[0] = 0;
     p.cu_seqlens[1] = tk;
     p.cfg.compress = NSA_COMPRESS_EXTERNAL;
+    p.rows = 0; /* every row: the step's rows [t0, t1) need not be in the case's sample */
     tk_inputs x;
     memset(&x, 0, sizeof x);
     x.dtype = in->dtype;

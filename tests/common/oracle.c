@@ -13,7 +13,10 @@
  *     block by (forced first, higher score, lower index) and keeps the first n;
  *   - selected and window attention build their key-token lists explicitly and
  *     run a dense softmax over them.
- * Speed is not a goal; cost is O(T * (nc + n*l_s + w) * H * D) per case.
+ * Speed is not a goal; cost is O(T * (nc + n*l_s + w) * H * D) per case, T
+ * counting only the sampled tokens where the case samples (tk_case.rows: the
+ * gpu corpus, whose every row took 276 s a mode on one core). A sampled row is
+ * computed exactly as in a full run: only the loop over tokens skips the others.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -162,6 +165,18 @@ static void compress_sequence(const tk_case *c, const tk_inputs *in, int64_t seq
     }
 }
 
+/* The rows of a token the case's sample leaves out: NaN, so that a reader that
+ * forgets out->sampled fails loudly (testkit.h). */
+static void unsampled_row(const nsa_config *g, int64_t max_ns, int64_t tg, tk_oracle *out)
+{
+    const int64_t Hq = g->num_q_heads, Hkv = g->num_kv_heads, Dv = g->head_dim_v, n = g->num_selected;
+    for (int64_t e = 0; e < Hq * Dv; ++e) out->o[tg * Hq * Dv + e] = NAN;
+    for (int b = 0; b < 3; ++b)
+        for (int64_t h = 0; h < Hq && out->lse[b]; ++h) out->lse[b][tg * Hq + h] = NAN;
+    for (int64_t e = 0; e < Hkv * n && out->sel; ++e) out->sel[tg * Hkv * n + e] = TK_SEL_UNSAMPLED;
+    for (int64_t e = 0; e < Hkv * max_ns && out->scores; ++e) out->scores[tg * Hkv * max_ns + e] = NAN;
+}
+
 nsa_status tk_oracle_run(const tk_case *c, const tk_inputs *in, const int32_t *indices, tk_oracle *out)
 {
     memset(out, 0, sizeof *out);
@@ -194,6 +209,7 @@ nsa_status tk_oracle_run(const tk_case *c, const tk_inputs *in, const int32_t *i
         ALLOC(out->scores, T * Hkv * max_ns);
     }
     if (win_on) ALLOC(out->lse[NSA_BRANCH_WIN], T * Hq);
+    if (c->rows > 0) ALLOC(out->sampled, T);
 
     double *kc, *vc, *p, *o_cmp, *o_slc, *o_win, *pcmp;
     int64_t *keys, *koff, *voff, *ov_first, *ov_count, *sel_sorted;
@@ -222,11 +238,12 @@ nsa_status tk_oracle_run(const tk_case *c, const tk_inputs *in, const int32_t *i
 #undef ALLOC
     nsa_status st = NSA_SUCCESS;
     if (!out->o || !out->lse[0] || (slc_on && (!out->lse[1] || !out->sel || !out->scores)) ||
-        (win_on && !out->lse[2]) || !kc || !vc || !p || !pcmp || !keys || !koff || !voff || !o_cmp || !o_slc ||
-        !o_win || !ov_first || !ov_count || !ranks || !sel_sorted || !crows) {
+        (win_on && !out->lse[2]) || (c->rows > 0 && !out->sampled) || !kc || !vc || !p || !pcmp || !keys ||
+        !koff || !voff || !o_cmp || !o_slc || !o_win || !ov_first || !ov_count || !ranks || !sel_sorted || !crows) {
         st = NSA_ERR_OUT_OF_MEMORY;
         goto done;
     }
+    if (out->sampled) tk_case_sample(c, out->sampled);
 
     for (int64_t b = 0; b < c->batch; ++b) {
         const int64_t base = c->cu_seqlens[b];
@@ -249,6 +266,10 @@ nsa_status tk_oracle_run(const tk_case *c, const tk_inputs *in, const int32_t *i
 
         for (int64_t t = 0; t < len; ++t) {
             const int64_t tg = base + t;
+            if (out->sampled && !out->sampled[tg]) {
+                unsampled_row(g, max_ns, tg, out);
+                continue;
+            }
             for (int64_t kh = 0; kh < Hkv; ++kh) {
                 /* ---- compressed attention, for every head of the group */
                 int64_t nvis = 0;
@@ -383,5 +404,6 @@ void tk_oracle_free(tk_oracle *r)
     for (int b = 0; b < 3; ++b) free(r->lse[b]);
     free(r->sel);
     free(r->scores);
+    free(r->sampled);
     memset(r, 0, sizeof *r);
 }

@@ -6,7 +6,8 @@
  *
  * Pieces, one file each:
  *   corpus.c   a deterministic list of configurations (tk_case): "full" (>= 120
- *              cases) and "small" (~20 tiny cases for sanitizers / oclgrind)
+ *              cases), "small" (~20 tiny cases for sanitizers / oclgrind) and
+ *              "gpu" (model sizes, whose oracle checks a sample of rows: tk_case.rows)
  *   inputs.c   the inputs of a case, drawn with nsa_random_uniform (the library's
  *              portable generator: every machine draws the same numbers) and
  *              rounded to the case dtype; host master copies are floats that are
@@ -14,11 +15,13 @@
  *   oracle.c   an fp64 brute-force implementation of docs/nsa-semantics.md,
  *              written independently of backends/cpu: explicit visible-key lists,
  *              block scores by explicit token-overlap counting, selection by a full
- *              sort of (forced, score, index), dense softmax over the visible set
+ *              sort of (forced, score, index), dense softmax over the visible set;
+ *              every row, or only the case's sampled tokens (tk_case_sample)
  *   runner.c   uploads a case through the public API (strided / packed / aliased
  *              layouts), poisons every output, runs nsa_forward, reads back
  *   compare.c  backend vs oracle: dtype-aware tolerances, NaN never passes, every
- *              element checked, the near-tie rule of semantics section 7
+ *              element of every row the oracle computed checked, the near-tie rule
+ *              of semantics section 7
  *
  * Typical use:
  *   tk_case *cases; int n = tk_corpus("full", &cases);
@@ -76,12 +79,29 @@ typedef struct tk_case {
                            only meaningful when cfg.num_selected > 0 */
     int use_pe;         /* LINEAR only: pass pe_k / pe_v */
     tk_layout layout;
+    int64_t rows;       /* 0: the oracle computes and the comparison checks every
+                           token's rows; N > 0: only a deterministic sample of about
+                           N tokens per sequence (tk_case_sample), for sizes whose
+                           fp64 oracle of every row is too slow (the gpu corpus) */
 } tk_case;
 
-/* Fills *cases with a malloc'ed array (free() it) of the named corpus, "full" or
- * "small", and returns its length; -1 for an unknown name. Deterministic: the same
- * list on every machine. Every case passes nsa_config_validate. */
+/* Fills *cases with a malloc'ed array (free() it) of the named corpus, "full",
+ * "small" or "gpu", and returns its length; -1 for an unknown name.
+ * Deterministic: the same list on every machine. Every case passes
+ * nsa_config_validate. */
 int tk_corpus(const char *name, tk_case **cases);
+
+/* The tokens whose rows the oracle computes and the comparison checks:
+ * mask[t] = 1 for the sampled tokens t of [0, T), 0 for the others; returns
+ * their count. c->rows == 0: every token. Otherwise, in each sequence, the
+ * first and the last 48 tokens (T < l, T < w, the first selection blocks and
+ * the causal end) and, spread evenly over the rest, (c->rows - 96) / 5 groups
+ * of five: a token a, the first token after a of a selection block and the
+ * token before it (the eligible and forced blocks change there), the first
+ * token after a that sees one more compressed block (i*d + l - 1) and the
+ * token before it. So at most c->rows a sequence (fewer where a group's
+ * tokens coincide), and every token of a sequence up to 96 long. */
+int64_t tk_case_sample(const tk_case *c, uint8_t *mask);
 
 /* The next value of a splitmix64 stream (the corpus's generator; also the decode
  * tests' page shuffles and step lengths). */
@@ -117,7 +137,8 @@ void tk_case_token(const tk_case *c, int64_t t, int64_t *seq, int64_t *local);
 double tk_case_scale(const tk_case *c);
 
 /* One-line description: "label f16 B=2 T=[0,37] H=4/2 D=17/5 l=8 d=4 ls=16 n=3
- * init=1 local=1 w=9 mean scale=0 strided fixed". Returns buf. */
+ * init=1 local=1 w=9 mean scale=0 strided fixed rows=256" (rows= where the case
+ * samples). Returns buf. */
 const char *tk_case_describe(const tk_case *c, char *buf, size_t size);
 
 /* Is selection block j forced for a query at local position t (semantics 3)? */
@@ -152,6 +173,9 @@ void tk_inputs_free(tk_inputs *in);
 
 /* ------------------------------------------------------------------ oracle */
 
+/* What sel holds in the rows of a token the oracle did not compute. */
+#define TK_SEL_UNSAMPLED (-2)
+
 typedef struct tk_oracle {
     int64_t tokens;      /* T */
     int64_t max_ns;      /* row length of scores */
@@ -161,6 +185,10 @@ typedef struct tk_oracle {
     int32_t *sel;        /* [T, Hkv, n], ascending, -1 padded; NULL when n = 0 */
     double *scores;      /* [T, Hkv, max_ns]: s(t, g, j) for eligible j, NAN for
                             ineligible j; NULL when n = 0 */
+    uint8_t *sampled;    /* [T]: 1 where the token's rows were computed
+                            (tk_case_sample); NULL: every token's were. The rows
+                            of the others are NAN (o, lse, scores) and
+                            TK_SEL_UNSAMPLED (sel) */
 } tk_oracle;
 
 /* x rounded once to the nearest value of dtype (ties to even; overflow to inf),
@@ -208,7 +236,9 @@ nsa_status tk_paged_rows(const tk_case *c, const tk_inputs *in, const tk_paged *
 /* Computes the reference in fp64 from the (rounded) inputs. indices: NULL for
  * the top-n selection, or [T, Hkv, n] block indices to use instead (fixed-indices
  * mode; they are copied to sel). When c->fixed_indices is set the caller passes
- * in->given. */
+ * in->given. When c->rows > 0 only the sampled tokens' rows are computed (each
+ * bitwise as the full run computes it; the compressed keys and values are
+ * formed whole) and out->sampled says which. */
 nsa_status tk_oracle_run(const tk_case *c, const tk_inputs *in, const int32_t *indices,
                          tk_oracle *out);
 void tk_oracle_free(tk_oracle *r);
@@ -395,12 +425,16 @@ typedef struct tk_verdict {
     double lse_err;      /* max |got - ref| over finite LSEs */
     int64_t tie_swaps;   /* (t, g) rows whose selection differed within the near-tie rule */
     int64_t elements;    /* elements compared */
+    int64_t rows_checked;/* tokens whose rows were compared with the oracle's */
     char msg[TK_MSG_MAX];/* first failure: label, what, token, head, dim, got, ref */
 } tk_verdict;
 
 /* Compares got with ref (which must come from tk_oracle_run with the case's own
  * selection rule: in->given when c->fixed_indices, else top-n). Re-runs the
- * oracle with the backend's indices when a near-tie swap is found. Returns
+ * oracle with the backend's indices when a near-tie swap is found. Where ref
+ * holds a sample of rows (ref->sampled) only those are compared (and the o
+ * scale takes the RMS of their o); the other rows must still be written: o
+ * finite, LSEs not NaN, selected entries -1 or an eligible block. Returns
  * v->pass. */
 int tk_compare(const tk_case *c, const tk_inputs *in, const tk_oracle *ref, const tk_output *got,
                tk_verdict *v);
@@ -421,13 +455,16 @@ typedef struct tk_stats {
     double max_o_ratio;
     double max_lse_err;
     int64_t tie_swaps;
+    int sampled;               /* some case checked a sample of its rows (tk_case.rows) */
+    int64_t rows_checked, rows_total; /* tokens compared, tokens of the cases run */
     char worst[TK_LABEL_MAX];  /* label of the case with the largest o_ratio */
     char first_failure[TK_MSG_MAX];
 } tk_stats;
 
 void tk_stats_add(tk_stats *s, const tk_case *c, const tk_verdict *v);
 /* "f32: 128 run, 128 passed, 0 failed; max o err 3.1e-07 rms (0.003 of tol, case
- * x), max lse err 2e-07, 4 near-tie swaps" */
+ * x), max lse err 2e-07, 4 near-tie swaps", and where s->sampled "; rows
+ * checked: 2560 of 48000" */
 void tk_stats_print(FILE *f, const char *title, const tk_stats *s);
 
 #ifdef __cplusplus
