@@ -229,14 +229,14 @@ bool takes(Kern k, nsa_stage st, const Limits &lim, const Shape &s, StageChoice 
     case K_SCORES_SM80_G16:
     case K_SCORES_SM80_KQ: {
         if (!s.tc || s.G > TC_BM || (k == K_SCORES_SM80_G16 && s.G != 16) ||
-            (k == K_SCORES_SM80_KQ &&
-             (!scores_sm80_kq_takes(s.G, s.dqkp) || cfg.num_selected > scores_kq_ring_max_n)))
+            (k == K_SCORES_SM80_KQ && !scores_sm80_kq_takes(s.G, s.dqkp)))
             return false;
         const int gp = k == K_SCORES_SM80 ? 0 : scores_kq_gp(s.G);
         const int qt = gp > 0 ? scores_kq_tokens(s.G) : tile_tokens(s.G);
-        /* scores_sm80_kq ranks as it goes where the kept set fits a warp (n <= 32) */
+        /* scores_sm80_kq may rank as it goes where that pays and the kept set fits a warp (n <= 32) */
         const ScoresRing ring = {qt, cfg.cmp_block, cfg.cmp_stride, cfg.slc_block, cfg.num_selected};
-        const bool ranks = k == K_SCORES_SM80_KQ && cfg.num_selected >= 1;
+        const bool ranks = k == K_SCORES_SM80_KQ && scores_kq_ring_pays(gp) && cfg.num_selected >= 1 &&
+                           cfg.num_selected <= scores_kq_ring_max_n;
         c->scores = pick_scores_sm80(gp, s.dqkp, scores_rows_smem(qt, s.max_ns), s.limit, lim.smem_sm,
                                      ranks ? &ring : nullptr);
         c->rows_smem = c->scores.rows;
@@ -303,8 +303,7 @@ const char *why_not(Kern k, const Limits &lim, const Shape &s)
     if ((k == K_ATTN_SM90 || k == K_SCORES_SM90_G16) && lim.cls != CLS_SM90)
         return "it needs a device of class sm90 (wgmma and the TMA)";
     if ((k == K_SCORES_SM80_G16 || k == K_SCORES_SM90_G16) && s.G != 16) return "it needs G = 16";
-    if (k == K_SCORES_SM80_KQ && (!scores_sm80_kq_takes(s.G, s.dqkp) || s.cfg->num_selected > scores_kq_ring_max_n))
-        return "it needs G < 16, padded Dqk <= 192 and n <= 32";
+    if (k == K_SCORES_SM80_KQ && !scores_sm80_kq_takes(s.G, s.dqkp)) return "it needs G < 16 and padded Dqk <= 192";
     if (k == K_SLC_SM80_BLK && !slc_sm80_blk_takes(s.G, s.dqkp, s.dvp))
         return "it needs G <= 64 and padded dims 32/32, 64/64, 128/128 or 192/128";
     if (k == K_SLC_SM80_G16 && !slc_sm80_g16_takes(s.G, s.cfg->slc_block, s.cfg->num_selected, s.dqkp, s.dvp))

@@ -89,7 +89,7 @@ template <int SQ, int NK> NSA_DEV void q_frags_b(uint32_t (&qb)[NK][4], const vo
 /* NB: K tile buffers, 2 or (G16 only) 1: a CTA then waits for its own fetch
  * while the other CTA on the SM computes (the sm86 class's 100 KB per SM fits
  * two CTAs only so, tiles.h). */
-template <typename T, int DQK, int BN, bool FUSED, int GP, int NB = 2>
+template <typename T, int DQK, int BN, bool FUSED, int GP, int NB = 2, bool RING = false>
 __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     scores_sm80_kernel(const Geom g, const Tiles tl, const T *__restrict__ q, int64_t qst, int64_t qsh,
                      const T *__restrict__ k, int64_t kst, int64_t ksh, bool qvec,
@@ -112,7 +112,8 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     static_assert(G16 || !KQ || TRANS, "scores_sm80_kq holds Q in registers (padded Dqk <= 192)");
     /* STREAM: scores_sm80_kq's SCORES_TOPN ranks each token's blocks as the
      * tiles complete them (topn.cuh, TopnStream; accw is the ring's width) */
-    constexpr bool STREAM = FUSED && KQ && !G16;
+    constexpr bool STREAM = RING;
+    static_assert(!RING || (FUSED && KQ && !G16), "the ring: scores_sm80_kq's SCORES_TOPN");
     using KL = typename std::conditional<PANEL, PanelTile<(PANEL ? DQK : 64), BN>, PadTile<SQ, BN>>::type;
     constexpr int KT = KL::elems; /* elements of one K tile */
     static_assert(NB == 2 || (NB == 1 && KQ), "one K buffer in the transposed loop only");
@@ -434,14 +435,16 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     }
 }
 
+/* ring: a SCORES_TOPN call (idx set) on the ring (ScoresTile.ring; GP 4 and 8) */
 template <typename T, int DQK, int BN, int GP, int NB = 2>
-static cudaError_t launch_sm80(const Dev &dev, bool rows_smem, const Geom &g, const Tiles &tl, View q, View kc,
-                               View lse, MView sc, MView idx, cudaStream_t s)
+static cudaError_t launch_sm80(const Dev &dev, bool rows_smem, bool ring, const Geom &g, const Tiles &tl, View q,
+                               View kc, View lse, MView sc, MView idx, cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
+    constexpr bool HAS_RING = GP == 4 || GP == 8; /* the instances (tiles.h, scores_kq_ring_pays) */
     const bool fused = idx.p != nullptr;
-    const bool ring = fused && GP > 0 && GP < 16; /* the kernel's STREAM */
-    if ((fused && !rows_smem) || (ring && (g.n < 1 || g.n > scores_kq_ring_max_n)) ||
+    ring = ring && fused;
+    if ((fused && !rows_smem) || (ring && (!HAS_RING || g.n < 1 || g.n > scores_kq_ring_max_n)) ||
         (GP > 0 && (scores_kq_gp(g.G) != GP || tl.qt != TC_BM / (GP > 0 ? GP : 1) || tl.hc != g.G)) ||
         tl.nchunk != 1 || !rs32_ok(kc.st, BN))
         return cudaErrorInvalidValue;
@@ -450,6 +453,8 @@ static cudaError_t launch_sm80(const Dev &dev, bool rows_smem, const Geom &g, co
     size_t smem = GP > 0 ? scores_sm80_kq_smem(DQK, BN, NB, GP, rows) : scores_sm80_smem(DQK, BN) + rows;
     const int accw = ring ? rw : rows_smem ? (int)g.max_ns : 0;
     auto kern = fused ? scores_sm80_kernel<T, DQK, BN, true, GP, NB> : scores_sm80_kernel<T, DQK, BN, false, GP, NB>;
+    if constexpr (HAS_RING)
+        if (ring) kern = scores_sm80_kernel<T, DQK, BN, true, GP, NB, true>;
     cudaError_t e = launch_smem(kern, dev, smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)tl.count, (unsigned)g.Hkv);
@@ -463,8 +468,8 @@ static cudaError_t launch_sm80(const Dev &dev, bool rows_smem, const Geom &g, co
  * wider heads, and half that from Dqk 64 up; G16 also with one K buffer of
  * the smaller tile; scores_sm80_kq up to padded Dqk 192 */
 template <typename T, int DQK, int GP>
-static cudaError_t scores_sm80_dims(int bn, int nb, const Dev &dev, bool rows_smem, const Geom &g, const Tiles &tl,
-                                    View q, View kc, View lse, MView sc, MView idx, cudaStream_t s)
+static cudaError_t scores_sm80_dims(int bn, int nb, const Dev &dev, bool rows_smem, bool ring, const Geom &g,
+                                    const Tiles &tl, View q, View kc, View lse, MView sc, MView idx, cudaStream_t s)
 {
     constexpr int B0 = DQK > 128 ? 32 : 64, B1 = DQK >= 64 ? B0 / 2 : B0;
     if constexpr (GP > 0 && GP < 16 && !scores_g16_qreg(DQK)) {
@@ -472,13 +477,13 @@ static cudaError_t scores_sm80_dims(int bn, int nb, const Dev &dev, bool rows_sm
     } else {
         if (nb == 1) {
             if constexpr (GP == 16)
-                if (bn == B1) return launch_sm80<T, DQK, B1, GP, 1>(dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+                if (bn == B1) return launch_sm80<T, DQK, B1, GP, 1>(dev, rows_smem, ring, g, tl, q, kc, lse, sc, idx, s);
             return cudaErrorInvalidValue;
         }
         if (nb != 2) return cudaErrorInvalidValue;
-        if (bn == B0) return launch_sm80<T, DQK, B0, GP>(dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+        if (bn == B0) return launch_sm80<T, DQK, B0, GP>(dev, rows_smem, ring, g, tl, q, kc, lse, sc, idx, s);
         if constexpr (B1 != B0)
-            if (bn == B1) return launch_sm80<T, DQK, B1, GP>(dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+            if (bn == B1) return launch_sm80<T, DQK, B1, GP>(dev, rows_smem, ring, g, tl, q, kc, lse, sc, idx, s);
         return cudaErrorInvalidValue;
     }
 }
@@ -491,11 +496,11 @@ cudaError_t scores_sm80_gp(const Geom &g, const Dev &dev, const ScoresTile &tile
     auto dims = [&](auto tag) -> cudaError_t {
         using T = decltype(tag);
         switch (dqkp) {
-        case 32: return scores_sm80_dims<T, 32, GP>(tile.bn, tile.nb, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
-        case 64: return scores_sm80_dims<T, 64, GP>(tile.bn, tile.nb, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
-        case 128: return scores_sm80_dims<T, 128, GP>(tile.bn, tile.nb, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
-        case 192: return scores_sm80_dims<T, 192, GP>(tile.bn, tile.nb, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
-        case 256: return scores_sm80_dims<T, 256, GP>(tile.bn, tile.nb, dev, rows_smem, g, tl, q, kc, lse, sc, idx, s);
+        case 32: return scores_sm80_dims<T, 32, GP>(tile.bn, tile.nb, dev, rows_smem, tile.ring, g, tl, q, kc, lse, sc, idx, s);
+        case 64: return scores_sm80_dims<T, 64, GP>(tile.bn, tile.nb, dev, rows_smem, tile.ring, g, tl, q, kc, lse, sc, idx, s);
+        case 128: return scores_sm80_dims<T, 128, GP>(tile.bn, tile.nb, dev, rows_smem, tile.ring, g, tl, q, kc, lse, sc, idx, s);
+        case 192: return scores_sm80_dims<T, 192, GP>(tile.bn, tile.nb, dev, rows_smem, tile.ring, g, tl, q, kc, lse, sc, idx, s);
+        case 256: return scores_sm80_dims<T, 256, GP>(tile.bn, tile.nb, dev, rows_smem, tile.ring, g, tl, q, kc, lse, sc, idx, s);
         default: return cudaErrorInvalidValue;
         }
     };

@@ -204,20 +204,33 @@ constexpr size_t scores_sm90_g16_smem(int dqk, int nb)
 
 /* scores_sm80 (gp 0) and the transposed kernels (gp: 16 for scores_sm80_g16,
  * scores_kq_gp(G) for scores_sm80_kq): BN 64 for Dqk <= 128, 32 for wider
- * heads, half that from Dqk 64 up where it does not fit. For the transposed
- * kernels, rows in shared memory beat a larger K tile with rows in global
- * memory (the rows are updated once per K tile: v2.0 kept them in global
- * memory and its scores took 32 ms at 64k, D 128), so the first tile that
- * fits with the rows wins, then the first that fits without. rows: the rows'
- * bytes (scores_rows_smem); per_sm: the class's shared memory per SM (0: do
- * not ask for two CTAs). The sm86 class needs the smaller tiles (the general
- * kernel's probability and sums tiles of 128 rows are 66 KB at BN 64). */
+ * heads, half that from Dqk 64 up where it does not fit. Where a CTA's rows
+ * live, best first (rows: their bytes, scores_rows_smem; per_sm: the class's
+ * shared memory per SM, 0: do not ask for two CTAs; ring: scores_sm80_kq's
+ * streaming ranking where it may run, else NULL):
+ *   1. whole rows in shared memory with two CTAs per SM (transposed kernels:
+ *      G 7 at 64k, 16 tokens' rows of 64 KB: 8.06 ms for the stage);
+ *   2. the ring, two CTAs per SM if they fit (G 4 at 64k: 16.3 ms, Hq 32 /
+ *      Hkv 8, against 17.8 for whole rows with one CTA per SM; at G 7 it
+ *      took 10.9 against 8.06 for 1., so it only comes after);
+ *   3. whole rows in shared memory, one CTA (the transposed kernels: rows in
+ *      shared memory beat a larger K tile with rows in global memory; v2.0 of
+ *      the G 16 kernel kept them in global memory and took 32 ms at 64k);
+ *   4. rows in global memory (the plan's buffer, then topn): the general
+ *      kernel keeps its larger tile so (G 4 at 64k: 83.0 ms against 84.3 for
+ *      32-key tiles with the rows in shared memory, one run each).
+ * The sm86 class needs the smaller tiles (the general kernel's probability
+ * and sums tiles of 128 rows are 66 KB at BN 64). */
 inline bool scores_sm80_takes(int dqkp) { return dqkp == 32 || dqkp == 64 || dqkp == 128 || dqkp == 192 || dqkp == 256; }
 inline bool scores_sm80_kq_takes(int64_t G, int dqkp) { return G >= 1 && G < 16 && scores_sm80_takes(dqkp) && scores_g16_qreg(dqkp); }
 struct ScoresRing { /* scores_sm80_kq ranking as it goes (SCORES_TOPN, 1 <= n <= 32) */
     int tokens;
     int64_t l, d, ls, n;
 };
+/* The ring where it has won: G 4 (4 tokens per warp) and G 5..8 (2). At G 1
+ * (16 tokens per warp) its per-tile ranking costs more than the rows in
+ * global memory: 7.43 ms against 4.62 for the stage at Hq = Hkv = 4, 64k. */
+inline bool scores_kq_ring_pays(int gp) { return gp == 4 || gp == 8; }
 inline ScoresTile pick_scores_sm80(int gp, int dqkp, size_t rows, int64_t limit, int64_t per_sm,
                                    const ScoresRing *ring = nullptr)
 {
@@ -226,32 +239,32 @@ inline ScoresTile pick_scores_sm80(int gp, int dqkp, size_t rows, int64_t limit,
     const bool kq = gp > 0;
     const int first = dqkp > 128 ? 32 : 64, last = dqkp >= 64 ? first / 2 : first;
     /* the candidates, best first: two K buffers of each size, then (G16) one buffer of the smaller */
-    const ScoresTile cand[3] = {{first, 2, true, ring != nullptr}, {last, 2, true, ring != nullptr},
-                                {last, 1, true, ring != nullptr}};
+    const ScoresTile cand[3] = {{first, 2, true, false}, {last, 2, true, false}, {last, 1, true, false}};
     const int nc = gp == 16 ? 3 : 2;
-    /* bytes of a candidate without (with_rows false) or with its score rows */
-    auto bytes = [&](const ScoresTile &t, bool with_rows) {
-        const size_t r = ring ? scores_kq_ring_smem(ring->tokens, scores_kq_ring(t.bn, ring->l, ring->d, ring->ls), ring->n)
-                              : rows;
-        return (int64_t)(kq ? scores_sm80_kq_smem(dqkp, t.bn, t.nb, gp, with_rows ? r : 0)
-                            : scores_sm80_smem(dqkp, t.bn) + (with_rows ? rows : 0));
+    enum { NONE, ROWS, RING };
+    /* bytes of a candidate with nothing, its whole rows or its ring beside the tiles */
+    auto bytes = [&](const ScoresTile &t, int with) {
+        const size_t r = with == RING ? scores_kq_ring_smem(ring->tokens, scores_kq_ring(t.bn, ring->l, ring->d, ring->ls),
+                                                            ring->n)
+                         : with == ROWS ? rows
+                                        : 0;
+        return (int64_t)(kq ? scores_sm80_kq_smem(dqkp, t.bn, t.nb, gp, r) : scores_sm80_smem(dqkp, t.bn) + r);
     };
-    /* the transposed kernels are built for two CTAs per SM: the first candidate with rows that lets two fit
-     * (the A100's 164 KB at D 128, 64k, G 16: 2 x 66 KB with two 64-key buffers in Q's place; before Q moved
-     * to registers only one 32-key buffer fit, 2 x 80 KB: 17.3 ms), then the first with rows, then the first
-     * without (each CTA also holds its static shared memory and the runtime's 1 KB) */
+    /* two CTAs per SM: each also holds its static shared memory and the runtime's 1 KB */
+    auto two = [&](const ScoresTile &t, int with) { return 2 * (bytes(t, with) + SMEM_STATIC_MARGIN + 1024) <= per_sm; };
     if (kq && per_sm > 0)
         for (int i = 0; i < nc; i++)
-            if (2 * (bytes(cand[i], true) + SMEM_STATIC_MARGIN + 1024) <= per_sm) return cand[i];
-    /* the general kernel keeps its larger tile with the rows in global memory (G = 4 at 64k: 83.0 ms
-     * against 84.3 for 32-key tiles with the rows in shared memory, one run each) */
+            if (two(cand[i], ROWS)) return cand[i];
+    if (kq && ring) {
+        for (int i = 0; per_sm > 0 && i < nc; i++)
+            if (two(cand[i], RING)) return ScoresTile{cand[i].bn, cand[i].nb, true, true};
+        for (int i = 0; i < nc; i++)
+            if (bytes(cand[i], RING) <= limit) return ScoresTile{cand[i].bn, cand[i].nb, true, true};
+    }
     for (int i = 0; kq && i < nc; i++)
-        if (bytes(cand[i], true) <= limit) return cand[i];
+        if (bytes(cand[i], ROWS) <= limit) return cand[i];
     for (int i = 0; i < 2; i++)
-        if (bytes(cand[i], false) <= limit) {
-            const bool fit = bytes(cand[i], true) <= limit;
-            return ScoresTile{cand[i].bn, 2, fit, fit && ring != nullptr};
-        }
+        if (bytes(cand[i], NONE) <= limit) return ScoresTile{cand[i].bn, 2, bytes(cand[i], ROWS) <= limit, false};
     return none;
 }
 /* scores_sm90_g16, padded Dqk 64 / 128 / 192. Its score rows must be in shared
