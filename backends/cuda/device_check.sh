@@ -131,13 +131,11 @@ if has long; then
   fi
 fi
 if has rows; then
-  # score rows that do not fit in shared memory (G = 1 on the general kernel, forced: scores_sm80_kq ranks
-  # as it goes; 128 tokens x 512 blocks x 4 bytes per CTA at T = 32768,
+  # score rows that do not fit in shared memory (G = 1: scores_sm80_kq, 128 tokens x 512 blocks x 4 bytes per CTA at T = 32768,
   # rows:global, 268 MB) in chunks (NSA_CUDA_SCORE_ROWS_MAX=10000000: 29 chunks): the same indices and
   # outputs bitwise as one pass, and the check against the cpu backend
   for lim in default 10000000; do
-    env $([ $lim = default ] && echo X_UNUSED=1 || echo NSA_CUDA_SCORE_ROWS_MAX=$lim) NSA_CUDA_PROFILE=1 \
-      NSA_CUDA_FORCE=block_scores:scores_sm80 timeout 120 \
+    env $([ $lim = default ] && echo X_UNUSED=1 || echo NSA_CUDA_SCORE_ROWS_MAX=$lim) NSA_CUDA_PROFILE=1 timeout 120 \
       $NSA run --backend cuda --T 32768 --hq 4 --hkv 4 --dqk 64 --dv 64 --iters 1 --warmup 0 \
       --outputs /tmp/rows_$lim > /tmp/rows_$lim.log 2>&1
     rc=$?; note "[$(el)] score rows $lim: rc=$rc $(grep -E 'PASS|FAIL|plan:' /tmp/rows_$lim.log | tr '\n' ' ' | cut -c1-260)"
