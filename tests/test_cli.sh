@@ -195,8 +195,19 @@ expect_bad "run --decode 2^62 --T 2^60: sizes overflow" "would need more than 2\
 expect_bad "bench --batch list without --decode"     "--batch takes one value" -- "$nsa" bench --backend cpu --batch 1,2
 expect_bad "bench --context without --decode"        "need --decode" -- "$nsa" bench --backend cpu --context 64
 expect_bad "bench --decode --T"                      "does not take --T" -- "$nsa" bench --backend cpu --decode --T 64
-expect_bad "bench --decode --tq 0"                   "--tq, --chunk, --page-size, --cmp-page-size >= 1" -- "$nsa" bench --backend cpu --decode --tq 0
-expect_bad "bench --decode --batch 0"                "--batch 1\.\." -- "$nsa" bench --backend cpu --decode --batch 2,0
+expect_bad "bench --decode --tq 0"                   "--tq 0: a step takes TQ >= 1" -- "$nsa" bench --backend cpu --decode --tq 0
+expect_bad "bench --decode --batch 0"                "--batch 0: a decode point needs B >= 1" -- "$nsa" bench --backend cpu --decode --batch 2,0
+expect_bad "bench --decode --context -1"             "--context -1: the cached tokens must be >= 0" -- "$nsa" bench --backend cpu --decode --context 5,-1
+expect_bad "bench --decode --page-size 0"            "--chunk, --page-size and --cmp-page-size >= 1" -- "$nsa" bench --backend cpu --decode --page-size 0
+expect_bad "bench --decode --fill steps --batch 9"   "--batch 9: --fill steps draws the whole problem, of 1 \.\. 8 sequences" -- "$nsa" bench --backend cpu --decode --fill steps --batch 9
+expect_bad "bench --decode --chunk without --fill steps" "--chunk is the prefill step of --fill steps" -- "$nsa" bench --backend cpu --decode --chunk 16
+expect_bad "bench --fill without --decode"           "--fill, --chunk, .* need --decode" -- "$nsa" bench --backend cpu --fill steps
+expect_bad "bench --decode context + TQ past int32"  "--context 2147483647 \+ --tq 1: a sequence's length must fit the int32 cache_seqlens" -- "$nsa" bench --backend cpu --decode --context 2147483647
+expect_bad "bench --decode B x TQ past int32"        "--batch 1073741824 x --tq 2: a step's rows must fit the int32 cu_seqlens_q" -- "$nsa" bench --backend cpu --decode --batch 1073741824 --tq 2
+expect_bad "bench --decode caches past 2^63 bytes"   "B=1 context=10 TQ=1: the caches would need more than 2\^63 bytes" -- "$nsa" bench --backend cpu --decode --context 10 --page-size 4611686018427387904
+# refused before anything is allocated (68 TiB of caches on a CPU device), a failed point: exit 1
+expect_bad "bench --decode caches that do not fit"   "B=256 context=2147483646 TQ=1 full: the caches \(68\.00 TiB\) and the step's host buffers \(.*\) would not fit this machine's" -- \
+  "$nsa" bench --backend cpu --decode --hq 4 --hkv 1 --dqk 16 --dv 16 --dtype f32 --batch 256 --context 2147483646
 if [ -n "$fakectx" ]; then
   expect_bad "run --decode on a backend without decode names it" "--decode on backend fakeplan: nsa_decode_plan_create: NSA_ERR_UNSUPPORTED: .*backend fakeplan has no decode step" -- \
     env NSA_BACKEND_PATH="$fakectx" "$nsa" "${tiny[@]:0:1}" --backend fakeplan "${tiny[@]:3}" --decode 4
@@ -244,10 +255,13 @@ expect "bench --plot into a missing folder" 1 "cannot write" -- "$nsa" "${bench[
 # nsa bench --decode: a B x context x TQ sweep; every point's fields are there and sane
 dbench=(bench --backend cpu --decode --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --dtype f32 --batch 1,3 --context 0,79 --tq 1,4 --iters 2 --page-size 16)
 expect "bench --decode prints a row per point" 0 "^ +3 +79 +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +n/a +[0-9.e-]+ +-?[0-9.e-]+ +[0-9.e-]+ " -- "$nsa" "${dbench[@]}"
-expect "bench --decode --json" 0 '"mode": "decode"' -- "$nsa" "${dbench[@]}" --json --peak-gbps 100
-if python3 - "$tmp/out" <<'PY'
+# the default fills the caches with random values; --fill steps prefills them by decode steps
+for fill in random steps; do
+expect "bench --decode --fill $fill --json" 0 '"mode": "decode", "fill": "'$fill'"' -- "$nsa" "${dbench[@]}" --fill $fill --json --peak-gbps 100
+if python3 - "$tmp/out" $fill <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
+fill = sys.argv[2]
 pts = d["results"]
 assert d["command"] == "bench" and d["mode"] == "decode" and d["exit_code"] == 0 and d["peak_gbps"] == 100, d
 assert sorted((p["batch"], p["context"], p["tq"]) for p in pts) == sorted(
@@ -264,9 +278,17 @@ for p in pts:
     nc = (TK - 32) // 16 + 1 if TK >= 32 else 0
     want = B * (TQ * (4 * 16 * 4 + 2 * 4 * 4 + 32 * 4) + nc * 32 * 4 + TK * 32 * 4)
     assert de["bytes"] == want, (p, want)
-    assert f["prefill_steps"] == (1 if p["context"] else 0), p
+    if fill == "steps":
+        assert f["prefill_steps"] == (1 if p["context"] else 0) and f["fill_s"] == 0, p
+    else:
+        assert f["prefill_steps"] == 0 and f["prefill_s"] == 0 and f["fill_s"] > 0, p
 PY
-then ok "bench --decode --json: every point, its fields and bytes"; else bad "bench --decode --json: every point, its fields and bytes"; fi
+then ok "bench --decode --fill $fill --json: every point, its fields and bytes"; else bad "bench --decode --fill $fill --json: every point, its fields and bytes"; fi
+done
+# past the testkit's 8 sequences: B 16 and 40 (--fill random), a row per point
+expect "bench --decode with B > 8" 0 "^ +40 +300 +3 +[0-9.]+ +[0-9.]+ +[0-9.]+ +n/a " -- \
+  "$nsa" bench --backend cpu --decode --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --dtype bf16 --batch 16,40 --context 300 --tq 1,3 --iters 2 --warmup 1
+if [ "$(grep -Ec '^ +(16|40) +300 +[13] ' "$tmp/out")" = 4 ]; then ok "bench --decode with B > 8: four points"; else bad "bench --decode with B > 8: four points"; fi
 expect "bench --decode --no-dense" 0 '"dense": null, "cmp_only": null' -- "$nsa" "${dbench[@]}" --json --no-dense --tq 2 --batch 1 --context 40
 
 # With no NSA_BACKEND, an OpenCL backend on a CPU device (PoCL) ranks after the cpu

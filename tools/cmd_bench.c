@@ -90,13 +90,22 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  backend's dense attention and the baselines.\n"
             "--decode: times one decode step (nsa_decode, docs/nsa-semantics.md section 10)\n"
             "  instead, for every --batch B, --context C and --tq TQ of the lists (defaults:\n"
-            "  B 1,4,8, C 8192,32768 on GPUs; B 1, C 128,256 on CPU devices; TQ 1; B <= 8): B\n"
-            "  sequences over paged caches (--page-size, --cmp-page-size; page tables\n"
-            "  shuffled by --seed) are prefilled to C cached tokens in steps of up to --chunk\n"
-            "  (default 256), then the step of TQ new tokens per sequence is run --warmup\n"
-            "  times and timed --iters times (default 2 and 10 on every device; median; each\n"
-            "  from nsa_decode to the end of nsa_decode_check; the step is repeated as it\n"
-            "  is, cache_seqlens staying C).\n"
+            "  B 1,8,64 (1,4,8 with --fill steps), C 8192,32768 on GPUs; B 1, C 128,256 on\n"
+            "  CPU devices; TQ 1): B sequences over paged caches (--page-size,\n"
+            "  --cmp-page-size; page tables shuffled by --seed) hold C cached tokens each,\n"
+            "  then the step of TQ new tokens per sequence is run --warmup times and timed\n"
+            "  --iters times (default 2 and 10 on every device; median; each from nsa_decode\n"
+            "  to the end of nsa_decode_check; the step is repeated as it is, cache_seqlens\n"
+            "  staying C). B x TQ and C + TQ must be below 2^31 (the int32 step lengths).\n"
+            "  --fill random (default): the caches are written directly with seeded random\n"
+            "  values (the raw K/V pages and the compressed rows; keys in [-2, 2), values in\n"
+            "  [-1, 1)) and only the step's own inputs are drawn: no prefill step, any B,\n"
+            "  host memory for the step alone (a point whose caches cannot fit is reported\n"
+            "  with their size). A step's reads and cost do not depend on the values.\n"
+            "  --fill steps: the whole problem is drawn (B <= 8) and prefilled to C by decode\n"
+            "  steps of up to --chunk tokens (default 256), as nsa run --decode does; the\n"
+            "  caches then hold the problem's own rows, and the JSON has the prefill's steps\n"
+            "  and time.\n"
             "  GB/s: the bytes the step must read, per sequence: the new tokens' q, gates,\n"
             "  k, v; the compressed rows of the context (k and v); per KV head the distinct\n"
             "  cached tokens of its queries' selected blocks (from the step's selection) and\n"
@@ -294,12 +303,12 @@ int cmd_bench(int argc, char **argv)
     const char *backend = NULL, *T_arg = NULL;
     int64_t device = -1, iters = -1, warmup = -1, batch = 1;
     const char *batch_arg = NULL, *context_arg = NULL, *tq_arg = NULL;
-    int decode = 0;
+    int decode = 0, fill = BENCH_FILL_RANDOM;
     int64_t chunk = 256, page_size = DECODE_RUN_PAGE_SIZE, cmp_page_size = DECODE_RUN_CMP_PAGE_SIZE;
     double peak_tflops = 0, peak_gbps = 0;
     int json = 0, no_stages = 0, no_dense = 0, backward = 0;
     const char *plot_path = NULL, *baseline_path = NULL;
-    args_opt opts[CONFIG_FLAGS_COUNT + 23];
+    args_opt opts[CONFIG_FLAGS_COUNT + 24];
     int nopts, rc, nT, exit_code = TOOL_EXIT_OK;
     int64_t Ts[MAX_T];
     nsa_context *ctx = NULL;
@@ -326,7 +335,9 @@ int cmd_bench(int argc, char **argv)
     OPT("--decode", ARGS_FLAG, &decode, NULL, "time a decode step instead (see above)");
     OPT("--context", ARGS_STRING, &context_arg, "C,C,..", "--decode: cached tokens per sequence to sweep");
     OPT("--tq", ARGS_STRING, &tq_arg, "TQ,TQ,..", "--decode: new tokens per sequence and step to sweep (1)");
-    OPT("--chunk", ARGS_INT64, &chunk, "N", "--decode: prefill step size (256)");
+    opts[nopts++] = (args_opt){"--fill", ARGS_CHOICE, &fill, bench_decode_fill_choices, NULL,
+                               "--decode: the context written as random values, or prefilled by steps (random)", 0};
+    OPT("--chunk", ARGS_INT64, &chunk, "N", "--decode --fill steps: prefill step size (256)");
     OPT("--page-size", ARGS_INT64, &page_size, "N", "--decode: positions per page of the K/V caches (64)");
     OPT("--cmp-page-size", ARGS_INT64, &cmp_page_size, "N", "--decode: rows per page of the compressed cache (16)");
 #undef OPT
@@ -349,18 +360,21 @@ int cmd_bench(int argc, char **argv)
         }
         dopt.nbatch = nb;
         batch = dopt.batch[0];
-        for (int i = 0; i < nb; i++)
-            if (dopt.batch[i] < 1 || dopt.batch[i] > TK_MAX_BATCH) batch = 0; /* refused below */
     }
-    if (device < -1 || iters == 0 || iters < -1 || warmup < -1 || batch < 1 ||
-        batch > TK_MAX_BATCH || peak_tflops < 0 || peak_gbps < 0) {
-        fprintf(stderr, CMD ": bad value: need --iters >= 1, --warmup >= 0, --batch 1..%d, "
+    /* --decode checks its own batches (bench_decode_check) */
+    if (device < -1 || iters == 0 || iters < -1 || warmup < -1 ||
+        (!decode && (batch < 1 || batch > TK_MAX_BATCH)) || peak_tflops < 0 || peak_gbps < 0) {
+        fprintf(stderr, CMD ": bad value: need --iters >= 1, --warmup >= 0, --batch 1..%d (without --decode), "
                         "peaks >= 0\n", TK_MAX_BATCH);
         return TOOL_EXIT_USAGE;
     }
-    if (!decode && (context_arg || tq_arg || args_seen(opts, nopts, "--chunk") ||
+    if (!decode && (context_arg || tq_arg || args_seen(opts, nopts, "--fill") || args_seen(opts, nopts, "--chunk") ||
                     args_seen(opts, nopts, "--page-size") || args_seen(opts, nopts, "--cmp-page-size"))) {
-        fprintf(stderr, CMD ": --context, --tq, --chunk, --page-size and --cmp-page-size need --decode\n");
+        fprintf(stderr, CMD ": --context, --tq, --fill, --chunk, --page-size and --cmp-page-size need --decode\n");
+        return TOOL_EXIT_USAGE;
+    }
+    if (decode && fill != BENCH_FILL_STEPS && args_seen(opts, nopts, "--chunk")) {
+        fprintf(stderr, CMD ": --chunk is the prefill step of --fill steps; the default --fill random runs none\n");
         return TOOL_EXIT_USAGE;
     }
     if (decode && (T_arg || backward || no_stages || baseline_path || plot_path)) {
@@ -373,13 +387,10 @@ int cmd_bench(int argc, char **argv)
                                                                  BENCH_DECODE_MAX_LIST)) < 0) ||
             (tq_arg && (dopt.ntq = args_parse_i64_list(CMD, "--tq", tq_arg, dopt.tq, BENCH_DECODE_MAX_LIST)) < 0))
             return TOOL_EXIT_USAGE;
-        int bad = chunk < 1 || page_size < 1 || cmp_page_size < 1;
-        for (int i = 0; i < dopt.ncontext; i++) bad |= dopt.context[i] < 0;
-        for (int i = 0; i < dopt.ntq; i++) bad |= dopt.tq[i] < 1;
-        if (bad) {
-            fprintf(stderr, CMD ": --decode needs --context >= 0, --tq, --chunk, --page-size, --cmp-page-size >= 1\n");
-            return TOOL_EXIT_USAGE;
-        }
+        dopt.fill = fill;
+        dopt.chunk = chunk;
+        dopt.page_size = page_size;
+        dopt.cmp_page_size = cmp_page_size;
     }
 
     static baseline_rec recs[BASELINE_MAX];
@@ -421,10 +432,14 @@ int cmd_bench(int argc, char **argv)
     if (warmup < 0)
         warmup = tool_on_cpu(ctx) && !decode ? 0 : 2;
 
-    if (decode) { /* the sweep's lists; the header describes its first point */
+    if (decode) { /* the sweep's lists; the header describes one sequence of its first point */
         bench_decode_defaults(&dopt, tool_on_cpu(ctx));
-        batch = dopt.batch[0];
-        if (dopt.context[0] <= INT64_MAX - dopt.tq[0]) Ts[0] = dopt.context[0] + dopt.tq[0];
+        if (bench_decode_check(&dopt) != 0) {
+            nsa_context_destroy(ctx);
+            return TOOL_EXIT_USAGE;
+        }
+        batch = 1;
+        Ts[0] = dopt.context[0] + dopt.tq[0]; /* checked: bench_decode_check */
     }
     /* the first case of the sweep: its dtype picks the peak, the header describes it */
     tk_case c0;
@@ -452,9 +467,6 @@ int cmd_bench(int argc, char **argv)
 
     if (decode) {
         dopt.cf = &cf;
-        dopt.chunk = chunk;
-        dopt.page_size = page_size;
-        dopt.cmp_page_size = cmp_page_size;
         dopt.warmup = (int)warmup;
         dopt.iters = (int)iters;
         dopt.no_dense = no_dense;

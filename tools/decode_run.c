@@ -34,8 +34,11 @@ static nsa_status new_buf(decode_run *d, int64_t count, size_t es, unsigned char
     if (d->nbufs >= DECODE_RUN_MAX_BUFS)
         return fail_msg(err, err_size, NSA_ERR_INTERNAL, "decode run: too many buffers (%s)", name);
     s = nsa_buffer_alloc(d->ctx, bytes ? bytes : 16, out);
-    if (s != NSA_SUCCESS)
-        return tool_format_error(err, err_size, "nsa_buffer_alloc", s);
+    if (s != NSA_SUCCESS) { /* the caches of a long context may not fit: say which and how large */
+        char what[96], size[32];
+        snprintf(what, sizeof what, "nsa_buffer_alloc (%s, %s)", name, tool_bytes((double)bytes, size, sizeof size));
+        return tool_format_error(err, err_size, what, s);
+    }
     d->bufs[d->nbufs++] = *out;
     s = nsa_buffer_fill(*out, 0, poison, nsa_buffer_size(*out));
     if (s != NSA_SUCCESS)
@@ -67,20 +70,104 @@ static nsa_tensor view(nsa_buffer *b, int64_t heads, int64_t dim)
 
 static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
+/* The capacities of B sequences of at most max_len tokens (max_nc compressed
+ * rows) and steps of max_step: a spare page-table column and spare pages, so
+ * that the tables matter. 1 when one overflows 64 bits. */
+static int limits_of(int64_t B, int64_t max_step, int64_t max_len, int64_t max_nc, int64_t page_size,
+                     int64_t cmp_page_size, nsa_decode_limits *lim)
+{
+    lim->batch = B;
+    lim->max_step_tokens = max_step;
+    lim->max_context = max_len;
+    lim->page_size = page_size;
+    lim->cmp_page_size = cmp_page_size;
+    return nsa_ck_add(ceil_div(max_len, page_size), 1, &lim->max_pages) ||
+           nsa_ck_add(ceil_div(max_nc, cmp_page_size), 1, &lim->max_cmp_pages) ||
+           nsa_ck_mul(B, max_step, &lim->max_total_tokens) || nsa_ck_mul(B, lim->max_pages, &lim->num_pages) ||
+           nsa_ck_add(lim->num_pages, 1, &lim->num_pages) ||
+           nsa_ck_mul(B, lim->max_cmp_pages, &lim->num_cmp_pages);
+}
+
+/* The start of both setups: d zeroed, the config, the inputs and the per-sequence arrays of B. */
+static nsa_status start(decode_run *d, nsa_context *ctx, const nsa_config *cfg, int64_t B, const tk_inputs *in,
+                        char *err, size_t err_size)
+{
+    size_t bytes;
+    int64_t count;
+    d->ctx = ctx;
+    d->cfg = *cfg;
+    d->in = in;
+    d->B = B;
+    /* len, done, in_row, cmp_base, tq (int64) and cu, tk0 (int32, B + 1 and B);
+     * B beyond int32 could not be served anyway: the int32 cu_seqlens_q counts
+     * the plan's B x max_step rows */
+    if (B < 1 || B > INT32_MAX || nsa_ck_mul(B, 6, &count) || nsa_ck_add(count, 1, &count) ||
+        nsa_ck_bytes(count, sizeof(int64_t), &bytes))
+        return fail_msg(err, err_size, NSA_ERR_INVALID_SHAPE, "%s: the batch must be 1 .. 2^31 - 1 sequences",
+                        "decode run");
+    int64_t *a = calloc(1, bytes);
+    if (!a) return fail_msg(err, err_size, NSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", "decode run");
+    d->len = a;
+    d->done = a + B;
+    d->in_row = a + 2 * B;
+    d->cmp_base = a + 3 * B;
+    d->tq = a + 4 * B;
+    d->cu = (int32_t *)(a + 5 * B);
+    d->tk0 = d->cu + B + 1;
+    return NSA_SUCCESS;
+}
+
+static nsa_status setup(decode_run *d, int64_t max_step, int64_t page_size, int64_t cmp_page_size, uint64_t seed,
+                        char *err, size_t err_size);
+
 nsa_status decode_run_setup(nsa_context *ctx, const tk_case *c, const tk_inputs *in, int64_t max_step,
                             int64_t page_size, int64_t cmp_page_size, uint64_t seed, decode_run *d, char *err,
                             size_t err_size)
 {
     nsa_status s;
     memset(d, 0, sizeof *d);
-    d->ctx = ctx;
-    d->c = *c;
-    d->in = in;
-    const nsa_config *g = &d->c.cfg;
-    if (c->fixed_indices && g->num_selected > 0)
+    if (c->fixed_indices && c->cfg.num_selected > 0)
         return fail_msg(err, err_size, NSA_ERR_INVALID_VALUE,
                         "%s: a decode step has no block_indices argument (it selects blocks itself)",
                         "block_indices.npy");
+    if ((s = start(d, ctx, &c->cfg, c->batch, in, err, err_size)) != NSA_SUCCESS) return s;
+    int64_t base = 0;
+    for (int64_t b = 0; b < d->B; b++) {
+        d->len[b] = c->cu_seqlens[b + 1] - c->cu_seqlens[b];
+        d->in_row[b] = c->cu_seqlens[b];
+        d->cmp_base[b] = base;
+        base += tk_num_cmp_blocks(&d->cfg, d->len[b]);
+    }
+    return setup(d, max_step, page_size, cmp_page_size, seed, err, err_size);
+}
+
+nsa_status decode_run_setup_step(nsa_context *ctx, const nsa_config *cfg, int64_t B, int64_t context, int64_t tq,
+                                 const tk_inputs *in, int64_t page_size, int64_t cmp_page_size, uint64_t seed,
+                                 decode_run *d, char *err, size_t err_size)
+{
+    nsa_status s;
+    int64_t len, rows;
+    memset(d, 0, sizeof *d);
+    if (context < 0 || tq < 1 || nsa_ck_add(context, tq, &len) || nsa_ck_mul(B, tq, &rows) || rows != in->tokens)
+        return fail_msg(err, err_size, NSA_ERR_INVALID_VALUE,
+                        "%s: a step needs context >= 0, tq >= 1 and inputs of B x tq tokens", "decode run");
+    if ((s = start(d, ctx, cfg, B, in, err, err_size)) != NSA_SUCCESS) return s;
+    for (int64_t b = 0; b < B; b++) {
+        d->len[b] = len;
+        d->in_row[b] = b * tq - context;
+    }
+    d->fill_context = context;
+    return setup(d, tq, page_size, cmp_page_size, seed, err, err_size);
+}
+
+/* The plan, the page tables and the buffers, once d's sequences are set. */
+static nsa_status setup(decode_run *d, int64_t max_step, int64_t page_size, int64_t cmp_page_size, uint64_t seed,
+                        char *err, size_t err_size)
+{
+    nsa_status s;
+    nsa_context *ctx = d->ctx;
+    const tk_inputs *in = d->in;
+    const nsa_config *g = &d->cfg;
     if (max_step < 1 || page_size < 1 || cmp_page_size < 1)
         return fail_msg(err, err_size, NSA_ERR_INVALID_VALUE, "%s: the step and page sizes must be >= 1",
                         "decode run");
@@ -88,17 +175,13 @@ nsa_status decode_run_setup(nsa_context *ctx, const tk_case *c, const tk_inputs 
     d->fdt = tk_float_dtype(d->dt);
     d->es = nsa_dtype_size(d->dt);
     d->fes = nsa_dtype_size(d->fdt);
-    d->B = c->batch;
     d->Hq = g->num_q_heads;
     d->Hkv = g->num_kv_heads;
     d->Dqk = g->head_dim_qk;
     d->Dv = g->head_dim_v;
     d->n = g->num_selected;
-    int64_t max_len = 1, max_nc = 0, base = 0;
+    int64_t max_len = 1, max_nc = 0;
     for (int64_t b = 0; b < d->B; b++) {
-        d->len[b] = c->cu_seqlens[b + 1] - c->cu_seqlens[b];
-        d->cmp_base[b] = base;
-        base += tk_num_cmp_blocks(g, d->len[b]);
         if (d->len[b] > max_len) max_len = d->len[b];
         if (tk_num_cmp_blocks(g, d->len[b]) > max_nc) max_nc = tk_num_cmp_blocks(g, d->len[b]);
     }
@@ -114,18 +197,8 @@ nsa_status decode_run_setup(nsa_context *ctx, const tk_case *c, const tk_inputs 
                 break;
             }
     }
-    /* capacities: a spare page-table column and spare pages, so that the tables matter */
     nsa_decode_limits *lim = &d->lim;
-    lim->batch = d->B;
-    lim->max_step_tokens = max_step;
-    lim->max_context = max_len;
-    lim->page_size = page_size;
-    lim->max_pages = ceil_div(max_len, page_size) + 1;
-    lim->cmp_page_size = cmp_page_size;
-    lim->max_cmp_pages = ceil_div(max_nc, cmp_page_size) + 1;
-    if (nsa_ck_mul(d->B, max_step, &lim->max_total_tokens) || nsa_ck_mul(d->B, lim->max_pages, &lim->num_pages) ||
-        nsa_ck_add(lim->num_pages, 1, &lim->num_pages) ||
-        nsa_ck_mul(d->B, lim->max_cmp_pages, &lim->num_cmp_pages))
+    if (limits_of(d->B, max_step, max_len, max_nc, page_size, cmp_page_size, lim))
         return fail_msg(err, err_size, NSA_ERR_INVALID_SHAPE, "%s: the capacities overflow 64 bits", "decode run");
     if (lim->max_total_tokens > INT32_MAX || max_len > INT32_MAX)
         return fail_msg(err, err_size, NSA_ERR_INVALID_SHAPE,
@@ -263,6 +336,107 @@ nsa_status decode_run_setup(nsa_context *ctx, const tk_case *c, const tk_inputs 
     return NSA_SUCCESS;
 }
 
+/* decode_run_fill: each pool's rows are copied from a table of at most
+ * FILL_TABLE_VALUES drawn values (one row when a row is wider), and written
+ * FILL_WRITE_BYTES at a time (one row when a row is larger). Streams of the
+ * seed from FILL_STREAM on, two per pool (the values, the pages' first rows),
+ * clear of the testkit's (below 32). */
+#define FILL_TABLE_VALUES ((int64_t)1 << 22)
+#define FILL_WRITE_BYTES ((int64_t)16 << 20)
+#define FILL_STREAM 64
+
+/* positions rows of width values into buf (rows of es bytes each, checked when
+ * the pool was sized): position x, slot x % page_size of page x / page_size,
+ * gets row (first + x % page_size) % rows of the table, first drawn for its page */
+static nsa_status fill_pool(decode_run *d, nsa_buffer *buf, int64_t positions, int64_t page_size, int64_t width,
+                            float lo, float hi, uint64_t seed, uint64_t stream, char *err, size_t err_size)
+{
+    if (!buf || positions == 0) return NSA_SUCCESS;
+    const size_t rb = (size_t)width * d->es;
+    int64_t rows = width < FILL_TABLE_VALUES ? FILL_TABLE_VALUES / width : 1;
+    if (rows > positions) rows = positions;
+    const int64_t per_write = (int64_t)rb < FILL_WRITE_BYTES ? FILL_WRITE_BYTES / (int64_t)rb : 1;
+    float *drawn = malloc((size_t)(rows * width) * sizeof(float));
+    unsigned char *table = malloc((size_t)rows * rb), *chunk = malloc((size_t)per_write * rb);
+    nsa_status s = NSA_SUCCESS;
+    if (!drawn || !table || !chunk) {
+        s = fail_msg(err, err_size, NSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", "decode run: fill");
+    } else if ((s = nsa_random_uniform(seed, stream, 0, rows * width, lo, hi, drawn)) != NSA_SUCCESS) {
+        tool_format_error(err, err_size, "nsa_random_uniform", s);
+    } else if ((s = nsa_convert(drawn, NSA_DTYPE_F32, table, d->dt, rows * width)) != NSA_SUCCESS) {
+        tool_format_error(err, err_size, "nsa_convert", s);
+    }
+    free(drawn);
+    int64_t page = -1, first = 0;
+    for (int64_t x0 = 0; x0 < positions && s == NSA_SUCCESS; x0 += per_write) {
+        const int64_t n = positions - x0 < per_write ? positions - x0 : per_write;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t x = x0 + i;
+            if (x / page_size != page) {
+                page = x / page_size;
+                first = (int64_t)(nsa_random_u64(seed, stream + 1, (uint64_t)page) % (uint64_t)rows);
+            }
+            memcpy(chunk + (size_t)i * rb, table + (size_t)((first + x % page_size) % rows) * rb, rb);
+        }
+        if ((s = nsa_buffer_write(buf, (size_t)x0 * rb, chunk, (size_t)n * rb)) != NSA_SUCCESS)
+            tool_format_error(err, err_size, "nsa_buffer_write (cache fill)", s);
+    }
+    free(table);
+    free(chunk);
+    return s;
+}
+
+nsa_status decode_run_fill(decode_run *d, uint64_t seed, char *err, size_t err_size)
+{
+    const nsa_decode_args *a = &d->args;
+    const int64_t pool = d->lim.num_pages * d->lim.page_size, cpool = d->lim.num_cmp_pages * d->lim.cmp_page_size;
+    nsa_status s = NSA_SUCCESS;
+    for (int b = 0; b < 3 && s == NSA_SUCCESS; b++) {
+        if (!d->raw[b] || d->shared_with[b] != b) continue;
+        s = fill_pool(d, a->k_cache[b].buffer, pool, d->lim.page_size, d->Hkv * d->Dqk, -2.0f, 2.0f, seed,
+                      FILL_STREAM + 4 * b, err, err_size);
+        if (s == NSA_SUCCESS)
+            s = fill_pool(d, a->v_cache[b].buffer, pool, d->lim.page_size, d->Hkv * d->Dv, -1.0f, 1.0f, seed,
+                          FILL_STREAM + 4 * b + 2, err, err_size);
+    }
+    if (s == NSA_SUCCESS)
+        s = fill_pool(d, d->kcc, cpool, d->lim.cmp_page_size, d->Hkv * d->Dqk, -2.0f, 2.0f, seed, FILL_STREAM + 12,
+                      err, err_size);
+    if (s == NSA_SUCCESS)
+        s = fill_pool(d, d->vcc, cpool, d->lim.cmp_page_size, d->Hkv * d->Dv, -1.0f, 1.0f, seed, FILL_STREAM + 14,
+                      err, err_size);
+    if (s != NSA_SUCCESS) return s;
+    for (int64_t b = 0; b < d->B; b++) d->done[b] = d->fill_context;
+    d->filled = 1;
+    return NSA_SUCCESS;
+}
+
+int decode_run_step_memory(const nsa_config *cfg, int64_t B, int64_t context, int64_t tq, int64_t page_size,
+                           int64_t cmp_page_size, int64_t *cache_bytes, int64_t *host_bytes)
+{
+    const int64_t Hq = cfg->num_q_heads, Hkv = cfg->num_kv_heads, Dqk = cfg->head_dim_qk, Dv = cfg->head_dim_v;
+    const int64_t n = cfg->num_selected, es = (int64_t)nsa_dtype_size(cfg->dtype);
+    /* one raw cache serves every branch that reads raw keys, as one k and v tensor does */
+    const int raw = cfg->compress != NSA_COMPRESS_EXTERNAL || n > 0 || cfg->window > 0;
+    nsa_decode_limits lim;
+    int64_t len, pool, cpool, row, raw_b, cmp_b, in_row, wide, stage;
+    if (nsa_ck_add(context, tq, &len) ||
+        limits_of(B, tq, len, tk_num_cmp_blocks(cfg, len), page_size, cmp_page_size, &lim) ||
+        nsa_ck_mul(lim.num_pages, page_size, &pool) || nsa_ck_mul(lim.num_cmp_pages, cmp_page_size, &cpool) ||
+        nsa_ck_add(Dqk, Dv, &row) || nsa_ck_mul(row, Hkv, &row) || nsa_ck_mul(row, es, &row) ||
+        nsa_ck_mul(raw ? pool : 0, row, &raw_b) || nsa_ck_mul(cpool, row, &cmp_b) ||
+        nsa_ck_add(raw_b, cmp_b, cache_bytes))
+        return 1;
+    /* host, per step row: q, k, v and three gates as f32 (tk_inputs), and the
+     * staging of the widest row as f32 and as f64 (decode_run_setup's bound) */
+    int64_t hq_d, gates, sel;
+    return nsa_ck_mul(Hq, Dqk > Dv ? Dqk : Dv, &wide) || nsa_ck_mul(Hkv, n, &sel) ||
+           nsa_ck_mul(wide > sel ? wide : sel, 12, &stage) || nsa_ck_mul(Hq, Dqk, &hq_d) ||
+           nsa_ck_mul(Hq, 3, &gates) || nsa_ck_add(hq_d, row / es, &in_row) || nsa_ck_add(in_row, gates, &in_row) ||
+           nsa_ck_mul(in_row, 4, &in_row) || nsa_ck_add(in_row, stage, &in_row) ||
+           nsa_ck_mul(in_row, lim.max_total_tokens, host_bytes);
+}
+
 /* The step's rows of a per-token input (width elements a row) gathered from the
  * case's host tensor src into the packed rows of b. */
 static nsa_status put_rows(decode_run *d, nsa_buffer *b, const float *src, int64_t width, nsa_dtype dt, char *err,
@@ -270,7 +444,7 @@ static nsa_status put_rows(decode_run *d, nsa_buffer *b, const float *src, int64
 {
     for (int64_t s = 0; s < d->B; s++)
         for (int64_t j = 0; j < d->tq[s]; j++) {
-            const int64_t r = d->cu[s] + j, t = d->c.cu_seqlens[s] + d->done[s] + j;
+            const int64_t r = d->cu[s] + j, t = d->in_row[s] + d->done[s] + j;
             memcpy(d->hstage + r * width, src + t * width, (size_t)width * sizeof(float));
         }
     return put(d, b, 0, d->hstage, (int64_t)d->cu[d->B] * width, dt, err, err_size);
@@ -278,7 +452,7 @@ static nsa_status put_rows(decode_run *d, nsa_buffer *b, const float *src, int64
 
 nsa_status decode_run_stage(decode_run *d, const int64_t *tq, char *err, size_t err_size)
 {
-    const nsa_config *g = &d->c.cfg;
+    const nsa_config *g = &d->cfg;
     const tk_inputs *in = d->in;
     nsa_status s;
     int64_t rows = 0;
@@ -300,13 +474,13 @@ nsa_status decode_run_stage(decode_run *d, const int64_t *tq, char *err, size_t 
             (s = put_rows(d, d->v[br], in->v[br], d->Hkv * d->Dv, d->dt, err, err_size)) != NSA_SUCCESS)
             return s;
     }
-    int32_t tk0[TK_MAX_BATCH];
-    for (int64_t b = 0; b < d->B; b++) tk0[b] = (int32_t)d->done[b];
+    for (int64_t b = 0; b < d->B; b++) d->tk0[b] = (int32_t)d->done[b];
     if ((s = nsa_buffer_write(d->cuq, 0, d->cu, (size_t)(d->B + 1) * 4)) != NSA_SUCCESS ||
-        (s = nsa_buffer_write(d->csl, 0, tk0, (size_t)d->B * 4)) != NSA_SUCCESS)
+        (s = nsa_buffer_write(d->csl, 0, d->tk0, (size_t)d->B * 4)) != NSA_SUCCESS)
         return tool_format_error(err, err_size, "nsa_buffer_write (step lengths)", s);
-    if (g->compress != NSA_COMPRESS_EXTERNAL) return NSA_SUCCESS;
-    /* EXTERNAL: the caller writes the compressed rows the step completes */
+    /* EXTERNAL: the caller writes the compressed rows the step completes (after
+     * decode_run_fill they hold its values already, as every row of the pool does) */
+    if (g->compress != NSA_COMPRESS_EXTERNAL || d->filled) return NSA_SUCCESS;
     const int64_t cps = d->lim.cmp_page_size, wk = d->Hkv * d->Dqk, wv = d->Hkv * d->Dv;
     for (int64_t b = 0; b < d->B; b++)
         for (int64_t i = tk_num_cmp_blocks(g, d->done[b]); i < tk_num_cmp_blocks(g, d->done[b] + tq[b]); i++) {
@@ -344,7 +518,7 @@ static nsa_status gather_rows(decode_run *d, nsa_buffer *b, int64_t width, nsa_d
     const unsigned char *src = d->bstage;
     for (int64_t q = 0; q < d->B; q++)
         for (int64_t j = 0; j < d->tq[q]; j++) {
-            const int64_t r = d->cu[q] + j, t = d->c.cu_seqlens[q] + d->done[q] + j;
+            const int64_t r = d->cu[q] + j, t = d->in_row[q] + d->done[q] + j;
             const void *row = src + (size_t)(r * width) * es;
             if (raw) memcpy(raw + (size_t)(t * width) * es, row, (size_t)width * es);
             if ((dst && (s = nsa_convert(row, dt, dst + t * width, NSA_DTYPE_F32, width)) != NSA_SUCCESS) ||
@@ -378,7 +552,7 @@ void decode_run_advance(decode_run *d)
 
 nsa_status decode_run_output_alloc(const decode_run *d, tk_output *out, char *err, size_t err_size)
 {
-    const int64_t T = tk_case_tokens(&d->c);
+    const int64_t T = d->in->tokens;
     size_t ob, od, oraw, lb, ld, sb;
     memset(out, 0, sizeof *out);
     out->tokens = T;
@@ -435,8 +609,9 @@ static nsa_status run_phase(decode_run *d, int phase, int64_t prefill, int64_t m
                             tk_output *out, double *times, int64_t *nsteps, double *sum_s, int64_t *rows, char *err,
                             size_t err_size)
 {
-    int64_t steps[TK_MAX_BATCH];
+    int64_t *steps = malloc((size_t)d->B * sizeof *steps); /* B <= INT32_MAX: start() */
     nsa_status s = NSA_SUCCESS;
+    if (!steps) return fail_msg(err, err_size, NSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", "decode run");
     for (;;) {
         int any = 0;
         for (int64_t b = 0; b < d->B; b++) {
@@ -460,6 +635,7 @@ static nsa_status run_phase(decode_run *d, int phase, int64_t prefill, int64_t m
         *sum_s += t;
     }
     tool_progress_end();
+    free(steps);
     return s;
 }
 
@@ -515,6 +691,7 @@ void decode_run_free(decode_run *d)
     nsa_buffer_free(d->workspace);
     for (int i = 0; i < d->nbufs; i++) nsa_buffer_free(d->bufs[i]);
     nsa_plan_destroy(d->plan);
+    free(d->len); /* the per-sequence arrays' one allocation */
     free(d->table);
     free(d->ctable);
     free(d->hstage);
@@ -532,7 +709,7 @@ static int64_t count_marks(const unsigned char *m, int64_t n)
 
 double decode_run_step_bytes(const decode_run *d, const int32_t *sel)
 {
-    const nsa_config *g = &d->c.cfg;
+    const nsa_config *g = &d->cfg;
     const double es = (double)d->es, kv = (double)(d->Dqk + d->Dv) * es;
     const int64_t ls = g->slc_block, w = g->window, n = d->n;
     /* one shared cache for selection and window: a token both read counts once */
