@@ -39,6 +39,8 @@
 #   groups   nsa bench per GQA shape (GROUP_SHAPES "hq hkv dqk;..."; GROUP_T) with the 64k profile, also with
 #            each NSA_CUDA_FORCE of GROUP_FORCES (default "none slc_attn:slc_sm80"), beside
 #            .bench/sdpa_baseline.py's cuDNN forward (issue 14's table)
+#   decbench nsa bench --decode at Hq 64 / Hkv 4 (DEC_DQK "128 192", DEC_B 1,64, DEC_C 8192..131072, DEC_TQ 1,4)
+#            beside .bench/sdpa_baseline.py --decode (issue 15's table)
 #   oclbench NVIDIA's OpenCL: nsa bench at OCL_T (8192) with v3 and v2 attention and their stage profiles (OPENCL=1)
 #   ncu      stall reasons and source counters of NCU_SPEC kernels (not in the default)
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
@@ -320,6 +322,20 @@ if has groups; then # issue 14's table: nsa bench per GQA shape at GROUP_T besid
       timeout 200 python3 .bench/sdpa_baseline.py --T $(echo ${GROUP_T:-8192,16384,65536} | tr ',' ' ') --hq $hq \
         --hkv $hkv --dqk $dqk --dv 128 --iters 7 --no-backward > "$OUT/sdpa_$tag.log" 2>&1
       note "[$(el)]   sdpa_baseline rc=$?"; grep -iE "cudnn|flash" "$OUT/sdpa_$tag.log" | head -8 | tee -a "$SUM"
+    fi
+  done
+fi
+if has decbench; then # issue 15: nsa bench --decode (caches filled directly) beside sdpa_baseline.py --decode, same call
+  for dq in ${DEC_DQK:-128 192}; do
+    timeout 300 $NSA bench --backend cuda --decode --batch ${DEC_B:-1,64} --context ${DEC_C:-8192,32768,65536,131072} \
+      --tq ${DEC_TQ:-1,4} --hq 64 --hkv 4 --dqk $dq --dv 128 --iters 20 --warmup 3 > "$OUT/decbench_d$dq.log" 2>&1
+    note "[$(el)] nsa bench --decode Dqk $dq rc=$?"; head -40 "$OUT/decbench_d$dq.log" | tee -a "$SUM"
+    if [ -f .bench/sdpa_baseline.py ]; then
+      for b in $(echo ${DEC_B:-1,64} | tr ',' ' '); do
+        timeout 200 python3 .bench/sdpa_baseline.py --decode --batch $b --T $(echo ${DEC_C:-8192,32768,65536,131072} | tr ',' ' ') \
+          --hq 64 --hkv 4 --dqk $dq --dv 128 --iters 20 --no-backward >> "$OUT/decsdpa_d$dq.log" 2>&1
+      done
+      note "[$(el)]   sdpa_baseline --decode rc=$?"; grep -iE "cudnn|flash" "$OUT/decsdpa_d$dq.log" | cut -c1-220 | tee -a "$SUM"
     fi
   done
 fi
