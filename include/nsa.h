@@ -58,8 +58,8 @@
  * section 10): each step appends the new tokens of every sequence of a batch
  * and returns their rows of the forward. Backends: cpu (the fp64 reference),
  * cuda (f32, f16, bf16; the step checked and run on the device, CUDA-graph
- * capturable) and opencl (portable fp32 kernels); hip refuses a decode plan
- * with NSA_ERR_UNSUPPORTED.
+ * capturable), hip (f32, f16, bf16; the same device step, portable kernels)
+ * and opencl (portable fp32 kernels).
  */
 #ifndef NSA_H
 #define NSA_H
@@ -505,11 +505,14 @@ NSA_API nsa_status nsa_backward_sized(nsa_plan *plan, const nsa_backward_args *a
  * row within the forward's parity tolerance of the cuda nsa_forward's row,
  * bitwise reproducible; nsa_decode only queues the step, so it can be captured
  * in a CUDA graph, and nsa_decode_check reports its checks; head dims with
- * Dqk + Dv up to about 2900); opencl (portable fp32 kernels; the step checks its
+ * Dqk + Dv up to about 2900); hip (f32, f16, bf16: the cuda step's checks,
+ * append, compressed rows and split branches in portable kernels, no host
+ * round trip; nsa_decode_check reports the checks; each row within the parity
+ * tolerance of the hip nsa_forward's row, bitwise reproducible; head dims as
+ * for its forward); opencl (portable fp32 kernels; the step checks its
  * lengths and tables on the device, so nsa_decode returns once the step is
  * queued and nsa_decode_check tells; every row is the OpenCL nsa_forward's
- * within the parity tolerance); hip refuses nsa_decode_plan_create with
- * NSA_ERR_UNSUPPORTED for now. */
+ * within the parity tolerance). */
 
 /* Capacities of a decode plan, fixed when it is made (semantics section 10). */
 typedef struct nsa_decode_limits {

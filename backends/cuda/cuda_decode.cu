@@ -4,7 +4,7 @@
  * stages, and the status of the last step for nsa_decode_check.
  *
  * Everything a step needs is allocated when the plan is made (decode_prepare):
- *   the step's record (int32 [DR_FIELDS], decode.h), which the device checks
+ *   the step's record (int32 [NSA_DR_FIELDS], decode.h), which the device checks
  *     write every step and nsa_decode_check reads back;
  *   the checks' flags and page counts (16 bytes + 4 per page), zeroed by a
  *     cudaMemsetAsync at the start of every step;
@@ -34,7 +34,7 @@
 namespace nsa_cuda {
 
 struct CudaDec {
-    int *rec;          /* [DR_FIELDS] */
+    int *rec;          /* [NSA_DR_FIELDS] */
     void *chk_mem;     /* flags, then page counts */
     size_t chk_bytes;
     DecCheckMem chk;
@@ -300,8 +300,8 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: a decode plan's scratch would take %.3g bytes",
                     part + pb + rw + chk);
     size_t *acc = &p->bytes;
-    CU(dalloc(acc, &d->rec, DR_FIELDS * sizeof(int)), "plan_prepare (decode record)");
-    CU(cudaMemsetAsync(d->rec, 0, DR_FIELDS * sizeof(int), c->stream), "plan_prepare (decode record)");
+    CU(dalloc(acc, &d->rec, NSA_DR_FIELDS * sizeof(int)), "plan_prepare (decode record)");
+    CU(cudaMemsetAsync(d->rec, 0, NSA_DR_FIELDS * sizeof(int), c->stream), "plan_prepare (decode record)");
     CU(cudaStreamSynchronize(c->stream), "plan_prepare (decode record)");
     d->chk_bytes = (size_t)chk;
     CU(dalloc(acc, (char **)&d->chk_mem, d->chk_bytes), "plan_prepare (decode checks)");
@@ -354,51 +354,13 @@ nsa_status cu_decode_status(void *bctx, const nsa_bk_plan *plan)
     CudaCtx *c = (CudaCtx *)bctx;
     const CudaPlan *p = plan ? (const CudaPlan *)plan->backend_plan : nullptr;
     if (!c || !p || !p->dec) return NSA_SUCCESS;
-    int r[DR_FIELDS];
+    int32_t r[NSA_DR_FIELDS];
     CU(cudaSetDevice(c->device), "cudaSetDevice");
     CU(cudaMemcpyAsync(r, p->dec->rec, sizeof r, cudaMemcpyDeviceToHost, c->stream), "cudaMemcpyAsync (decode record)");
     CU(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (decode record)");
-    if (r[DR_STATUS] == NSA_SUCCESS) return NSA_SUCCESS;
-    const nsa_decode_limits &L = plan->lim;
-    const nsa_status s = (nsa_status)r[DR_STATUS];
-    const long long b = r[DR_SEQ], x = r[DR_COL], ps = L.page_size, cps = L.cmp_page_size;
-    const long long tq = (long long)r[DR_CU1] - r[DR_CU0], tk0 = r[DR_TK0], tk = tk0 + tq;
-    const char *why = nullptr;
-    switch (r[DR_REASON]) {
-    case DRS_CU0: return FAIL(s, "nsa_decode: cu_seqlens_q[0] = %d, but it must be 0", r[DR_CU0]);
-    case DRS_DECREASES: why = "cu_seqlens_q decreases"; break;
-    case DRS_TOTAL: why = "cu_seqlens_q passes the plan's max_total_tokens"; break;
-    case DRS_STEP: why = "its TQ exceeds the plan's max_step_tokens"; break;
-    case DRS_TK0: why = "cache_seqlens (TK0) is negative"; break;
-    case DRS_CONTEXT: why = "TK = TK0 + TQ exceeds the plan's max_context"; break;
-    case DRS_PAGES: why = "TK = TK0 + TQ does not fit its max_pages pages of page_size positions"; break;
-    case DRS_CMP_PAGES: why = "its Nc(TK) compressed rows do not fit max_cmp_pages pages of cmp_page_size rows"; break;
-    case DRS_ENTRY:
-        return FAIL(s, "nsa_decode: block_table[%lld][%lld] = %d is outside [0, num_pages = %lld) (sequence %lld reads "
-                    "or writes positions %lld .. %lld there)",
-                    b, x, r[DR_ENTRY], (long long)L.num_pages, b, x * ps, x * ps + ps - 1);
-    case DRS_CMP_ENTRY:
-        return FAIL(s, "nsa_decode: cmp_block_table[%lld][%lld] = %d is outside [0, num_cmp_pages = %lld) (sequence "
-                    "%lld reads or writes compressed rows %lld .. %lld there)",
-                    b, x, r[DR_ENTRY], (long long)L.num_cmp_pages, b, x * cps, x * cps + cps - 1);
-    case DRS_SHARED:
-        return FAIL(s, "nsa_decode: block_table[%lld][%lld] = %d: sequence %lld writes positions there, but page %d "
-                    "appears %d times in the batch's page tables (a page the step writes must belong to one sequence)",
-                    b, x, r[DR_ENTRY], b, r[DR_ENTRY], r[DR_COUNT]);
-    case DRS_CMP_SHARED:
-        return FAIL(s, "nsa_decode: cmp_block_table[%lld][%lld] = %d: sequence %lld writes compressed rows there, but "
-                    "page %d appears %d times in the batch's compressed page tables (a page the step writes must "
-                    "belong to one sequence)",
-                    b, x, r[DR_ENTRY], b, r[DR_ENTRY], r[DR_COUNT]);
-    default: return FAIL(s, "nsa_decode: sequence %lld: the step's checks failed (reason %d)", b, r[DR_REASON]);
-    }
-    return FAIL(s,
-                "nsa_decode: sequence %lld: %s (cu_seqlens_q[%lld] = %d, cu_seqlens_q[%lld] = %d, TQ = %lld, TK0 = "
-                "%lld, TK = %lld; limits: max_step_tokens %lld, max_total_tokens %lld, max_context %lld, max_pages "
-                "%lld x page_size %lld, max_cmp_pages %lld x cmp_page_size %lld)",
-                b, why, b, r[DR_CU0], b + 1, r[DR_CU1], tq, tk0, tk, (long long)L.max_step_tokens,
-                (long long)L.max_total_tokens, (long long)L.max_context, (long long)L.max_pages, ps,
-                (long long)L.max_cmp_pages, cps);
+    char msg[1024];
+    const nsa_status s = nsa_dec_record_message(r, &plan->lim, msg, sizeof msg);
+    return s == NSA_SUCCESS ? NSA_SUCCESS : FAIL(s, "%s", msg);
 }
 
 } // namespace nsa_cuda

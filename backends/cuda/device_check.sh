@@ -22,7 +22,8 @@
 #   det      20 processes, one o.npy hash expected (T 8192, DET_ARGS: more nsa run flags)
 #   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles, or SAN_ARGS)
 #   opencl   the small corpus on NVIDIA's OpenCL, forward and backward (needs the module: OPENCL=1 builds it)
-#   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus
+#   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus,
+#            the backward, and the decode step (test_decode hip small)
 #   bench    nsa bench at BENCH_T per class in BENCH_CLASSES (default sm90)
 #   bwdlong  nsa run --backward against the cpu backend where reader lists split (T = BWDLONG_T, 4096, D 64,
 #            G 16 and 4), and T = 524288 (paper shape, D 128) with its workspace and per-stage profile
@@ -226,6 +227,11 @@ if has hip; then # the HIP backend's sources on CUDA (tests/hip_on_cuda): its pa
     > "$OUT/backward_hip.log" 2>&1
   rc=$?; note "[$(el)] backward-hip (HIP sources on CUDA, full corpus): rc=$rc $(grep -cE '^FAIL|:F:' "$OUT/backward_hip.log") failures; $(grep -E '^backward-' "$OUT/backward_hip.log" | tail -1)"
   grep -E ":F:" "$OUT/backward_hip.log" | head -3 | cut -c1-400 | tee -a "$SUM"
+  # the decode step (kernels/hip/decode.hip): every row against the hip forward, the step checks, determinism
+  NSA_HIP_NO_MFMA=1 NSA_BACKEND_PATH=/tmp/hipcu CK_FORK=no timeout 300 $B/tests/test_decode hip small \
+    > "$OUT/decode_hip.log" 2>&1
+  rc=$?; note "[$(el)] decode-hip (HIP sources on CUDA, small corpus): rc=$rc $(grep -cE ':F:|:E:' "$OUT/decode_hip.log") failures; $(grep -E '^decode-hip: [0-9]' "$OUT/decode_hip.log" | tail -1 | cut -c1-300)"
+  grep -E ":F:|:E:" "$OUT/decode_hip.log" | head -3 | cut -c1-400 | tee -a "$SUM"
 fi
 if has bench; then
   for cls in ${BENCH_CLASSES:-sm90}; do for dqk in 128 192; do

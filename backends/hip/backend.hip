@@ -1,7 +1,7 @@
 /*
  * backend.hip -- the HIP (ROCm) backend module for AMD GPUs: entry point,
- * probe, devices, contexts and buffers. The stages are in stages.hip, the
- * kernels in kernels/hip.
+ * probe, devices, contexts and buffers. The stages are in stages.hip (decode
+ * plans in decode_stages.hip), the kernels in kernels/hip.
  *
  * Loads without an AMD driver or GPU: the only non-system library it needs is
  * libamdhip64; probe() then reports NSA_ERR_BACKEND_UNAVAILABLE with the HIP
@@ -79,6 +79,7 @@ static nsa_status hip_context_create(int device, void *native_stream, void **out
     c->device = device;
     c->lds_bytes = p.sharedMemPerBlock;
     c->wave = p.warpSize;
+    c->cus = p.multiProcessorCount > 0 ? p.multiProcessorCount : 1;
 #if defined(__HIP_PLATFORM_AMD__)
     snprintf(c->arch, sizeof c->arch, "%s", p.gcnArchName);
 #endif
@@ -233,6 +234,8 @@ static const nsa_backend hip_backend = {
     nsa_hip_plan_release,
     nsa_hip_run,
     nullptr, /* device_kind: every device is a GPU */
+    nullptr, /* stage_kernel: the stage's own name */
+    nsa_hip_decode_status, /* decode_stages.hip: the checks of the last step, read back */
 };
 
 extern "C" {

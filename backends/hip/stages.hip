@@ -9,46 +9,10 @@
 #include <string.h>
 
 #include "hip_backend.h"
-#include "nsa_dtype.h"
-
-static size_t dtype_size(nsa_dtype d)
-{
-    switch (d) {
-    case NSA_DTYPE_F32: return 4;
-    case NSA_DTYPE_F16: return 2;
-    case NSA_DTYPE_BF16: return 2;
-    case NSA_DTYPE_I32: return 4;
-    case NSA_DTYPE_F64: return 8; /* refused by nsa_hip_supports (no f64 kernels) */
-    }
-    return 0;
-}
-
-/* Shape part of the kernel arguments (enough for tiling decisions). */
-static nsa_hip_dims dims_of_config(const nsa_config *c)
-{
-    nsa_hip_dims d;
-    memset(&d, 0, sizeof d);
-    d.Hq = c->num_q_heads;
-    d.Hkv = c->num_kv_heads;
-    d.G = c->num_kv_heads > 0 ? c->num_q_heads / c->num_kv_heads : 1;
-    d.Dqk = c->head_dim_qk;
-    d.Dv = c->head_dim_v;
-    d.l = c->cmp_block;
-    d.d = c->cmp_stride;
-    d.ls = c->slc_block;
-    d.n = c->num_selected;
-    d.n_init = c->num_init;
-    d.n_local = c->num_local;
-    d.w = c->window;
-    d.scale_log2 = c->scale * 1.4426950408889634f;
-    d.scale = c->scale;
-    d.dtype = c->dtype == NSA_DTYPE_F16 ? NSA_DT_F16 : c->dtype == NSA_DTYPE_BF16 ? NSA_DT_BF16 : NSA_DT_F32;
-    return d;
-}
 
 static nsa_hip_dims dims_of_plan(const nsa_bk_plan *p)
 {
-    nsa_hip_dims d = dims_of_config(&p->cfg);
+    nsa_hip_dims d = nsa_hip_dims_of_config(&p->cfg);
     d.T = p->total_tokens;
     d.B = p->batch;
     d.total_cmp = p->total_cmp;
@@ -61,15 +25,7 @@ static nsa_hip_dims dims_of_plan(const nsa_bk_plan *p)
     return d;
 }
 
-static nsa_hip_tensor view(const nsa_bk_tensor &t)
-{
-    const hip_buf *b = (const hip_buf *)t.buf;
-    nsa_hip_tensor v;
-    v.ptr = b ? b->ptr + (size_t)t.offset * dtype_size(t.dtype) : NULL;
-    v.st = t.stride_token;
-    v.sh = t.stride_head;
-    return v;
-}
+static nsa_hip_tensor view(const nsa_bk_tensor &t) { return nsa_hip_view(t); }
 
 /* Stage names as in messages of the core (backend.h's inline nsa_stage_name). */
 static const char *stage_name(nsa_stage s) { return nsa_stage_name(s); }
@@ -80,7 +36,7 @@ int nsa_hip_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 {
     const hip_ctx *c = (const hip_ctx *)bctx;
     if (!dtype_ok(cfg->dtype)) return 0;
-    nsa_hip_dims d = dims_of_config(cfg);
+    nsa_hip_dims d = nsa_hip_dims_of_config(cfg);
     nsa_hip_tile t;
     switch (stage) {
     case NSA_STAGE_COMPRESS:
@@ -95,6 +51,8 @@ int nsa_hip_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
     case NSA_STAGE_BWD_SLC_ATTN:
     case NSA_STAGE_BWD_WIN_ATTN:
     case NSA_STAGE_BWD_STORE: return 1; /* backward.hip: any head dim (rows read from global memory) */
+    case NSA_STAGE_DECODE_APPEND:
+    case NSA_STAGE_DECODE_ATTN: return nsa_hip_decode_supports(c, cfg); /* decode_stages.hip */
     default: return 0; /* SCORES_TOPN (fused) is not implemented: BLOCK_SCORES + SELECT_TOPN run instead */
     }
 }
@@ -104,6 +62,16 @@ nsa_status nsa_hip_plan_prepare(void *bctx, nsa_bk_plan *plan)
     const hip_ctx *c = (const hip_ctx *)bctx;
     hip_plan *hp = (hip_plan *)calloc(1, sizeof *hp);
     if (!hp) return nsa_hip_host->set_error(NSA_ERR_OUT_OF_MEMORY, "hip backend: out of host memory for a plan");
+    if (plan->decode) { /* decode plans have no token tables: decode_stages.hip */
+        nsa_status s = nsa_hip_decode_prepare(c, plan, hp);
+        if (s != NSA_SUCCESS) {
+            nsa_hip_decode_release(hp);
+            free(hp);
+            return s;
+        }
+        plan->backend_plan = hp;
+        return NSA_SUCCESS;
+    }
     nsa_hip_dims d = dims_of_plan(plan);
     /* matrix-core tiles on CDNA where they fit, else the portable ones */
     if (!c->mfma || nsa_hip_attn_tile(&d, c->lds_bytes, 1, &hp->attn) != 0)
@@ -128,17 +96,24 @@ nsa_status nsa_hip_plan_prepare(void *bctx, nsa_bk_plan *plan)
 void nsa_hip_plan_release(void *bctx, nsa_bk_plan *plan)
 {
     (void)bctx;
-    free(plan->backend_plan);
+    hip_plan *hp = (hip_plan *)plan->backend_plan;
+    if (hp) nsa_hip_decode_release(hp);
+    free(hp);
     plan->backend_plan = NULL;
 }
 
 /* The stage's required tensors are present (the core checks; this guards the
  * device against a NULL pointer if it ever did not). */
-static nsa_status need(const nsa_bk_tensor &t, const char *name, nsa_stage stage)
+nsa_status nsa_hip_need(const nsa_bk_tensor &t, const char *name, nsa_stage stage)
 {
     if (t.buf) return NSA_SUCCESS;
     return nsa_hip_host->set_error(NSA_ERR_MISSING_TENSOR, "hip backend: stage %s needs tensor %s", stage_name(stage),
                                    name);
+}
+
+static nsa_status need(const nsa_bk_tensor &t, const char *name, nsa_stage stage)
+{
+    return nsa_hip_need(t, name, stage);
 }
 
 nsa_status nsa_hip_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
@@ -150,6 +125,7 @@ nsa_status nsa_hip_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     if (!hp) return nsa_hip_host->set_error(NSA_ERR_INTERNAL, "hip backend: run() on a plan that was not prepared");
     hipError_t e = hipSetDevice(c->device);
     if (e != hipSuccess) return nsa_hip_fail(e, "hipSetDevice");
+    if (p->decode) return nsa_hip_decode_run(c, p, stage, a); /* decode_stages.hip */
 
     const nsa_hip_dims d = dims_of_plan(p);
     const nsa_hip_tensor none = {NULL, 0, 0};

@@ -77,16 +77,8 @@ NSA_DEV int64_t dec_crow(const DecGeom &g, int64_t b, int64_t i)
 
 NSA_DEV int len_reason(const DecGeom &g, int64_t b)
 {
-    const int64_t c0 = g.cu[b], c1 = g.cu[b + 1], tq = c1 - c0, tk0 = g.tk0[b], tk = tk0 + tq;
-    if (b == 0 && c0 != 0) return DRS_CU0;
-    if (tq < 0) return DRS_DECREASES;
-    if (c1 > g.MT) return DRS_TOTAL;
-    if (tq > g.max_step) return DRS_STEP;
-    if (tk0 < 0) return DRS_TK0;
-    if (tk > g.max_context) return DRS_CONTEXT;
-    if (tq > 0 && tk > g.max_pages * g.ps) return DRS_PAGES;
-    if (tq > 0 && dnum_cmp(g, tk) > g.max_cmp_pages * g.cps) return DRS_CMP_PAGES;
-    return DRS_OK;
+    return nsa_dec_len_reason(b, g.cu[b], g.cu[b + 1], g.tk0[b], g.MT, g.max_step, g.max_context, g.max_pages, g.ps,
+                              g.max_cmp_pages, g.cps, g.l, g.d);
 }
 
 NSA_DEV void flag(unsigned long long *f, int64_t b) { atomicMax(f, ~0ull - (unsigned long long)b); }
@@ -97,7 +89,7 @@ __global__ void check_entries_kernel(const DecGeom g, DecCheckMem m, int64_t col
     for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
          it += (int64_t)gridDim.x * blockDim.x) {
         const int64_t b = it / cols, x = it % cols;
-        if (len_reason(g, b) != DRS_OK) {
+        if (len_reason(g, b) != NSA_DRS_OK) {
             if (x == 0) flag(&m.flags[0], b);
             continue;
         }
@@ -139,49 +131,49 @@ __global__ void check_shared_kernel(const DecGeom g, DecCheckMem m, int64_t cols
 
 __global__ void check_verdict_kernel(const DecGeom g, DecCheckMem m)
 {
-    int rec[DR_FIELDS];
-    for (int i = 0; i < DR_FIELDS; i++) rec[i] = 0;
-    rec[DR_SEQ] = -1;
+    int rec[NSA_DR_FIELDS];
+    for (int i = 0; i < NSA_DR_FIELDS; i++) rec[i] = 0;
+    rec[NSA_DR_SEQ] = -1;
     const unsigned long long f0 = m.flags[0], f1 = m.flags[1];
     if (f0 != 0 || f1 != 0) {
         const int64_t b = (int64_t)(~0ull - (f0 != 0 ? f0 : f1));
         const int64_t tq = (int64_t)g.cu[b + 1] - g.cu[b], tk0 = g.tk0[b], tk = tk0 + tq;
-        rec[DR_SEQ] = (int)b;
-        rec[DR_CU0] = g.cu[b];
-        rec[DR_CU1] = g.cu[b + 1];
-        rec[DR_TK0] = g.tk0[b];
-        int reason = f0 != 0 ? len_reason(g, b) : DRS_OK;
-        rec[DR_STATUS] = reason != DRS_OK ? NSA_ERR_INVALID_SHAPE : NSA_ERR_INVALID_VALUE;
-        if (f0 != 0 && reason == DRS_OK) { /* the first entry out of range: pages, then compressed pages */
+        rec[NSA_DR_SEQ] = (int)b;
+        rec[NSA_DR_CU0] = g.cu[b];
+        rec[NSA_DR_CU1] = g.cu[b + 1];
+        rec[NSA_DR_TK0] = g.tk0[b];
+        int reason = f0 != 0 ? len_reason(g, b) : NSA_DRS_OK;
+        rec[NSA_DR_STATUS] = reason != NSA_DRS_OK ? NSA_ERR_INVALID_SHAPE : NSA_ERR_INVALID_VALUE;
+        if (f0 != 0 && reason == NSA_DRS_OK) { /* the first entry out of range: pages, then compressed pages */
             const int64_t np = (tk + g.ps - 1) / g.ps, ncp = (dnum_cmp(g, tk) + g.cps - 1) / g.cps;
-            for (int64_t x = 0; x < np && reason == DRS_OK; x++) {
+            for (int64_t x = 0; x < np && reason == NSA_DRS_OK; x++) {
                 const int e = g.bt[b * g.bt_st + x];
-                if (e < 0 || e >= g.num_pages) reason = DRS_ENTRY, rec[DR_COL] = (int)x, rec[DR_ENTRY] = e;
+                if (e < 0 || e >= g.num_pages) reason = NSA_DRS_ENTRY, rec[NSA_DR_COL] = (int)x, rec[NSA_DR_ENTRY] = e;
             }
-            for (int64_t x = 0; g.cbt && x < ncp && reason == DRS_OK; x++) {
+            for (int64_t x = 0; g.cbt && x < ncp && reason == NSA_DRS_OK; x++) {
                 const int e = g.cbt[b * g.cbt_st + x];
-                if (e < 0 || e >= g.num_cmp_pages) reason = DRS_CMP_ENTRY, rec[DR_COL] = (int)x, rec[DR_ENTRY] = e;
+                if (e < 0 || e >= g.num_cmp_pages) reason = NSA_DRS_CMP_ENTRY, rec[NSA_DR_COL] = (int)x, rec[NSA_DR_ENTRY] = e;
             }
         } else if (f0 == 0) { /* the first written page that appears more than once */
-            for (int64_t x = tk0 / g.ps; x <= (tk - 1) / g.ps && reason == DRS_OK; x++) {
+            for (int64_t x = tk0 / g.ps; x <= (tk - 1) / g.ps && reason == NSA_DRS_OK; x++) {
                 const int e = g.bt[b * g.bt_st + x];
                 if (m.pcount[e] != 1)
-                    reason = DRS_SHARED, rec[DR_COL] = (int)x, rec[DR_ENTRY] = e, rec[DR_COUNT] = m.pcount[e];
+                    reason = NSA_DRS_SHARED, rec[NSA_DR_COL] = (int)x, rec[NSA_DR_ENTRY] = e, rec[NSA_DR_COUNT] = m.pcount[e];
             }
             const int64_t nc0 = dnum_cmp(g, tk0), nc1 = dnum_cmp(g, tk);
             if (g.compress != NSA_COMPRESS_EXTERNAL && g.cbt && nc1 > nc0)
-                for (int64_t x = nc0 / g.cps; x <= (nc1 - 1) / g.cps && reason == DRS_OK; x++) {
+                for (int64_t x = nc0 / g.cps; x <= (nc1 - 1) / g.cps && reason == NSA_DRS_OK; x++) {
                     const int e = g.cbt[b * g.cbt_st + x];
                     if (m.ccount[e] != 1)
-                        reason = DRS_CMP_SHARED, rec[DR_COL] = (int)x, rec[DR_ENTRY] = e, rec[DR_COUNT] = m.ccount[e];
+                        reason = NSA_DRS_CMP_SHARED, rec[NSA_DR_COL] = (int)x, rec[NSA_DR_ENTRY] = e, rec[NSA_DR_COUNT] = m.ccount[e];
                 }
         }
-        rec[DR_REASON] = reason;
+        rec[NSA_DR_REASON] = reason;
     }
-    for (int i = 0; i < DR_FIELDS; i++) g.rec[i] = rec[i];
+    for (int i = 0; i < NSA_DR_FIELDS; i++) g.rec[i] = rec[i];
     if (g.status) {
-        g.status[0] = rec[DR_STATUS];
-        g.status[1] = rec[DR_SEQ];
+        g.status[0] = rec[NSA_DR_STATUS];
+        g.status[1] = rec[NSA_DR_SEQ];
     }
 }
 

@@ -17,37 +17,13 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "nsa_decode_record.h"
+
 namespace nsa_cuda {
 
-/* The record of a step's checks (int32 each), read by nsa_decode_check
- * (cuda_decode.cu formats the message from it). */
-enum DecRecField {
-    DR_STATUS = 0, /* nsa_status */
-    DR_SEQ,        /* the first bad sequence, or -1 */
-    DR_REASON,     /* DecReason */
-    DR_COL,        /* the table column of a bad entry */
-    DR_ENTRY,      /* its value */
-    DR_COUNT,      /* how often a written page appears */
-    DR_CU0,        /* cu_seqlens_q[seq], cu_seqlens_q[seq + 1], cache_seqlens[seq] as read */
-    DR_CU1,
-    DR_TK0,
-    DR_FIELDS = 16
-};
-enum DecReason {
-    DRS_OK = 0,
-    DRS_CU0,        /* cu_seqlens_q[0] != 0 */
-    DRS_DECREASES,  /* TQ < 0 */
-    DRS_TOTAL,      /* cu_seqlens_q[b + 1] > max_total_tokens */
-    DRS_STEP,       /* TQ > max_step_tokens */
-    DRS_TK0,        /* TK0 < 0 */
-    DRS_CONTEXT,    /* TK > max_context */
-    DRS_PAGES,      /* TK > max_pages * page_size */
-    DRS_CMP_PAGES,  /* Nc(TK) > max_cmp_pages * cmp_page_size */
-    DRS_ENTRY,      /* block_table entry outside [0, num_pages) */
-    DRS_CMP_ENTRY,  /* cmp_block_table entry outside [0, num_cmp_pages) */
-    DRS_SHARED,     /* a written page appears more than once */
-    DRS_CMP_SHARED, /* a written compressed page appears more than once */
-};
+/* The record of a step's checks (NSA_DR_* fields, NSA_DRS_* reasons) is
+ * kernels/common/nsa_decode_record.h's, shared with the HIP backend;
+ * cuda_decode.cu words the message from it. */
 
 /* A paged cache: base (cfg dtype), row stride st and head stride sh (elements) */
 struct DecCache {
@@ -74,7 +50,7 @@ struct DecGeom {
     int64_t bt_st;
     const int *cbt; /* cmp_block_table (NULL when no compressed rows exist) */
     int64_t cbt_st;
-    int *rec;       /* the step's record [DR_FIELDS] (plan memory) */
+    int *rec;       /* the step's record [NSA_DR_FIELDS] (plan memory) */
     int *status;    /* the caller's status tensor [2], or NULL */
 };
 

@@ -47,18 +47,6 @@ NSA_DEV int64_t nsa_hip_key_row(const nsa_hip_dims &dm, int64_t key, int64_t nke
     return base + key; /* CMP: cu_cmp[b] + i; WIN: first window token + offset */
 }
 
-/* SLC: does the chunk [k0, k0 + nk) hold any visible key? (Uniform over the
- * block: every thread computes the same answer from the same indices.) */
-NSA_DEV bool nsa_hip_slc_chunk_live(const nsa_hip_dims &dm, int64_t k0, int nk, int64_t tq, const int *sel)
-{
-    for (int64_t slot = k0 / dm.ls; slot <= (k0 + nk - 1) / dm.ls; slot++) {
-        int64_t j = sel[slot];
-        int64_t first = k0 > slot * dm.ls ? k0 - slot * dm.ls : 0;
-        if (j >= 0 && j * dm.ls + first <= tq) return true;
-    }
-    return false;
-}
-
 template <typename TQ, typename TKV, int KIND, bool MFMA>
 __global__ void __launch_bounds__(NSA_HIP_THREADS)
     nsa_hip_attn_kernel(nsa_hip_dims dm, nsa_hip_tile tl, int64_t t0, nsa_hip_tensor q, nsa_hip_tensor k,
@@ -120,7 +108,7 @@ __global__ void __launch_bounds__(NSA_HIP_THREADS)
 
     for (int64_t k0 = 0; k0 < nkeys; k0 += TK) {
         const int nk = (int)nsa_min64(TK, nkeys - k0);
-        if (KIND == NSA_HIP_SLC && !nsa_hip_slc_chunk_live(dm, k0, nk, tq, sel)) continue;
+        if (KIND == NSA_HIP_SLC && !nsa_hip_slc_chunk_live(dm.ls, k0, nk, tq, sel)) continue;
         if (tid < TK) krow[tid] = tid < nk ? nsa_hip_key_row<KIND>(dm, k0 + tid, nkeys, base, tq, sel) : -1;
         __syncthreads();
         nsa_hip_load_keys<TKV>(Ks, ldq, k, krow, TK, g, 0, (int)dm.Dqk, dpad);
@@ -132,44 +120,12 @@ __global__ void __launch_bounds__(NSA_HIP_THREADS)
             nsa_hip_score_tile(Ps, ldp, Qs, ldq, Ks, ldq, krow, R, TK, dpad);
             __syncthreads();
         }
-        if (tid < R) { /* online softmax statistics of row tid, keys in order */
-            float *p = Ps + tid * ldp;
-            float mo = m_r[tid], mx = mo;
-            /* a NaN logit must win the maximum (fmaxf would drop it, and a row of NaN
-             * logits would pass for "nothing visible"): semantics 7, non-finite inputs */
-            for (int kk = 0; kk < TK; kk++) mx = (p[kk] > mx || p[kk] != p[kk]) ? p[kk] : mx;
-            if (tid >= rows || mx == nsa_neg_inf()) { /* padding row, or nothing visible yet */
-                for (int kk = 0; kk < TK; kk++) p[kk] = 0.0f;
-                a_r[tid] = 1.0f;
-            } else {
-                float sum = 0.0f;
-                for (int kk = 0; kk < TK; kk++) {
-                    float e = exp2f(p[kk] - mx); /* -inf -> 0 */
-                    p[kk] = e;
-                    sum += e;
-                }
-                float alpha = exp2f(mo - mx); /* mo = -inf -> 0 */
-                a_r[tid] = alpha;
-                l_r[tid] = l_r[tid] * alpha + sum;
-                m_r[tid] = mx;
-            }
-        }
+        nsa_hip_softmax_step(Ps, ldp, R, rows, TK, m_r, l_r, a_r);
         __syncthreads();
-        if (MFMA) {
+        if (MFMA)
             nsa_hip_pv_mfma(acc4, Ps, ldp, Vs, ldv, vpad, a_r);
-        } else {
-#pragma unroll
-            for (int j = 0; j < (MFMA ? 1 : NSA_HIP_ACC); j++) {
-                int e = tid + j * NSA_HIP_THREADS;
-                int r = e / DVC, c = e - r * DVC;
-                if (r < rows && c < dvc) {
-                    const float *p = Ps + r * ldp;
-                    float s = 0.0f;
-                    for (int kk = 0; kk < TK; kk++) s = fmaf(p[kk], Vs[kk * ldv + c], s);
-                    acc[j] = acc[j] * a_r[r] + s;
-                }
-            }
-        }
+        else
+            nsa_hip_pv_step(acc, Ps, ldp, Vs, ldv, a_r, rows, DVC, dvc, TK);
         /* the next chunk rewrites krow only (Ks/Vs/Ps after its first barrier) */
     }
     __syncthreads();

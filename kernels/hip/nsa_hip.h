@@ -20,6 +20,10 @@
  *                 LSE and sums it into selection blocks by token overlap
  *   topn          one block per (token, KV group): exact radix select
  *   combine       one thread per output element
+ *   decode        (semantics section 10, decode.hip) the step's device checks,
+ *                 the append to the paged caches, the compressed rows it
+ *                 completes, and the three branches split across blocks over
+ *                 the keys (flash decoding), merged in split order
  * Every reduction has a fixed order: results are bitwise reproducible.
  */
 #ifndef NSA_KERNELS_HIP_NSA_HIP_H
@@ -134,5 +138,80 @@ hipError_t nsa_hip_bwd_compress(const nsa_hip_dims *dm, int linear, int64_t D, n
 /* BWD_STORE: out (dtype) = acc (f32), rows x heads x dim elements. */
 hipError_t nsa_hip_bwd_store(int dtype, nsa_hip_tensor acc, nsa_hip_tensor out, int64_t rows, int64_t heads,
                              int64_t dim, hipStream_t stream);
+
+/* ---------------------------------------------------------------- decode
+ * The decode step (docs/nsa-semantics.md section 10; decode.hip). Every kernel
+ * reads the step's lengths (cu_seqlens_q, cache_seqlens) and page tables in
+ * device memory; the host never reads them, allocates or waits. The check
+ * kernels write the step's record (nsa_decode_record.h); every later kernel
+ * reads its status first and returns when the step failed, so a failed step
+ * writes nothing but the record and the status tensor. */
+
+/* The step's shape, the plan's capacities and the step's tables. */
+struct nsa_hip_dec_geom {
+    int64_t B, MT, Hq, Hkv, G, Dqk, Dv;
+    int64_t l, d, ls, n, n_init, n_local, w;
+    int64_t max_step, max_context, ps, num_pages, max_pages, cps, num_cmp_pages, max_cmp_pages;
+    int64_t max_nc, max_ns; /* of a max_context-token sequence: rows of pbuf and of the score rows */
+    float scale_log2;       /* softmax scale * log2(e) */
+    int dtype;              /* NSA_DT_* of q, k, v, the caches, W, pe, o */
+    int compress;           /* nsa_compress_mode */
+    const int *cu;          /* cu_seqlens_q [B + 1] */
+    const int *tk0;         /* cache_seqlens [B] */
+    const int *bt;          /* block_table, row stride bt_st */
+    int64_t bt_st;
+    const int *cbt;         /* cmp_block_table, row stride cbt_st (NULL: no compressed rows) */
+    int64_t cbt_st;
+    int *rec;               /* the step's record [NSA_DR_FIELDS] (plan memory) */
+    int *status;            /* the caller's status tensor [2], or NULL */
+};
+
+/* Plan memory of the checks, zeroed (hipMemsetAsync) at the start of a step:
+ * two flags (the first bad sequence b as UINT64_MAX - b: length or range
+ * failures, shared written pages), then the uses of every page. */
+struct nsa_hip_dec_checkmem {
+    unsigned long long *flags; /* [2] */
+    int *pcount, *ccount;      /* [num_pages], [num_cmp_pages] */
+};
+
+/* A branch's split of each row's keys: ns splits of chunk keys (a multiple of 32). */
+struct nsa_hip_dec_split {
+    int ns;
+    int64_t chunk;
+};
+
+/* DECODE_APPEND: the checks (record, status tensor); the new tokens src
+ * (packed rows [MT, Hkv, D]) into one paged cache; (MEAN, LINEAR) the
+ * compressed rows the step completes from the compressed branch's raw cache
+ * into cc (w, pe: LINEAR's, pe.ptr may be NULL). */
+hipError_t nsa_hip_dec_check(const nsa_hip_dec_geom *g, const nsa_hip_dec_checkmem *m, hipStream_t stream);
+hipError_t nsa_hip_dec_append(const nsa_hip_dec_geom *g, nsa_hip_tensor src, nsa_hip_tensor cache, int64_t D,
+                              hipStream_t stream);
+hipError_t nsa_hip_dec_compress(const nsa_hip_dec_geom *g, nsa_hip_tensor raw, nsa_hip_tensor w, nsa_hip_tensor pe,
+                                nsa_hip_tensor cc, int64_t D, hipStream_t stream);
+
+/* DECODE_ATTN, one branch (kind NSA_HIP_CMP: the compressed caches, SLC: the
+ * selected blocks idx [MT, Hkv, n], WIN: the window) of every row of the step:
+ * blocks (row, KV group x head chunk, split x Dv chunk) of the portable
+ * attention tile, their partial states (unnormalised o, max, sum: part f32
+ * [MT, Hq, ns, Dv + 2]) merged in split order into o (f32 [MT, Hq, Dv]) and
+ * lse (f32 [MT, Hq], or absent). */
+hipError_t nsa_hip_dec_attention(const nsa_hip_dec_geom *g, int kind, const nsa_hip_tile *tile,
+                                 const nsa_hip_dec_split *sp, nsa_hip_tensor q, nsa_hip_tensor k, nsa_hip_tensor v,
+                                 nsa_hip_tensor idx, float *part, nsa_hip_tensor o, nsa_hip_tensor lse,
+                                 hipStream_t stream);
+
+/* Block scores and top-n of every row: p_cmp summed over each KV group's heads
+ * per visible compressed row (split like the compressed branch, sp; pbuf f32
+ * [MT, Hkv, max_nc]), then one block per (row, KV group) sums them onto the
+ * eligible selection blocks (rows: f32 [MT, Hkv, max_ns]) and ranks them
+ * (topn.h) into idx. tile: the portable block-score tile. */
+hipError_t nsa_hip_dec_select(const nsa_hip_dec_geom *g, const nsa_hip_tile *tile, const nsa_hip_dec_split *sp,
+                              nsa_hip_tensor q, nsa_hip_tensor kc, nsa_hip_tensor lse_cmp, float *pbuf, float *rows,
+                              nsa_hip_tensor idx, hipStream_t stream);
+
+/* o (dtype) = sum over branches with o_b[b].ptr of gate[b] * o_b[b], the step's rows. */
+hipError_t nsa_hip_dec_combine(const nsa_hip_dec_geom *g, const nsa_hip_tensor gate[3], const nsa_hip_tensor o_b[3],
+                               nsa_hip_tensor o, hipStream_t stream);
 
 #endif /* NSA_KERNELS_HIP_NSA_HIP_H */

@@ -1,7 +1,9 @@
 /*
  * tile.h -- device helpers shared by the HIP kernels: LDS tiles of query rows
- * and key rows, the score tile (q . k for every row/key pair), block-wide
- * scans through LDS, and the row -> sequence lookup.
+ * and key rows, the score tile (q . k for every row/key pair), the online
+ * softmax step and the portable P V update of the attention kernels (the
+ * forward's and the decode step's), block-wide scans through LDS, and the
+ * row -> sequence lookup.
  *
  * Nothing here depends on the wave size: every cross-thread step goes through
  * LDS and __syncthreads(), so wave32 and wave64 targets run the same code.
@@ -79,6 +81,73 @@ NSA_DEV void nsa_hip_score_tile(float *Ss, int lds, const float *Qs, int ldq, co
             for (int c = 0; c < D; c++) s = fmaf(qr[c], kr[c], s);
         }
         Ss[r * lds + k] = s;
+    }
+}
+
+/* SLC: does the key chunk [k0, k0 + nk) of a selected-block list (slot =
+ * key / ls; sel[slot] a block or -1) hold any key at or before tq? Uniform
+ * over the block: every thread computes the same answer from the same
+ * indices. */
+NSA_DEV bool nsa_hip_slc_chunk_live(int64_t ls, int64_t k0, int nk, int64_t tq, const int *sel)
+{
+    for (int64_t slot = k0 / ls; slot <= (k0 + nk - 1) / ls; slot++) {
+        int64_t j = sel[slot];
+        int64_t first = k0 > slot * ls ? k0 - slot * ls : 0;
+        if (j >= 0 && j * ls + first <= tq) return true;
+    }
+    return false;
+}
+
+/* The online-softmax step of a score tile Ps[R][ldp] over TK keys (log2
+ * domain), one thread per row r < R, keys in order: the row's running max
+ * m_r[r] and sum l_r[r] take the chunk, a_r[r] gets the rescale factor of the
+ * earlier accumulators and Ps the chunk's unnormalised probabilities. Padding
+ * rows (r >= rows) and rows with nothing visible yet get p = 0, alpha = 1. A
+ * NaN logit wins the maximum (fmaxf would drop it, and a row of NaN logits
+ * would pass for "nothing visible"): semantics 7, non-finite inputs. The
+ * caller synchronizes before reading Ps or a_r. */
+NSA_DEV void nsa_hip_softmax_step(float *Ps, int ldp, int R, int rows, int TK, float *m_r, float *l_r, float *a_r)
+{
+    const int tid = threadIdx.x;
+    if (tid >= R) return;
+    float *p = Ps + tid * ldp;
+    float mo = m_r[tid], mx = mo;
+    for (int kk = 0; kk < TK; kk++) mx = (p[kk] > mx || p[kk] != p[kk]) ? p[kk] : mx;
+    if (tid >= rows || mx == nsa_neg_inf()) {
+        for (int kk = 0; kk < TK; kk++) p[kk] = 0.0f;
+        a_r[tid] = 1.0f;
+        return;
+    }
+    float sum = 0.0f;
+    for (int kk = 0; kk < TK; kk++) {
+        float e = exp2f(p[kk] - mx); /* -inf -> 0 */
+        p[kk] = e;
+        sum += e;
+    }
+    float alpha = exp2f(mo - mx); /* mo = -inf -> 0 */
+    a_r[tid] = alpha;
+    l_r[tid] = l_r[tid] * alpha + sum;
+    m_r[tid] = mx;
+}
+
+/* The portable P V update: the outputs e = tid + j * NSA_HIP_THREADS (row
+ * e / DVC, column e % DVC of the rows x dvc block) in acc[j] are rescaled by
+ * their row's alpha and take sum_kk P[row][kk] V[kk][column] (FMAs in key
+ * order). N: the accumulators per thread. */
+template <int N>
+NSA_DEV void nsa_hip_pv_step(float (&acc)[N], const float *Ps, int ldp, const float *Vs, int ldv, const float *a_r,
+                             int rows, int DVC, int dvc, int TK)
+{
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        int e = threadIdx.x + j * NSA_HIP_THREADS;
+        int r = e / DVC, c = e - r * DVC;
+        if (r < rows && c < dvc) {
+            const float *p = Ps + r * ldp;
+            float s = 0.0f;
+            for (int kk = 0; kk < TK; kk++) s = fmaf(p[kk], Vs[kk * ldv + c], s);
+            acc[j] = acc[j] * a_r[r] + s;
+        }
     }
 }
 

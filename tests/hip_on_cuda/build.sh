@@ -4,6 +4,7 @@
 # parity runs on an NVIDIA GPU:
 #   bash tests/hip_on_cuda/build.sh OUT_DIR [SM]       (SM: default 90)
 #   NSA_HIP_NO_MFMA=1 NSA_BACKEND_PATH=OUT_DIR build/tests/test_oracle hip
+#   NSA_HIP_NO_MFMA=1 NSA_BACKEND_PATH=OUT_DIR build/tests/test_decode hip small
 # The module is the product's sources unchanged; only hip/hip_runtime.h differs.
 # It runs the portable (wave-size-agnostic) kernels (NSA_HIP_NO_MFMA=1: the MFMA
 # instruction is not emulated and traps). Not for users: AMD GPUs run the
@@ -14,8 +15,9 @@ root=$(cd "$here/../.." && pwd)
 out=${1:?usage: build.sh OUT_DIR [SM]}
 sm=${2:-90}
 mkdir -p "$out/obj"
-srcs=(backends/hip/backend.hip backends/hip/stages.hip kernels/hip/compress.hip kernels/hip/attention.hip
-      kernels/hip/scores.hip kernels/hip/topn.hip kernels/hip/combine.hip kernels/hip/backward.hip)
+srcs=(backends/hip/backend.hip backends/hip/stages.hip backends/hip/decode_stages.hip kernels/hip/compress.hip
+      kernels/hip/attention.hip kernels/hip/scores.hip kernels/hip/topn.hip kernels/hip/combine.hip
+      kernels/hip/backward.hip kernels/hip/decode.hip)
 pids=()
 for s in "${srcs[@]}"; do
   nvcc -x cu -std=c++17 -O3 -Xcompiler=-fPIC,-fvisibility=hidden -DNDEBUG -gencode "arch=compute_$sm,code=sm_$sm" \
