@@ -97,7 +97,7 @@ if has classes; then
   done
 fi
 if has force; then
-  for v in ${FORCES:-ref slc_attn:slc_sm80 combine:combine block_scores:scores_sm80 cmp_attn:attn_sm80,win_attn:attn_sm80}; do
+  for v in ${FORCES:-ref slc_attn:slc_sm80 slc_attn:slc_sm80_blk combine:combine block_scores:scores_sm80 cmp_attn:attn_sm80,win_attn:attn_sm80}; do
     modes=f16,bf16 # a forced tensor-core kernel refuses f32 plans (by design: it cannot run them)
     [ "$v" = ref ] && modes=f32,f16,bf16,fixed
     NSA_CUDA_FORCE=$v timeout 150 $B/tests/test_oracle cuda $modes small > /tmp/pv.log 2>&1
