@@ -94,7 +94,6 @@ static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &
     case K_SLC_SM80: return slc_sm80_smem(ch.dqkp, ch.dvp, cfg.num_selected, cfg.slc_block);
     case K_SLC_SM80_G16: return slc_sm80_g16_smem(ch.dqkp, ch.dvp, c.slc.panel, c.slc.ns);
     case K_SLC_SM80_BLK: return slc_sm80_blk_smem(ch.dqkp, ch.dvp);
-    case K_SLC_SM80_UNION: return slc_sm80_union_smem(ch.dqkp, ch.dvp, c.slcu.warps, c.slcu.gp, cfg.num_selected);
     case K_BWD_ATTN_SM80: return bwd_sm80_smem(ch.dqkp, ch.dvp);
     default: return 0;
     }
@@ -184,50 +183,6 @@ static void expect(Cls cls, const nsa_config &cfg, int64_t max_ns, nsa_stage st,
           (long long)cfg.head_dim_qk, nsa_stage_name(st), got, want);
 }
 
-/* slc_sm80_union: taken where the longest sequence has at most SUN_PAYS_NS
- * selection blocks, for G <= 16 on every class; its tile's union list within
- * SUN_MAXNE entries and its warps' tokens covering the tile. */
-static void check_slc_union()
-{
-    expect(CLS_SM90, config(32, 8, 128, 128, NSA_DTYPE_BF16), 128, NSA_STAGE_SLC_ATTN, "slc_sm80_union[8w,32tok]");
-    expect(CLS_SM90, config(28, 4, 128, 128, NSA_DTYPE_BF16), 256, NSA_STAGE_SLC_ATTN, "slc_sm80_union[8w,16tok]");
-    expect(CLS_SM90, config(4, 4, 128, 128, NSA_DTYPE_BF16), 128, NSA_STAGE_SLC_ATTN, "slc_sm80_union[4w,64tok]");
-    expect(CLS_SM90, config(64, 4, 192, 128, NSA_DTYPE_BF16), 128, NSA_STAGE_SLC_ATTN, "slc_sm80_union[8w,8tok]");
-    /* past SUN_PAYS_NS: block-major (G < 16), slc_sm80_g16 (G = 16) */
-    expect(CLS_SM90, config(32, 8, 128, 128, NSA_DTYPE_BF16), 257, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
-    expect(CLS_SM90, config(64, 4, 128, 128, NSA_DTYPE_BF16), 257, NSA_STAGE_SLC_ATTN, "slc_sm80_g16[panels,3buf]");
-    int cases = 0;
-    for (Cls cls : classes)
-        for (int64_t G : {1, 2, 3, 4, 5, 7, 8, 12, 16, 17})
-            for (int64_t n : {1, 16, 32, 64})
-                for (int dq : {32, 64, 128, 192}) {
-                    nsa_config c = config(4 * G, 4, dq, dq == 192 ? 128 : dq, NSA_DTYPE_BF16);
-                    c.num_selected = n;
-                    Choice ch;
-                    char msg[256];
-                    CHECK(choose(class_limits(cls), c, 64, Force{}, &ch, msg, sizeof msg) == NSA_SUCCESS, "%s", msg);
-                    const StageChoice &sc = ch.st[NSA_STAGE_SLC_ATTN];
-                    /* taken wherever a tile fits: only sm86 at G = 1, n = 64, Dqk 192 has none */
-                    const bool want = G <= 16 && n * (16 / sun_gp(G)) <= SUN_MAXNE &&
-                                      !(cls == CLS_SM86 && G == 1 && n == 64 && dq == 192);
-                    CHECK((sc.k == K_SLC_SM80_UNION) == want, "class %s G %lld n %lld Dqk %d: %s", class_name(cls),
-                          (long long)G, (long long)n, dq, kern_name(sc.k));
-                    if (sc.k == K_SLC_SM80_UNION) {
-                        const int tt = sc.slcu.warps * (16 / sc.slcu.gp);
-                        CHECK(sc.slcu.gp >= G && sc.slcu.gp < 2 * G && 16 % sc.slcu.gp == 0, "gp %d for G %lld",
-                              sc.slcu.gp, (long long)G);
-                        CHECK(tt * n <= SUN_MAXNE && sun_entries(tt, n) >= tt * n && sun_entries(tt, n) <= SUN_MAXNE,
-                              "G %lld n %lld: %d tokens, %d entries", (long long)G, (long long)n, tt,
-                              sun_entries(tt, n));
-                        CHECK((int64_t)slc_sm80_union_smem(ch.dqkp, ch.dvp, sc.slcu.warps, sc.slcu.gp, n) <=
-                                  class_limits(cls).smem_block - SMEM_STATIC_MARGIN,
-                              "class %s: union smem", class_name(cls));
-                    }
-                    cases++;
-                }
-    printf("slc_sm80_union: %d cases\n", cases);
-}
-
 static void check_paper_shape()
 {
     /* T = 65536: 1024 selection blocks */
@@ -300,7 +255,6 @@ static void check_paper_shape()
         }
     /* G = 128 is past its 64 rows: slc_sm80 */
     expect(CLS_SM90, config(512, 4, 128, 128, NSA_DTYPE_BF16), 1024, NSA_STAGE_SLC_ATTN, "slc_sm80");
-    check_slc_union();
 }
 
 /* slc_sm80_blk's passes: partial states within the bound, at least one token,

@@ -69,7 +69,6 @@ enum Kern {
     K_SLC_SM80,     /* one token x 16 heads per CTA */
     K_SLC_SM80_G16, /* 8 tokens x 16 heads per CTA sharing block fetches */
     K_SLC_SM80_BLK, /* block-major: the rows that selected a block share its fetch, partial states merged */
-    K_SLC_SM80_UNION, /* token tiles over the union of their blocks, states in registers (short sequences) */
     K_COMBINE,
     K_COMBINE_IN_WIN, /* COMBINE done by the window kernel's epilogue */
     K_BWD_ATTN_REF,   /* backward of a branch: rows (dq) and keys (dk, dv) kernels, fp32 */
@@ -99,7 +98,6 @@ struct StageChoice {
     AttnTile attn;     /* K_ATTN_SM80 / K_ATTN_SM90 */
     ScoresTile scores; /* K_SCORES_SM80* / K_SCORES_SM90_G16 */
     SlcTile slc;       /* K_SLC_SM80_G16 */
-    SlcUnion slcu;     /* K_SLC_SM80_UNION */
     bool rows_smem;    /* scores: the CTA's score rows in shared memory (then the ranking can follow in-kernel) */
 };
 

@@ -224,7 +224,7 @@ nsa_status run_slc(const Run &r, char *ran, size_t ran_size)
     const MView o = mview(a->o_b[NSA_BRANCH_SLC]), lse = mview(a->lse[NSA_BRANCH_SLC]);
     Kern kern = r.ch().k;
     /* slc_sm80_g16 copies K/V rows 16 bytes at a time; rows that do not allow that go to the plan's other kernel */
-    if ((kern == K_SLC_SM80_G16 || kern == K_SLC_SM80_UNION) && !slc_sm80_g16_loads(r.g, k, v)) {
+    if (kern == K_SLC_SM80_G16 && !slc_sm80_g16_loads(r.g, k, v)) {
         kern = r.p->ch.slc_unaligned;
         if (ran) snprintf(ran, ran_size, "%s (K/V rows not 16-byte aligned)", kern_name(kern));
     }
@@ -232,9 +232,6 @@ nsa_status run_slc(const Run &r, char *ran, size_t ran_size)
     switch (kern) {
     case K_SLC_SM80_G16:
         LAUNCH(slc_sm80_g16(r.g, r.c->dev, r.ch().slc, dqkp, dvp, q, k, v, idx, o, lse, r.s));
-        break;
-    case K_SLC_SM80_UNION:
-        LAUNCH(slc_sm80_union(r.g, r.c->dev, r.ch().slcu, dqkp, dvp, q, k, v, idx, o, lse, r.s));
         break;
     case K_SLC_SM80: LAUNCH(slc_sm80(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, r.s)); break;
     case K_SLC_SM80_BLK: {

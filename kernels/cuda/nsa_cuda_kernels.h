@@ -129,10 +129,6 @@ cudaError_t slc_sm80(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, V
 bool slc_sm80_g16_loads(const Geom &g, View k, View v);
 cudaError_t slc_sm80_g16(const Geom &g, const Dev &dev, const SlcTile &tile, int dqkp, int dvp, View q, View k, View v,
                          View idx, MView o, MView lse, cudaStream_t s);
-/* slc_sm80_union.cu: token tiles over the union of their blocks (G <= 16,
- * l_s <= 64, see tiles.h), K/V loadable as for slc_sm80_g16. */
-cudaError_t slc_sm80_union(const Geom &g, const Dev &dev, const SlcUnion &tile, int dqkp, int dvp, View q, View k,
-                           View v, View idx, MView o, MView lse, cudaStream_t s);
 
 /* bwd_ref.cu: the backward stages (section 9), fp32, every dtype and head dim.
  * One branch's inputs: q, dO (cfg dtype), the forward's lse and the gate (f32

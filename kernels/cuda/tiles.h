@@ -365,65 +365,9 @@ inline int64_t slc_sm80_blk_pass_tokens(int64_t T, int64_t Hq, int64_t n, int dv
     return tc < T ? tc : T;
 }
 
-/* slc_sm80_union (G <= 16, l_s <= 64): a CTA of W warps takes W * 16 / GP
- * consecutive tokens of one KV group (GP: G rounded up to a power of two; a
- * warp's 16 MMA rows are 16 / GP tokens x GP heads), fetches each block of the
- * union of their selections once and keeps every row's softmax state in
- * registers. Shared memory: the union list (first key row, keys to fetch, a
- * bit per token: 12 + 4 ceil(tokens / 32) bytes per entry, one entry per
- * (token, slot) rounded up to a power of two, at most SUN_MAXNE), then one
- * region that holds the sort keys and the Q rows first and two K/V tiles of
- * SUN_KB keys after (panels where the dims are multiples of 64). */
-constexpr int SUN_KB = 64, SUN_MAXW = 8, SUN_MAXNE = 1024;
-struct SlcUnion {
-    bool ok;
-    int warps; /* W */
-    int gp;    /* rows per token: G rounded up to a power of two */
-};
-inline int sun_gp(int64_t G)
-{
-    int gp = 1;
-    while (gp < G && gp < 16) gp <<= 1;
-    return G >= 1 && G <= 16 ? gp : 0;
-}
-/* union entries of a tile of tt tokens: tt n rounded up to a power of two (at least 16) */
-inline int sun_entries(int64_t tt, int64_t n)
-{
-    int ne = 16;
-    while (ne < tt * n && ne < 2 * SUN_MAXNE) ne <<= 1;
-    return ne;
-}
-constexpr size_t sun_tile_elems(bool panel, int d, int rows) { return (size_t)rows * (panel ? d : d + 8); }
-inline size_t slc_sm80_union_smem(int dqk, int dv, int warps, int gp, int64_t n)
-{
-    const bool panel = dqk % 64 == 0 && dv % 64 == 0;
-    const int tt = warps * (16 / gp), ne = sun_entries(tt, n), mw = (tt + 31) / 32;
-    const size_t list = (size_t)ne * (sizeof(int64_t) + sizeof(int) + sizeof(uint32_t) * (size_t)mw);
-    const size_t setup = (size_t)ne * sizeof(uint64_t) + 2 * (size_t)warps * 16 * (dqk + 8);
-    const size_t kv = 2 * 2 * (sun_tile_elems(panel, dqk, SUN_KB) + sun_tile_elems(panel, dv, SUN_KB));
-    return list + (panel ? 128 : 0) + (setup > kv ? setup : kv);
-}
-inline bool slc_sm80_union_takes(int64_t G, int64_t ls, int64_t n, int dqkp, int dvp)
-{
-    return G >= 1 && G <= 16 && ls <= SUN_KB && n >= 1 && n * (16 / sun_gp(G)) <= SUN_MAXNE &&
-           ((dqkp == dvp && (dqkp == 32 || dqkp == 64 || dqkp == 128)) || (dqkp == 192 && dvp == 128));
-}
-/* The most warps (8, 4, 2, 1) whose tile's union list and K/V tiles fit. */
-inline SlcUnion pick_slc_sm80_union(int64_t G, int64_t ls, int64_t n, int dqkp, int dvp, int64_t limit)
-{
-    SlcUnion t = {false, 0, sun_gp(G)};
-    if (!slc_sm80_union_takes(G, ls, n, dqkp, dvp)) return t;
-    for (int w = SUN_MAXW; w >= 1 && !t.ok; w >>= 1)
-        if (w * (16 / t.gp) * n <= SUN_MAXNE && (int64_t)slc_sm80_union_smem(dqkp, dvp, w, t.gp, n) <= limit) {
-            t.warps = w;
-            t.ok = true;
-        }
-    return t;
-}
-/* Does the union pay over slc_sm80_blk / slc_sm80_g16? Where the longest
- * sequence has at most SUN_PAYS_NS selection blocks (measured: docs/cuda.md). */
-constexpr int64_t SUN_PAYS_NS = 256;
-inline bool slc_sm80_union_pays(int64_t max_ns) { return max_ns <= SUN_PAYS_NS; }
+/* Rejected: token tiles walking the union of their blocks with the rows' states
+ * in registers (dev/cuda/slc_union_v1.cu): 1.1-2x slower than slc_sm80_blk and
+ * slc_sm80_g16 at T = 8k to 64k; warps idle at each block's barrier, masked rows. */
 
 /* ------------------------------------------------------------ backward (bwd_sm80.cu)
  * Two kernels per branch on mma.sync, 4 warps each (every class):

@@ -1,39 +1,39 @@
 /*
- * slc_sm80_union.cu -- the selected branch by token tiles over the union of
- * their blocks, on mma.sync and cp.async (G <= 16, l_s <= 64, every class).
+ * dev/cuda/slc_union_v1.cu -- experiment v1 for issue 14 (rejected): the
+ * selected branch by token tiles over the union of their blocks. Not built;
+ * it builds and runs as kernels/cuda/slc_sm80_union.cu at commit 13f0211
+ * (with SlcUnion, sun_* and pick_slc_sm80_union in tiles.h, the K_SLC_SM80_UNION
+ * chooser entry and its test_cuda_choose checks there).
  *
- * Why: in a short sequence the tokens of a tile select most of the blocks
- * before them (at T = 8192, l_s = 64, n = 16 a token at position t selects
- * 16 of t / 64 blocks), so one fetch of a block serves many of the tile's
- * tokens. slc_sm80_g16 shares only the blocks every token of its CTA selected
- * (the forced ones on random inputs) and streams the rest per token: its
- * L2 -> SM stream bounds it. slc_sm80_blk shares every fetch but writes and
- * reads a partial softmax state per (token, head, slot) in global memory
- * (2 n (Dv + 2) 4 bytes per row: 1.9 GB at T = 8192, Hq 28): those bytes
- * bound it. Here the rows' states stay in registers for the whole tile and
- * each block of the union is fetched once per CTA; the price is masked MMA
- * rows (a warp computes all its 16 rows for a block that any of its tokens
- * selected) and warps idle on blocks none of their tokens selected, both
- * small where the union is dense, large where it is sparse (long sequences:
- * the chooser takes slc_sm80_blk or slc_sm80_g16 there, tiles.h).
+ * Idea: short sequences make the selection dense (at T = 8192, l_s = 64,
+ * n = 16 a token at position t selects 16 of t / 64 blocks), so the tokens of
+ * a tile select mostly the same blocks. A CTA of W warps takes 16 / GP tokens
+ * per warp (GP: G rounded up to a power of two), sorts its (block, token)
+ * entries in shared memory (bitonic), walks the union of the blocks once
+ * through a CTA-wide cp.async double buffer, and keeps every row's softmax
+ * state in registers: one fetch per block per tile, no partial states in
+ * global memory (slc_sm80_blk's cost), no per-token streams (slc_sm80_g16's).
  *
- * CTA: W warps (W from the picker), warp w = TPW = 16 / GP consecutive tokens
- * x GP rows (GP = G rounded up to a power of two; rows past G are padding),
- * the tile = W TPW consecutive tokens of one KV group.
- *   setup   every (token, slot) whose block is eligible becomes a key
- *           (first key row of the block << 8 | token), bitonic-sorted in
- *           shared memory; runs of one block become the union list: its first
- *           key row, the keys to fetch (up to the run's last token), and a
- *           bit per token of the tile. The Q rows go to registers (through
- *           the region the K/V tiles use later).
- *   loop    the union in ascending order of its first key row, one 64-key
- *           K/V tile per block through a CTA-wide cp.async double buffer;
- *           a warp with a token that selected the block computes its 16
- *           rows on it (other tokens' rows and keys after a row's token
- *           masked) with one online softmax per row (warp_softmax_step).
- * Every row sums its blocks in ascending order whatever the tile: bitwise
- * reproducible; it differs from slc_sm80_blk / slc_sm80_g16 only by the fp32
- * summation order.
+ * Correct (H200, 2026-12-03): the full parity corpus as sm90 / sm80 / sm86
+ * with it chosen for every G <= 16, nsa run against the cpu backend at
+ * T = 8192 (G 7, 4, 1, 16 at Dqk 192, 12 packed, 24 / 2 packed, sm80, sm86),
+ * 20 processes one hash, memcheck and racecheck 0 errors.
+ *
+ * Measured (H200, bf16, D 128, paper parameters, NSA_CUDA_PROFILE slc_attn ms,
+ * W = 8 / W = 4 warps per CTA; the product's kernel in the same session):
+ *
+ *   Hq/Hkv   T = 8192       16384        32768         65536        product at 8k / 32k / 64k
+ *   28/4     2.27 / 2.42    6.26 / 6.18  15.9 / 14.5   37.3 / 32.1  blk 2.03 / 8.50 / 17.1
+ *   32/8     2.75 / 3.06    8.33 / 8.93  23.6 / 23.2   60.7 / 55.2  blk 2.39 / 9.91 / 19.9
+ *   4/4      0.72 (4 w)     2.05         6.10          17.3         blk 0.45 / 1.67 / 3.3
+ *   64/4     3.47 / 3.44    8.64 / 7.94  20.1 / 17.4   44.1 / 36.6  g16 1.76 / 7.42 / 15.0
+ *
+ * Why it loses: every union block costs the CTA a barrier-bounded step in
+ * which only the warps whose tokens chose the block compute (at G 16 about 2
+ * of 8), and a warp computes all 16 MMA rows when any of its tokens chose the
+ * block (at G 1, 16 tokens per warp, about a quarter of the rows are live).
+ * Whatever is tried next for short sequences must keep the warps' streams
+ * independent (slc_sm80_g16's phase 2) or gather the live rows.
  */
 #include <stdlib.h>
 
@@ -260,7 +260,7 @@ static cudaError_t launch_union(const SlcUnion &t0, const Dev &dev, const Geom &
     constexpr bool PANEL = DQK % 64 == 0 && DV % 64 == 0;
     auto kern = slc_sm80_union_kernel<T, DQK, DV, PANEL>;
     SlcUnion t = t0;
-    if (const char *ev = getenv("NSAX_UNION_WARPS")) { /* EXPERIMENT (session 15): remove */
+    if (const char *ev = getenv("NSAX_UNION_WARPS")) { /* the measurement's warps per CTA */
         const int w = atoi(ev);
         if (w >= 1 && w <= SUN_MAXW && w * (16 / t.gp) * g.n <= SUN_MAXNE) t.warps = w;
     }
