@@ -42,6 +42,8 @@ struct CudaDec {
     float *pbuf, *rows;
     DecSplit sp[3];    /* per branch */
     int64_t max_nc;
+    bool mma;          /* decode_attn_sm80.cu's kernels (f16 / bf16, G <= 16, tensor-core dims) */
+    int dqkp, dvp;     /* their padded head dims */
 };
 
 namespace {
@@ -61,16 +63,17 @@ bool same_cache(const nsa_bk_tensor &a, const nsa_bk_tensor &b)
            a.stride_head == b.stride_head;
 }
 
-/* heads per CTA of the attention kernels */
-int64_t heads_per_cta(int64_t G) { return std::min<int64_t>(G, 8); }
+/* heads per CTA of the attention kernels: the group's 16 MMA rows, or 8 warps' heads of decode.cu's kernel */
+int64_t heads_per_cta(int64_t G, bool mma) { return mma ? 16 : std::min<int64_t>(G, 8); }
 
-/* the split of a branch whose rows see at most kmax keys */
+/* the split of a branch whose rows see at most kmax keys: about `target` CTAs for a step of MT rows */
 DecSplit make_split(int64_t kmax, int64_t ctas_per_split, int64_t target, int64_t row_floats, int64_t MT,
                     int64_t Hq, int64_t hc)
 {
     DecSplit sp;
     sp.hc = (int)hc;
-    int64_t ns = std::max<int64_t>(1, (target + ctas_per_split - 1) / ctas_per_split);
+    const int64_t per_row = ctas_per_split * std::max<int64_t>(MT, 1);
+    int64_t ns = std::max<int64_t>(1, (target + per_row - 1) / per_row);
     ns = std::min<int64_t>(ns, std::max<int64_t>(1, (kmax + 63) / 64));
     /* the partial states of every row stay under 1 GiB */
     const double per_split = (double)MT * (double)Hq * (double)row_floats * 4.0;
@@ -230,28 +233,42 @@ nsa_status run_attn(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
     DNEED(a->lse[NSA_BRANCH_CMP], "lse[cmp]");
     DNEED(a->gate[NSA_BRANCH_CMP], "gate[cmp]");
     const DecGeom g = dgeom(pl, d, a);
-    DLAUNCH(dec_attn(g, 0, d->sp[0], attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache), c->stream));
+    /* a branch on decode_attn_sm80.cu's kernel where its caches' rows allow 16-byte copies, else decode.cu's */
+    auto branch = [&](int mode, const DecAttnIn &in) -> cudaError_t {
+        if (d->mma && dec_rows16(in.k, cfg.head_dim_qk) && dec_rows16(in.v, cfg.head_dim_v)) {
+            const cudaError_t e = dec_attn_sm80(g, mode, false, d->dqkp, d->dvp, d->sp[mode], in, nullptr, 0, 0,
+                                                nullptr, 0, c->stream);
+            return e != cudaSuccess ? e : dec_merge(g, d->sp[mode], in, c->stream);
+        }
+        return dec_attn(g, mode, d->sp[mode], in, c->stream);
+    };
+    DLAUNCH(branch(0, attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache)));
     if (cfg.num_selected > 0) {
         DNEED(a->indices, "indices");
         DNEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
         DNEED(a->gate[NSA_BRANCH_SLC], "gate[slc]");
         DNEED(a->dec_k_cache[NSA_BRANCH_SLC], "k_cache[slc]");
         DNEED(a->dec_v_cache[NSA_BRANCH_SLC], "v_cache[slc]");
-        DLAUNCH(dec_select(g, d->sp[0], din(a->q), dcache(a->dec_kc_cache), din(a->lse[NSA_BRANCH_CMP]), d->pbuf,
-                           d->max_nc, d->rows, (int *)ptr(a->indices), a->indices.stride_token,
-                           a->indices.stride_head, c->stream));
-        DLAUNCH(dec_attn(g, 1, d->sp[1],
-                         attn_in(d, a, NSA_BRANCH_SLC, a->dec_k_cache[NSA_BRANCH_SLC], a->dec_v_cache[NSA_BRANCH_SLC]),
-                         c->stream));
+        const DecAttnIn cin = attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache);
+        if (d->mma && dec_rows16(cin.k, cfg.head_dim_qk)) {
+            if (d->max_nc > 0)
+                DLAUNCH(dec_attn_sm80(g, 0, true, d->dqkp, d->dvp, d->sp[0], cin, cin.lse, cin.lst, cin.lsh, d->pbuf,
+                                      d->max_nc, c->stream));
+            DLAUNCH(dec_rank(g, d->pbuf, d->max_nc, d->rows, (int *)ptr(a->indices), a->indices.stride_token,
+                             a->indices.stride_head, c->stream));
+        } else {
+            DLAUNCH(dec_select(g, d->sp[0], din(a->q), dcache(a->dec_kc_cache), din(a->lse[NSA_BRANCH_CMP]), d->pbuf,
+                               d->max_nc, d->rows, (int *)ptr(a->indices), a->indices.stride_token,
+                               a->indices.stride_head, c->stream));
+        }
+        DLAUNCH(branch(1, attn_in(d, a, NSA_BRANCH_SLC, a->dec_k_cache[NSA_BRANCH_SLC], a->dec_v_cache[NSA_BRANCH_SLC])));
     }
     if (cfg.window > 0) {
         DNEED(a->o_b[NSA_BRANCH_WIN], "o_b[win]");
         DNEED(a->gate[NSA_BRANCH_WIN], "gate[win]");
         DNEED(a->dec_k_cache[NSA_BRANCH_WIN], "k_cache[win]");
         DNEED(a->dec_v_cache[NSA_BRANCH_WIN], "v_cache[win]");
-        DLAUNCH(dec_attn(g, 2, d->sp[2],
-                         attn_in(d, a, NSA_BRANCH_WIN, a->dec_k_cache[NSA_BRANCH_WIN], a->dec_v_cache[NSA_BRANCH_WIN]),
-                         c->stream));
+        DLAUNCH(branch(2, attn_in(d, a, NSA_BRANCH_WIN, a->dec_k_cache[NSA_BRANCH_WIN], a->dec_v_cache[NSA_BRANCH_WIN])));
     }
     DecIn gate[3], ob[3];
     for (int b = 0; b < 3; b++) {
@@ -275,13 +292,21 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
                     "cuda backend: the decode kernels' shared memory at head dims %lld / %lld (%zu bytes) exceeds "
                     "48 KB (Dqk + Dv up to about 2900)",
                     (long long)Dqk, (long long)Dv, dec_attn_smem(Dqk, Dv));
-    const int64_t hc = heads_per_cta(G), nhc = (G + hc - 1) / hc;
+    int dqkp = 0, dvp = 0;
+    tc_dims(Dqk, Dv, &dqkp, &dvp);
+    const bool mma = dec_attn_sm80_takes((int)cfg.dtype, G, dqkp, dvp) &&
+                     (int64_t)dec_attn_sm80_smem(dqkp, dvp, false) <= c->lim.smem_block - SMEM_STATIC_MARGIN;
+    const int64_t hc = heads_per_cta(G, mma), nhc = (G + hc - 1) / hc;
     if (Hkv * nhc > 65535 || MT >= ((int64_t)1 << 31))
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: a decode plan of %lld KV heads x %lld head chunks or %lld "
                     "rows exceeds a grid", (long long)Hkv, (long long)nhc, (long long)MT);
     CudaDec *d = (CudaDec *)calloc(1, sizeof *d);
     if (!d) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: cannot allocate a decode plan record");
     p->dec = d;
+    if (mma) CU(dec_attn_sm80_prepare((int)cfg.dtype, dqkp, dvp), "plan_prepare (decode kernels)");
+    d->mma = mma;
+    d->dqkp = dqkp;
+    d->dvp = dvp;
     int sms = 0;
     CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device), "cudaDeviceGetAttribute");
     const int64_t target = 2 * (int64_t)std::max(sms, 1), per = Hkv * nhc;
@@ -333,9 +358,9 @@ void decode_describe(const CudaPlan *p, nsa_stage stage, char *buf, size_t size)
 {
     const CudaDec *d = p->dec;
     if (stage == NSA_STAGE_DECODE_ATTN && d)
-        snprintf(buf, size, "%s[splits cmp %dx%lld, slc %dx%lld, win %dx%lld; %d heads/cta]", kern_name(K_DECODE_SPLIT),
+        snprintf(buf, size, "%s[splits cmp %dx%lld, slc %dx%lld, win %dx%lld; %d heads/cta%s]", kern_name(K_DECODE_SPLIT),
                  d->sp[0].ns, (long long)d->sp[0].chunk, d->sp[1].ns, (long long)d->sp[1].chunk, d->sp[2].ns,
-                 (long long)d->sp[2].chunk, d->sp[0].hc);
+                 (long long)d->sp[2].chunk, d->sp[0].hc, d->mma ? ", mma" : "");
     else
         describe(p->ch.st[stage], stage, buf, size);
 }

@@ -36,6 +36,7 @@
 #include <math.h>
 
 #include "decode.h"
+#include "decode_dev.cuh"
 #include "nsa.h"
 #include "nsa_cuda.cuh"
 #include "topn.cuh"
@@ -45,33 +46,6 @@ namespace nsa_cuda {
 namespace {
 
 constexpr int DW = 4; /* warps per CTA of the attention and merge kernels */
-
-NSA_DEV int64_t dnum_cmp(const DecGeom &g, int64_t x) { return x >= g.l ? (x - g.l) / g.d + 1 : 0; }
-NSA_DEV bool dec_failed(const DecGeom &g) { return *(volatile const int *)g.rec != 0; }
-NSA_DEV int64_t dec_rows(const DecGeom &g) { return g.cu[g.B]; }
-
-/* the sequence of packed row r (r < cu[B]): the largest b with cu[b] <= r */
-NSA_DEV int64_t dec_row_seq(const DecGeom &g, int64_t r)
-{
-    int64_t lo = 0, hi = g.B - 1;
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (g.cu[mid] <= r)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-/* pool row of position x of sequence b (raw caches), and of compressed row i */
-NSA_DEV int64_t dec_prow(const DecGeom &g, int64_t b, int64_t x)
-{
-    return (int64_t)g.bt[b * g.bt_st + x / g.ps] * g.ps + x % g.ps;
-}
-NSA_DEV int64_t dec_crow(const DecGeom &g, int64_t b, int64_t i)
-{
-    return (int64_t)g.cbt[b * g.cbt_st + i / g.cps] * g.cps + i % g.cps;
-}
 
 /* ------------------------------------------------------------------ checks */
 
@@ -272,23 +246,6 @@ template <typename T, bool VEC> NSA_DEV float dot_row(const float *sq, const T *
     }
     return dot;
 }
-
-/* The row's keys: how many, and the pool row of key k (-1: not visible). */
-template <int MODE> struct Keys {
-    int64_t b, t, r, gi, lo;
-    const int *idx; /* mode 1: the row's selected blocks (n slots) */
-    NSA_DEV int64_t count(const DecGeom &g) const
-    {
-        return MODE == 0 ? nsa_cmp_visible(t, g.l, g.d) : MODE == 1 ? g.n * g.ls : t - lo + 1;
-    }
-    NSA_DEV int64_t row(const DecGeom &g, int64_t k) const
-    {
-        if (MODE == 0) return dec_crow(g, b, k);
-        if (MODE == 2) return dec_prow(g, b, lo + k);
-        const int64_t j = idx[k / g.ls], pos = j * g.ls + k % g.ls;
-        return j >= 0 && pos <= t ? dec_prow(g, b, pos) : -1;
-    }
-};
 
 template <typename T, int MODE, bool VEC>
 __global__ void __launch_bounds__(DW * 32) attn_kernel(const DecGeom g, const DecSplit sp, const DecAttnIn a)
@@ -514,8 +471,19 @@ static cudaError_t attn_t(const DecGeom &g, const DecSplit &sp, const DecAttnIn 
         attn_kernel<T, MODE, false><<<grid, DW * 32, smem, s>>>(g, sp, a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
+    return dec_merge(g, sp, a, s);
+}
+
+cudaError_t dec_merge(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s)
+{
+    if (g.MT == 0) return cudaSuccess;
     merge_kernel<<<grid_for(g.MT * g.Hq, DW), DW * 32, 0, s>>>(g, sp, a);
     return cudaGetLastError();
+}
+
+bool dec_rows16(const DecCache &c, int64_t D)
+{
+    return c.p && ((uintptr_t)c.p % 16) == 0 && c.st % 8 == 0 && c.sh % 8 == 0 && D % 8 == 0;
 }
 
 cudaError_t dec_attn(const DecGeom &g, int mode, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s)
@@ -537,6 +505,13 @@ cudaError_t dec_select(const DecGeom &g, const DecSplit &sp, DecIn q, DecCache k
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
+    return dec_rank(g, pbuf, max_nc, rows, idx, ist, ish, s);
+}
+
+cudaError_t dec_rank(const DecGeom &g, const float *pbuf, int64_t max_nc, float *rows, int *idx, int64_t ist,
+                     int64_t ish, cudaStream_t s)
+{
+    if (g.MT == 0) return cudaSuccess;
     select_kernel<<<grid_for(g.MT * g.Hkv, 4), 128, 0, s>>>(g, pbuf, max_nc, rows, idx, ist, ish);
     return cudaGetLastError();
 }

@@ -101,6 +101,29 @@ size_t dec_attn_smem(int64_t Dqk, int64_t Dv);
 cudaError_t dec_select(const DecGeom &g, const DecSplit &sp, DecIn q, DecCache kc, DecIn lse_cmp, float *pbuf,
                        int64_t max_nc, float *rows, int *idx, int64_t ist, int64_t ish, cudaStream_t s);
 
+/* decode_attn_sm80.cu: the split attention (mode 0, 1, 2) and the compressed
+ * rows' block scores (probs: mode 0, into pbuf as dec_select's first kernel
+ * writes them) on mma.sync, one CTA per (row, KV head, split) with the
+ * group's G <= 16 heads as the 16 MMA rows (sp.hc = 16), f16 / bf16, padded
+ * dims dqkp / dvp of tc_dims (32/32, 64/64, 128/128, 192/128). K/V caches
+ * must be loadable with 16-byte copies (dec_rows16). lse_cmp (natural log,
+ * strides lst / lsh) is read when probs. The attention's partial states go
+ * to a.part for the merge kernel (dec_merge). */
+bool dec_attn_sm80_takes(int dtype, int64_t G, int dqkp, int dvp);
+/* sets the kernels' shared-memory opt-in for a plan's dtype and dims (plan time: a step may be captured) */
+cudaError_t dec_attn_sm80_prepare(int dtype, int dqkp, int dvp);
+size_t dec_attn_sm80_smem(int dqkp, int dvp, bool probs);
+cudaError_t dec_attn_sm80(const DecGeom &g, int mode, bool probs, int dqkp, int dvp, const DecSplit &sp,
+                          const DecAttnIn &a, const float *lse_cmp, int64_t lst, int64_t lsh, float *pbuf,
+                          int64_t max_nc, cudaStream_t s);
+/* decode.cu's merge of a branch's splits into o_b and its LSE */
+cudaError_t dec_merge(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s);
+/* may a cache's rows be copied 16 bytes at a time (16-bit dtype)? */
+bool dec_rows16(const DecCache &c, int64_t D);
+/* the ranking half of dec_select (pbuf already written) */
+cudaError_t dec_rank(const DecGeom &g, const float *pbuf, int64_t max_nc, float *rows, int *idx, int64_t ist,
+                     int64_t ish, cudaStream_t s);
+
 /* o = sum_b gate_b o_b over the step's rows (fixed order, f32, rounded once). */
 cudaError_t dec_combine(const DecGeom &g, const DecIn gate[3], const DecIn ob[3], void *o, int64_t ost, int64_t osh,
                         cudaStream_t s);

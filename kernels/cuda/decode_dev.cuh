@@ -1,0 +1,60 @@
+/*
+ * decode_dev.cuh -- device helpers of the decode kernels (decode.cu,
+ * decode_attn_sm80.cu): the step's record, the rows of a step, the page
+ * tables, and the key list of a row in each branch (semantics section 10).
+ */
+#ifndef NSA_KERNELS_CUDA_DECODE_DEV_CUH
+#define NSA_KERNELS_CUDA_DECODE_DEV_CUH
+
+#include "decode.h"
+#include "nsa_cuda.cuh"
+
+namespace nsa_cuda {
+
+NSA_DEV int64_t dnum_cmp(const DecGeom &g, int64_t x) { return x >= g.l ? (x - g.l) / g.d + 1 : 0; }
+NSA_DEV bool dec_failed(const DecGeom &g) { return *(volatile const int *)g.rec != 0; }
+NSA_DEV int64_t dec_rows(const DecGeom &g) { return g.cu[g.B]; }
+
+/* the sequence of packed row r (r < cu[B]): the largest b with cu[b] <= r */
+NSA_DEV int64_t dec_row_seq(const DecGeom &g, int64_t r)
+{
+    int64_t lo = 0, hi = g.B - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (g.cu[mid] <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+/* pool row of position x of sequence b (raw caches), and of compressed row i */
+NSA_DEV int64_t dec_prow(const DecGeom &g, int64_t b, int64_t x)
+{
+    return (int64_t)g.bt[b * g.bt_st + x / g.ps] * g.ps + x % g.ps;
+}
+NSA_DEV int64_t dec_crow(const DecGeom &g, int64_t b, int64_t i)
+{
+    return (int64_t)g.cbt[b * g.cbt_st + i / g.cps] * g.cps + i % g.cps;
+}
+
+/* The row's keys: how many, and the pool row of key k (-1: not visible). */
+template <int MODE> struct Keys {
+    int64_t b, t, r, gi, lo;
+    const int *idx; /* mode 1: the row's selected blocks (n slots) */
+    NSA_DEV int64_t count(const DecGeom &g) const
+    {
+        return MODE == 0 ? nsa_cmp_visible(t, g.l, g.d) : MODE == 1 ? g.n * g.ls : t - lo + 1;
+    }
+    NSA_DEV int64_t row(const DecGeom &g, int64_t k) const
+    {
+        if (MODE == 0) return dec_crow(g, b, k);
+        if (MODE == 2) return dec_prow(g, b, lo + k);
+        const int64_t j = idx[k / g.ls], pos = j * g.ls + k % g.ls;
+        return j >= 0 && pos <= t ? dec_prow(g, b, pos) : -1;
+    }
+};
+
+} // namespace nsa_cuda
+
+#endif
