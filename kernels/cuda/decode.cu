@@ -260,13 +260,7 @@ __global__ void __launch_bounds__(DW * 32) attn_kernel(const DecGeom g, const De
     const int s = blockIdx.z;
     float *sq = sm + warp * (g.Dqk + g.Dv + 32), *so = sq + g.Dqk, *spr = so + g.Dv;
     int64_t *srow = (int64_t *)(sm + DW * (g.Dqk + g.Dv + 32)) + warp * 32;
-    Keys<MODE> ks;
-    ks.b = dec_row_seq(g, r);
-    ks.t = g.tk0[ks.b] + r - g.cu[ks.b];
-    ks.r = r;
-    ks.gi = gi;
-    ks.lo = MODE == 2 ? nsa_win_start(ks.t, g.w) : 0;
-    ks.idx = MODE == 1 ? (const int *)a.idx.p + r * a.idx.st + gi * a.idx.sh : nullptr;
+    const Keys<MODE> ks = dec_keys<MODE>(g, a, r, gi);
     const int64_t nk = ks.count(g), k_lo = (int64_t)s * sp.chunk, k_hi = nsa_min64(k_lo + sp.chunk, nk);
     const T *K = (const T *)a.k.p, *V = (const T *)a.v.p;
     for (int64_t h = h0 + warp; h < h1; h += DW) {

@@ -68,13 +68,7 @@ __global__ void __launch_bounds__(DM_WARPS * 32)
     if (dec_failed(g) || r >= dec_rows(g)) return;
     const int64_t gi = blockIdx.y, h0 = gi * g.G;
     const int nh = (int)g.G, s = (int)blockIdx.z;
-    Keys<MODE> ks;
-    ks.b = dec_row_seq(g, r);
-    ks.t = g.tk0[ks.b] + r - g.cu[ks.b];
-    ks.r = r;
-    ks.gi = gi;
-    ks.lo = MODE == 2 ? nsa_win_start(ks.t, g.w) : 0;
-    ks.idx = MODE == 1 ? (const int *)a.idx.p + r * a.idx.st + gi * a.idx.sh : nullptr;
+    const Keys<MODE> ks = dec_keys<MODE>(g, a, r, gi);
     const int64_t nk = ks.count(g), k_lo = (int64_t)s * sp.chunk, k_hi = nsa_min64(k_lo + sp.chunk, nk);
 
     /* the group's Q rows */

@@ -55,6 +55,19 @@ template <int MODE> struct Keys {
     }
 };
 
+/* the key list of new row r for KV head gi */
+template <int MODE> NSA_DEV Keys<MODE> dec_keys(const DecGeom &g, const DecAttnIn &a, int64_t r, int64_t gi)
+{
+    Keys<MODE> ks;
+    ks.b = dec_row_seq(g, r);
+    ks.t = g.tk0[ks.b] + r - g.cu[ks.b];
+    ks.r = r;
+    ks.gi = gi;
+    ks.lo = MODE == 2 ? nsa_win_start(ks.t, g.w) : 0;
+    ks.idx = MODE == 1 ? (const int *)a.idx.p + r * a.idx.st + gi * a.idx.sh : nullptr;
+    return ks;
+}
+
 } // namespace nsa_cuda
 
 #endif
