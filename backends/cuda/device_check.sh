@@ -42,6 +42,7 @@
 #            .bench/sdpa_baseline.py's cuDNN forward (issue 14's table)
 #   decbench nsa bench --decode at Hq 64 / Hkv 4 (DEC_DQK "128 192", DEC_B 1,64, DEC_C 8192..131072, DEC_TQ 1,4)
 #            beside .bench/sdpa_baseline.py --decode (issue 15's table)
+#   decncu   ncu over one decode step (batch DECNCU_B, 64k, D 128): per kernel time, DRAM and L2 bytes, warps active
 #   oclbench NVIDIA's OpenCL: nsa bench at OCL_T (8192) with v3 and v2 attention and their stage profiles (OPENCL=1)
 #   ncu      stall reasons and source counters of NCU_SPEC kernels (not in the default)
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
@@ -343,6 +344,22 @@ if has decbench; then # issue 15: nsa bench --decode (caches filled directly) be
       done
       note "[$(el)]   sdpa_baseline --decode rc=$?"; grep -iE "cudnn|flash" "$OUT/decsdpa_d$dq.log" | cut -c1-220 | tee -a "$SUM"
     fi
+  done
+fi
+if has decncu; then # issue 15: the decode step's kernels under ncu, one step of DECNCU_B (64,1) at 64k, Dqk 128: time, DRAM bytes
+  for b in $(echo ${DECNCU_B:-64,1} | tr ',' ' '); do
+    timeout 300 ncu --clock-control none -k regex:'check_|append_|compress_|dec_attn|attn_kernel|merge_|probs_|select_|combine_' \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+      $NSA bench --backend cuda --decode --batch $b --context 65536 --tq 1 --hq 64 --hkv 4 --dqk 128 --dv 128 --iters 1 \
+      --warmup 0 --no-dense > "$OUT/decncu_b$b.log" 2>&1
+    note "[$(el)] decncu batch $b rc=$? (per kernel: launches, us, DRAM MB, L2 MB read, warps active %):"
+    awk '/^  [a-zA-Z_].*\(/ {k=$0; gsub(/\(anonymous namespace\)::/, "", k); sub(/^  (void )?/, "", k); sub(/[<(].*/, "", k); sub(/.*::/, "", k); c[k]++}
+         /gpu__time_duration.sum/ {u=$(NF-1); v=$NF; gsub(",", "", v); if (u=="msecond") v*=1000; if (u=="nsecond") v/=1000; t[k]+=v}
+         /dram__bytes_read.sum/ {u=$(NF-1); v=$NF; gsub(",", "", v); f=(u=="Gbyte")?1000:(u=="Mbyte")?1:(u=="Kbyte")?0.001:1e-6; d[k]+=v*f}
+         /lts__t_sectors_srcunit_tex_op_read.sum/ {v=$NF; gsub(",", "", v); l[k]+=v*32/1e6}
+         /sm__warps_active/ {v=$NF; gsub(",", "", v); w[k]+=v}
+         END {for (k in t) printf "  %-28s %3d %9.1f %9.1f %9.1f %6.1f\n", substr(k,1,28), c[k], t[k], d[k], l[k], w[k]/c[k]}' \
+      "$OUT/decncu_b$b.log" | sort -k3 -nr | tee -a "$SUM"
   done
 fi
 if has oclbench; then # issue 18: NVIDIA's OpenCL at the paper shape, v3 and v2 attention, per-stage profile (OPENCL=1 build)
