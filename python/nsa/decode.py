@@ -14,8 +14,9 @@ block_table[b][x // page_size], slot x % page_size), forms the compressed rows (
 new tokens complete into kc_cache / vc_cache (pages of cmp_block_table), and returns the
 new tokens' rows of o, the LSEs and the selected blocks: each is the row of nsa.forward over
 the sequence's first TK0 + TQ tokens (bitwise on the cpu backend). CPU tensors run on the
-cpu backend; the GPU backends refuse decode plans (nsa.Error, NSA_ERR_UNSUPPORTED) until
-they gain a decode step.
+cpu backend, CUDA tensors on the cuda backend's decode step (which the C tests check on the
+GPU; this wrapper's CUDA path has no device test yet: python/tests/cuda_device_check.py has
+no decode case).
 """
 import ctypes
 
