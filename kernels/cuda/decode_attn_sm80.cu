@@ -248,14 +248,14 @@ NSA_DEV void dm_merge_warps(const DecGeom &g, const DecSplit &sp, const DecAttnI
 
 template <typename T, int DQK, int DV, bool PROBS>
 static cudaError_t launch_dm(const DecGeom &g, int mode, const DecSplit &sp, const DecAttnIn &a, const float *lse,
-                             int64_t lst, int64_t lsh, float *pbuf, int64_t max_nc, cudaStream_t s)
+                             int64_t lst, int64_t lsh, float *pbuf, int64_t max_nc, cudaStream_t s, bool prep)
 {
     const size_t smem = dec_attn_sm80_smem(DQK, DV, PROBS);
     const dim3 grid((unsigned)g.MT, (unsigned)g.Hkv, (unsigned)sp.ns);
     cudaError_t e = cudaSuccess;
-    /* s == nullptr: set the kernels' shared-memory opt-in (once per plan, outside any capture) */
+    /* prep: set the kernel's shared-memory opt-in (once per plan, outside any capture), launch nothing */
     auto run = [&](auto kern) {
-        if (!s && !g.MT) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (prep) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         else kern<<<grid, DM_WARPS * 32, smem, s>>>(g, sp, a, lse, lst, lsh, pbuf, max_nc);
     };
     if (PROBS)
@@ -266,16 +266,16 @@ static cudaError_t launch_dm(const DecGeom &g, int mode, const DecSplit &sp, con
         run(dec_attn_sm80_kernel<T, DQK, DV, 1, false>);
     else
         run(dec_attn_sm80_kernel<T, DQK, DV, 2, false>);
-    return e != cudaSuccess || (!s && !g.MT) ? e : cudaGetLastError();
+    return e != cudaSuccess || prep ? e : cudaGetLastError();
 }
 
 template <typename T, int DQK, int DV>
 static cudaError_t launch_dm_dims(const DecGeom &g, int mode, bool probs, const DecSplit &sp, const DecAttnIn &a,
                                   const float *lse, int64_t lst, int64_t lsh, float *pbuf, int64_t max_nc,
-                                  cudaStream_t s)
+                                  cudaStream_t s, bool prep)
 {
-    return probs ? launch_dm<T, DQK, DV, true>(g, mode, sp, a, lse, lst, lsh, pbuf, max_nc, s)
-                 : launch_dm<T, DQK, DV, false>(g, mode, sp, a, lse, lst, lsh, pbuf, max_nc, s);
+    return probs ? launch_dm<T, DQK, DV, true>(g, mode, sp, a, lse, lst, lsh, pbuf, max_nc, s, prep)
+                 : launch_dm<T, DQK, DV, false>(g, mode, sp, a, lse, lst, lsh, pbuf, max_nc, s, prep);
 }
 
 } // namespace
@@ -306,7 +306,7 @@ cudaError_t dec_attn_sm80_prepare(int dtype, int dqkp, int dvp)
     for (int mode = 0; mode < 4; mode++) { /* mode 3: the block scores */
         const cudaError_t e = [&]() -> cudaError_t {
             NSA_SLC_DISPATCH(launch_dm_dims, gg, dqkp, dvp, g, mode == 3 ? 0 : mode, mode == 3, sp, a, nullptr, 0, 0,
-                             nullptr, 0, (cudaStream_t) nullptr);
+                             nullptr, 0, (cudaStream_t) nullptr, true);
         }();
         if (e != cudaSuccess) return e;
     }
@@ -317,12 +317,12 @@ cudaError_t dec_attn_sm80(const DecGeom &g, int mode, bool probs, int dqkp, int 
                           const DecAttnIn &a, const float *lse_cmp, int64_t lst, int64_t lsh, float *pbuf,
                           int64_t max_nc, cudaStream_t s)
 {
-    if (g.MT == 0 || !s) return g.MT == 0 ? cudaSuccess : cudaErrorInvalidValue;
+    if (g.MT == 0) return cudaSuccess; /* s may be the legacy default stream (0): a caller's choice */
     if (!dec_attn_sm80_takes(g.dtype, g.G, dqkp, dvp) || sp.hc != 16 || (probs && mode != 0))
         return cudaErrorInvalidValue;
     Geom gg = {};
     gg.dtype = g.dtype;
-    NSA_SLC_DISPATCH(launch_dm_dims, gg, dqkp, dvp, g, mode, probs, sp, a, lse_cmp, lst, lsh, pbuf, max_nc, s);
+    NSA_SLC_DISPATCH(launch_dm_dims, gg, dqkp, dvp, g, mode, probs, sp, a, lse_cmp, lst, lsh, pbuf, max_nc, s, false);
 }
 
 } // namespace nsa_cuda
