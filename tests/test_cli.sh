@@ -255,6 +255,7 @@ expect "bench --plot into a missing folder" 1 "cannot write" -- "$nsa" "${bench[
 # nsa bench --decode: a B x context x TQ sweep; every point's fields are there and sane
 dbench=(bench --backend cpu --decode --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --dtype f32 --batch 1,3 --context 0,79 --tq 1,4 --iters 2 --page-size 16)
 expect "bench --decode prints a row per point" 0 "^ +3 +79 +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +n/a +[0-9.e-]+ +-?[0-9.e-]+ +[0-9.e-]+ " -- "$nsa" "${dbench[@]}"
+expect "bench --decode names the step's kernels" 0 "^kernels \(from B=1 context=0 TQ=1 on\):" -- "$nsa" "${dbench[@]}"
 # the default fills the caches with random values; --fill steps prefills them by decode steps
 for fill in random steps; do
 expect "bench --decode --fill $fill --json" 0 '"mode": "decode", "fill": "'$fill'"' -- "$nsa" "${dbench[@]}" --fill $fill --json --peak-gbps 100
@@ -269,6 +270,7 @@ assert sorted((p["batch"], p["context"], p["tq"]) for p in pts) == sorted(
 for p in pts:
     f, de, co = p["full"], p["dense"], p["cmp_only"]
     assert p["ok"] and f["time_s"] > 0 and f["time_min_s"] <= f["time_s"] and f["bytes"] > 0, p
+    assert set(p["kernels"]) == {"decode_append", "decode_attn"} and all(p["kernels"].values()), p
     assert abs(f["gbps"] - f["bytes"] / f["time_s"] / 1e9) <= 1e-4 * f["gbps"], p  # 6 digits printed
     assert abs(p["pct_peak_gbps"] - f["gbps"]) <= 1e-4 * f["gbps"], p  # peak 100 GB/s
     assert abs(p["dense_s"] - (de["time_s"] - co["time_s"])) <= 1e-5 * (de["time_s"] + co["time_s"]), p

@@ -80,6 +80,7 @@ typedef struct dmeasure {
     int64_t prefill_steps;
     nsa_status status; /* the first failure's */
     char note[TOOL_ERR_MAX];
+    char kernels[TOOL_KERNELS_MAX], kernels_json[TOOL_KERNELS_MAX]; /* the step plan's stages and kernels */
 } dmeasure;
 
 void bench_decode_defaults(bench_decode_opts *o, int on_cpu)
@@ -285,6 +286,8 @@ static int run_point(nsa_context *ctx, const bench_decode_opts *o, int64_t B, in
         s = NSA_ERR_OUT_OF_MEMORY;
     }
     for (int64_t b = 0; b < B && s == NSA_SUCCESS; b++) tq[b] = TQ;
+    tool_format_stage_kernels(m->kernels, sizeof m->kernels, d.plan, 0, 0);
+    tool_format_stage_kernels(m->kernels_json, sizeof m->kernels_json, d.plan, 1, 0);
     if (s == NSA_SUCCESS) s = decode_run_stage(&d, tq, m->note, sizeof m->note);
     for (int i = 0; i < o->warmup && s == NSA_SUCCESS; i++) {
         tool_progress("%s: warm-up %d/%d", label, i + 1, o->warmup);
@@ -362,6 +365,8 @@ int bench_decode(nsa_context *ctx, const bench_decode_opts *o)
                "GB/s", "%peak", "cmp ms", "dense ms", "dense raw", "speedup");
     }
     int stop = 0; /* a bad case, or a backend without a decode step: the other points would fail alike */
+    static char shown[TOOL_KERNELS_MAX]; /* the kernels last printed above the table's rows */
+    shown[0] = 0;
     for (int ib = 0; ib < o->nbatch && !stop; ib++)
         for (int ic = 0; ic < o->ncontext && !stop; ic++)
             for (int iq = 0; iq < o->ntq && !stop; iq++) {
@@ -398,10 +403,16 @@ int bench_decode(nsa_context *ctx, const bench_decode_opts *o)
                     json_field(stdout, "pct_peak_gbps", peak > 0 ? 100.0 * gbps / peak : NAN);
                     json_field(stdout, "dense_s", dense);
                     json_field(stdout, "speedup_vs_dense", speedup);
+                    printf(", \"kernels\": %s", m[D_FULL].kernels_json[0] ? m[D_FULL].kernels_json : "{}");
                     printf(", \"error\": ");
                     json_str(stdout, m[D_FULL].ran ? "" : m[D_FULL].note);
                     printf("}");
                 } else if (m[D_FULL].ran) {
+                    if (strcmp(shown, m[D_FULL].kernels) != 0) { /* the plan's kernels, where they change */
+                        printf("kernels (from B=%lld context=%lld TQ=%lld on):\n%s", (long long)B, (long long)C,
+                               (long long)TQ, m[D_FULL].kernels);
+                        snprintf(shown, sizeof shown, "%s", m[D_FULL].kernels);
+                    }
                     printf("%6lld %9lld %5lld", (long long)B, (long long)C, (long long)TQ);
                     print_ms(10, m[D_FULL].time_s);
                     print_ms(10, m[D_FULL].min_s);
