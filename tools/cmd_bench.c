@@ -114,7 +114,9 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  causal attention over the whole context); the compression branch cannot be\n"
             "  switched off, so the step with n = 0, w = 0 is timed too (cmp ms) and dense =\n"
             "  t(n=0, w=C+TQ) - t(cmp only), the raw time printed beside it; speedup = dense /\n"
-            "  step. --no-dense skips both. Not with --T, --backward, --no-stages,\n"
+            "  step. --no-dense skips both. The step plan's stages and kernels are printed\n"
+            "  above the rows wherever they change (\"kernels\" per point in --json).\n"
+            "  Not with --T, --backward, --no-stages,\n"
             "  --baseline or --plot.\n\n"
             "%s\nflags:\n",
             config_flags_help);
