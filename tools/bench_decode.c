@@ -286,8 +286,10 @@ static int run_point(nsa_context *ctx, const bench_decode_opts *o, int64_t B, in
         s = NSA_ERR_OUT_OF_MEMORY;
     }
     for (int64_t b = 0; b < B && s == NSA_SUCCESS; b++) tq[b] = TQ;
-    tool_format_stage_kernels(m->kernels, sizeof m->kernels, d.plan, 0, 0);
-    tool_format_stage_kernels(m->kernels_json, sizeof m->kernels_json, d.plan, 1, 0);
+    if (v == D_FULL) { /* the sweep names the full step's kernels */
+        tool_format_stage_kernels(m->kernels, sizeof m->kernels, d.plan, 0, 0);
+        tool_format_stage_kernels(m->kernels_json, sizeof m->kernels_json, d.plan, 1, 0);
+    }
     if (s == NSA_SUCCESS) s = decode_run_stage(&d, tq, m->note, sizeof m->note);
     for (int i = 0; i < o->warmup && s == NSA_SUCCESS; i++) {
         tool_progress("%s: warm-up %d/%d", label, i + 1, o->warmup);
@@ -365,8 +367,7 @@ int bench_decode(nsa_context *ctx, const bench_decode_opts *o)
                "GB/s", "%peak", "cmp ms", "dense ms", "dense raw", "speedup");
     }
     int stop = 0; /* a bad case, or a backend without a decode step: the other points would fail alike */
-    static char shown[TOOL_KERNELS_MAX]; /* the kernels last printed above the table's rows */
-    shown[0] = 0;
+    char shown[TOOL_KERNELS_MAX] = ""; /* the kernels last printed above the table's rows */
     for (int ib = 0; ib < o->nbatch && !stop; ib++)
         for (int ic = 0; ic < o->ncontext && !stop; ic++)
             for (int iq = 0; iq < o->ntq && !stop; iq++) {

@@ -242,14 +242,14 @@ nsa_status run_attn(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
         }
         return dec_attn(g, mode, d->sp[mode], in, c->stream);
     };
-    DLAUNCH(branch(0, attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache)));
+    const DecAttnIn cin = attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache);
+    DLAUNCH(branch(0, cin));
     if (cfg.num_selected > 0) {
         DNEED(a->indices, "indices");
         DNEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
         DNEED(a->gate[NSA_BRANCH_SLC], "gate[slc]");
         DNEED(a->dec_k_cache[NSA_BRANCH_SLC], "k_cache[slc]");
         DNEED(a->dec_v_cache[NSA_BRANCH_SLC], "v_cache[slc]");
-        const DecAttnIn cin = attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache);
         if (d->mma && dec_rows16(cin.k, cfg.head_dim_qk)) {
             if (d->max_nc > 0)
                 DLAUNCH(dec_attn_sm80(g, 0, true, d->dqkp, d->dvp, d->sp[0], cin, cin.lse, cin.lst, cin.lsh, d->pbuf,

@@ -41,12 +41,6 @@ template <int DQK, int DV, bool PROBS> constexpr size_t dm_warp_elems()
     return (size_t)DM_NB * DM_CK * ((DQK + 8) + (PROBS ? 0 : DV + 8));
 }
 
-template <int MODE>
-NSA_DEV int64_t dm_row(const DecGeom &g, const Keys<MODE> &ks, int64_t key, int64_t k_hi)
-{
-    return key < k_hi ? ks.row(g, key) : -1;
-}
-
 template <int DV>
 NSA_DEV void dm_merge_warps(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, void *smem,
                             const float (&oacc)[DV / 8][4], const float (&m)[2], float (&ls)[2], int64_t r, int64_t h0,
@@ -101,7 +95,7 @@ __global__ void __launch_bounds__(DM_WARPS * 32)
     const int mine = nchunks > warp ? (nchunks - warp + DM_WARPS - 1) / DM_WARPS : 0;
     auto load = [&](int i, int buf) {
         const int64_t c0 = chunk_key(i);
-        const int64_t row = lane < DM_CK ? dm_row(g, ks, c0 + lane, k_hi) : -1;
+        const int64_t key = c0 + lane, row = lane < DM_CK && key < k_hi ? ks.row(g, key) : -1;
         T *const dk = wbuf + (size_t)buf * DM_CK * (SQ + (PROBS ? 0 : SV));
         T *const dv = dk + DM_CK * SQ;
         constexpr int CK = DQK / 8, CV = DV / 8;
@@ -290,8 +284,7 @@ size_t dec_attn_sm80_smem(int dqkp, int dvp, bool probs)
 
 bool dec_attn_sm80_takes(int dtype, int64_t G, int dqkp, int dvp)
 {
-    return (dtype == 1 || dtype == 2) && G >= 1 && G <= 16 &&
-           ((dqkp == dvp && (dqkp == 32 || dqkp == 64 || dqkp == 128)) || (dqkp == 192 && dvp == 128));
+    return (dtype == 1 || dtype == 2) && G >= 1 && G <= 16 && tc_pair_dims(dqkp, dvp);
 }
 
 cudaError_t dec_attn_sm80_prepare(int dtype, int dqkp, int dvp)

@@ -43,6 +43,12 @@ inline void tc_dims(int64_t dqk, int64_t dv, int *dqkp, int *dvp)
     const int p = m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 ? 128 : 256;
     *dqkp = *dvp = p;
 }
+/* The padded pairs the per-dims instances of the selected, backward and
+ * decode kernels cover (NSA_SLC_DIMS): 32/32, 64/64, 128/128 and 192/128. */
+inline bool tc_pair_dims(int dqkp, int dvp)
+{
+    return (dqkp == dvp && (dqkp == 32 || dqkp == 64 || dqkp == 128)) || (dqkp == 192 && dvp == 128);
+}
 
 /* Token tile of the tiled kernels for group size G: hc heads x qt tokens = 128 rows. */
 inline int tile_heads(int64_t G) { return (int)(G < TC_BM ? G : TC_BM); }
@@ -314,8 +320,7 @@ constexpr size_t slc_sm80_g16_smem(int dqk, int dv, bool panel, int ns)
 }
 inline bool slc_sm80_g16_takes(int64_t G, int64_t ls, int64_t n, int dqkp, int dvp)
 {
-    return G == 16 && ls <= SFS_KB && n >= 1 && n <= SFS_MAXN &&
-           ((dqkp == dvp && (dqkp == 32 || dqkp == 64 || dqkp == 128)) || (dqkp == 192 && dvp == 128));
+    return G == 16 && ls <= SFS_KB && n >= 1 && n <= SFS_MAXN && tc_pair_dims(dqkp, dvp);
 }
 /* Panels wherever the dims allow: 16-byte-padded rows made cp.async read 1.5
  * L2 sectors per data sector (slc_attn 19.3 -> 15.2 ms at D 128 in panels);
@@ -426,8 +431,7 @@ inline BwdSlcChunks bwd_slc_chunks(int64_t entries, int64_t G, int64_t items, in
 }
 inline bool bwd_sm80_takes(int dqkp, int dvp, int64_t limit)
 {
-    const bool dims = (dqkp == dvp && (dqkp == 32 || dqkp == 64 || dqkp == 128)) || (dqkp == 192 && dvp == 128);
-    return dims && (int64_t)bwd_sm80_smem(dqkp, dvp) <= limit;
+    return tc_pair_dims(dqkp, dvp) && (int64_t)bwd_sm80_smem(dqkp, dvp) <= limit;
 }
 
 } // namespace nsa_cuda
