@@ -14,9 +14,8 @@ block_table[b][x // page_size], slot x % page_size), forms the compressed rows (
 new tokens complete into kc_cache / vc_cache (pages of cmp_block_table), and returns the
 new tokens' rows of o, the LSEs and the selected blocks: each is the row of nsa.forward over
 the sequence's first TK0 + TQ tokens (bitwise on the cpu backend). CPU tensors run on the
-cpu backend, CUDA tensors on the cuda backend's decode step (which the C tests check on the
-GPU; this wrapper's CUDA path has no device test yet: python/tests/cuda_device_check.py has
-no decode case).
+cpu backend, CUDA tensors on the cuda backend's decode step (python/tests/cuda_device_check.py
+checks this wrapper's CUDA path against nsa.forward on the GPU).
 """
 import ctypes
 
@@ -59,6 +58,9 @@ class DecodePlan:
             if k not in _CFG_KEYS:
                 raise ValueError(f"nsa.DecodePlan: unknown config field {k!r} (known: {', '.join(_CFG_KEYS)})")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # tensors carry their index ("cuda:0"); a plan for "cuda" is one for the current device
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = dtype
         self.config = dict(_defaults(), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
                            head_dim_v=head_dim_v, dtype=_DTYPES[dtype], compress=0, flags=0)

@@ -155,8 +155,8 @@ def decode_check(dev):
     plan = nsa.DecodePlan(Hq, Hkv, Dqk, Dv, batch=2, max_step_tokens=16, max_context=max(lens), page_size=64,
                           num_pages=2 * 11 + 3, dtype=torch.bfloat16, device="cuda", **CFG)
     L = plan.limits
-    bt = torch.randperm(L["num_pages"], generator=g)[:2 * L["max_pages"]].view(2, -1).to(torch.int32)
-    cbt = torch.randperm(L["num_cmp_pages"], generator=g)[:2 * L["max_cmp_pages"]].view(2, -1).to(torch.int32)
+    bt = torch.randperm(L["num_pages"], generator=g)[:2 * L["max_pages"]].view(2, -1).to(torch.int32).to(dev)
+    cbt = torch.randperm(L["num_cmp_pages"], generator=g)[:2 * L["max_cmp_pages"]].view(2, -1).to(torch.int32).to(dev)
     kc, vc, kcc, vcc = plan.new_caches()
     done, steps, rows_all, tie_rows, worst, worst_lse = [0, 0], 0, 0, 0, 0.0, 0.0
     rms = o_f.float().pow(2).mean().sqrt().item()
