@@ -21,7 +21,7 @@
 #   python   python/tests/cuda_device_check.py (CUDA tensors vs nsa run, copies, stream) and the unit tests
 #   det      20 processes, one o.npy hash expected (T 8192, DET_ARGS: more nsa run flags)
 #   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles, or SAN_ARGS)
-#   opencl   the small corpus on NVIDIA's OpenCL, forward and backward (needs the module: OPENCL=1 builds it)
+#   opencl   the small corpus on NVIDIA's OpenCL, forward, backward and decode (needs the module: OPENCL=1 builds it)
 #   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus,
 #            the backward, and the decode step (test_decode hip small)
 #   bench    nsa bench at BENCH_T per class in BENCH_CLASSES (default sm90)
@@ -217,6 +217,10 @@ if has opencl; then
     > /tmp/oclb.log 2>&1
   rc=$?; note "[$(el)] backward-opencl (NVIDIA OpenCL): rc=$rc $(grep -cE '^FAIL|:F:' /tmp/oclb.log) failures; $(grep -E '^backward-' /tmp/oclb.log | tail -1)"
   grep -E ":F:" /tmp/oclb.log | head -3 | cut -c1-400 | tee -a "$SUM"
+  # the decode step (kernels/opencl/decode.cl): every row against the opencl forward, the step checks, determinism
+  NSA_OPENCL_PLATFORM=NVIDIA CK_FORK=no timeout 300 $B/tests/test_decode opencl small > "$OUT/decode_opencl.log" 2>&1
+  rc=$?; note "[$(el)] decode-opencl (NVIDIA OpenCL, small corpus): rc=$rc $(grep -cE ':F:|:E:' "$OUT/decode_opencl.log") failures; $(grep -E '^decode-opencl: [0-9]' "$OUT/decode_opencl.log" | tail -1 | cut -c1-300)"
+  grep -E ":F:|:E:" "$OUT/decode_opencl.log" | head -3 | cut -c1-400 | tee -a "$SUM"
 fi
 if has hip; then # the HIP backend's sources on CUDA (tests/hip_on_cuda): its parity on the H200
   bash tests/hip_on_cuda/build.sh /tmp/hipcu 90 > "$OUT/hip_build.log" 2>&1
