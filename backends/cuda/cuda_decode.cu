@@ -12,16 +12,28 @@
  *     (max_total_tokens x Hq x splits x (Dv + 2) floats, the largest split
  *     count of the three branches);
  *   with a selected branch: the p_cmp group sums (max_total_tokens x Hkv x
- *     max_nc floats) and the score rows (max_total_tokens x Hkv x max_ns).
+ *     max_nc floats) and the score rows (max_total_tokens x Hkv x max_ns);
+ *   on the tensor-core path: the splits' arrival counters (max_total_tokens
+ *     x Hkv ints, zero between steps) and, with a selected branch, the
+ *     compressed keys' q.k products (max_total_tokens x Hkv x max_nc x G
+ *     floats) where they take at most 1 GiB.
  * A step (run) only queues kernels and one memset on the context's stream:
  * no host synchronisation, no allocation, no read of device data, so a step
  * can be captured in a CUDA graph and replayed with new lengths and tables.
  *
  * Splits (flash decoding): each branch's keys of a row are cut into `ns`
- * splits of `chunk` keys, ns chosen once per plan so that one row of a
- * batch-1 step gives about two CTAs per SM (Hkv x head chunks x ns), with
- * at least 64 keys a split. The splits are fixed by the plan, so results are
- * bitwise the same run to run.
+ * splits of `chunk` keys, ns chosen once per plan (make_split's targets in
+ * decode_prepare). The splits are fixed by the plan and merged in split
+ * order, so results are bitwise the same run to run.
+ *
+ * A step on the tensor-core path (decode_attn_sm80.cu) is nine kernels and
+ * a memset: the checks (three kernels), the append (k, v), the compressed
+ * rows, then one kernel per branch (window, compressed, selected) whose last CTA
+ * per (row, KV head) merges the splits, the compressed one also ranking the
+ * blocks from the q.k products its splits kept and the selected one (the
+ * compressed one when n = 0) combining the branches. decode.cu's kernels
+ * (f32, other head dims, caches without 16-byte rows) add a merge kernel per
+ * branch, the block scores, the select and the combine kernels.
  */
 #include <stdio.h>
 #include <string.h>
@@ -40,6 +52,8 @@ struct CudaDec {
     DecCheckMem chk;
     float *part;       /* partial states */
     float *pbuf, *rows;
+    int *cnt;          /* mma: the tail's arrival counters [MT x Hkv] */
+    float *scores;     /* mma with a selected branch: the compressed keys' q.k [MT x Hkv][max_nc][G], or NULL */
     DecSplit sp[3];    /* per branch */
     int64_t max_nc;
     bool mma;          /* decode_attn_sm80.cu's kernels (f16 / bf16, G <= 16, tensor-core dims) */
@@ -66,24 +80,58 @@ bool same_cache(const nsa_bk_tensor &a, const nsa_bk_tensor &b)
 /* heads per CTA of the attention kernels: the group's 16 MMA rows, or 8 warps' heads of decode.cu's kernel */
 int64_t heads_per_cta(int64_t G, bool mma) { return mma ? 16 : std::min<int64_t>(G, 8); }
 
-/* the split of a branch whose rows see at most kmax keys: about `target` CTAs for a step of MT rows */
-DecSplit make_split(int64_t kmax, int64_t ctas_per_split, int64_t target, int64_t row_floats, int64_t MT,
-                    int64_t Hq, int64_t hc)
+/* the split of a branch whose rows see at most kmax keys into ns splits of a multiple of 32 keys */
+DecSplit split_of(int64_t kmax, int64_t ns, int hc)
 {
     DecSplit sp;
-    sp.hc = (int)hc;
-    const int64_t per_row = ctas_per_split * std::max<int64_t>(MT, 1);
-    int64_t ns = std::max<int64_t>(1, (target + per_row - 1) / per_row);
-    ns = std::min<int64_t>(ns, std::max<int64_t>(1, (kmax + 63) / 64));
-    /* the partial states of every row stay under 1 GiB */
-    const double per_split = (double)MT * (double)Hq * (double)row_floats * 4.0;
-    while (ns > 1 && per_split * (double)ns > 1073741824.0) ns /= 2;
-    ns = std::min<int64_t>(ns, 65535);
+    sp.hc = hc;
     int64_t chunk = kmax > 0 ? (kmax + ns - 1) / ns : 32;
     chunk = (chunk + 31) / 32 * 32;
     sp.chunk = chunk;
     sp.ns = (int)std::max<int64_t>(1, kmax > 0 ? (kmax + chunk - 1) / chunk : 1);
     return sp;
+}
+
+/* the largest split count whose partial states (MT x Hq x ns x row_floats) stay under 1 GiB */
+int64_t ns_cap(int64_t MT, int64_t Hq, int64_t row_floats, int64_t ns)
+{
+    const double per_split = (double)MT * (double)Hq * (double)row_floats * 4.0;
+    while (ns > 1 && per_split * (double)ns > 1073741824.0) ns /= 2;
+    return std::min<int64_t>(ns, 65535);
+}
+
+/* decode.cu's kernels: about `target` CTAs for a step of MT rows, at least 64 keys a split */
+DecSplit make_split(int64_t kmax, int64_t ctas_per_split, int64_t target, int64_t row_floats, int64_t MT,
+                    int64_t Hq, int64_t hc)
+{
+    const int64_t per_row = ctas_per_split * std::max<int64_t>(MT, 1);
+    int64_t ns = std::max<int64_t>(1, (target + per_row - 1) / per_row);
+    ns = std::min<int64_t>(ns, std::max<int64_t>(1, (kmax + 63) / 64));
+    return split_of(kmax, ns_cap(MT, Hq, row_floats, ns), (int)hc);
+}
+
+/* decode_attn_sm80.cu's kernel: the split count of least modelled time for a step of MT rows on
+ * `slots` resident CTAs, in key units: waves x (keys a CTA + 128, a CTA's fixed cost) + 16 per
+ * split (the last CTA's merge reads every split's state). Ties go to fewer splits. */
+DecSplit make_split_mma(int64_t kmax, int64_t ctas_per_split, int64_t slots, int64_t row_floats, int64_t MT,
+                        int64_t Hq)
+{
+    const int64_t per_row = ctas_per_split * std::max<int64_t>(MT, 1);
+    const int64_t hi = ns_cap(MT, Hq, row_floats,
+                              std::min<int64_t>(DEC_SM80_MAX_SPLITS, std::max<int64_t>(1, (kmax + 31) / 32)));
+    DecSplit best = split_of(kmax, 1, 16);
+    double best_t = -1.0;
+    for (int64_t ns = 1; ns <= hi; ns++) {
+        const DecSplit sp = split_of(kmax, ns, 16);
+        if (sp.ns != ns) continue; /* rounding gave a count already tried */
+        const double waves = (double)((per_row * ns + slots - 1) / std::max<int64_t>(slots, 1));
+        const double tm = waves * (double)(sp.chunk + 128) + 16.0 * (double)ns;
+        if (best_t < 0 || tm < best_t) {
+            best_t = tm;
+            best = sp;
+        }
+    }
+    return best;
 }
 
 template <typename T> cudaError_t dalloc(size_t *acc, T **p, size_t bytes)
@@ -232,49 +280,89 @@ nsa_status run_attn(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
     DNEED(a->o_b[NSA_BRANCH_CMP], "o_b[cmp]");
     DNEED(a->lse[NSA_BRANCH_CMP], "lse[cmp]");
     DNEED(a->gate[NSA_BRANCH_CMP], "gate[cmp]");
-    const DecGeom g = dgeom(pl, d, a);
-    /* a branch on decode_attn_sm80.cu's kernel where its caches' rows allow 16-byte copies, else decode.cu's */
-    auto branch = [&](int mode, const DecAttnIn &in) -> cudaError_t {
-        if (d->mma && dec_rows16(in.k, cfg.head_dim_qk) && dec_rows16(in.v, cfg.head_dim_v)) {
-            const cudaError_t e = dec_attn_sm80(g, mode, false, d->dqkp, d->dvp, d->sp[mode], in, nullptr, 0, 0,
-                                                nullptr, 0, c->stream);
-            return e != cudaSuccess ? e : dec_merge(g, d->sp[mode], in, c->stream);
-        }
-        return dec_attn(g, mode, d->sp[mode], in, c->stream);
-    };
-    const DecAttnIn cin = attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache);
-    DLAUNCH(branch(0, cin));
-    if (cfg.num_selected > 0) {
+    const bool slc = cfg.num_selected > 0, win = cfg.window > 0;
+    if (slc) {
         DNEED(a->indices, "indices");
         DNEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
         DNEED(a->gate[NSA_BRANCH_SLC], "gate[slc]");
         DNEED(a->dec_k_cache[NSA_BRANCH_SLC], "k_cache[slc]");
         DNEED(a->dec_v_cache[NSA_BRANCH_SLC], "v_cache[slc]");
-        if (d->mma && dec_rows16(cin.k, cfg.head_dim_qk)) {
-            if (d->max_nc > 0)
-                DLAUNCH(dec_attn_sm80(g, 0, true, d->dqkp, d->dvp, d->sp[0], cin, cin.lse, cin.lst, cin.lsh, d->pbuf,
-                                      d->max_nc, c->stream));
-            DLAUNCH(dec_rank(g, d->pbuf, d->max_nc, d->rows, (int *)ptr(a->indices), a->indices.stride_token,
-                             a->indices.stride_head, c->stream));
-        } else {
-            DLAUNCH(dec_select(g, d->sp[0], din(a->q), dcache(a->dec_kc_cache), din(a->lse[NSA_BRANCH_CMP]), d->pbuf,
-                               d->max_nc, d->rows, (int *)ptr(a->indices), a->indices.stride_token,
-                               a->indices.stride_head, c->stream));
-        }
-        DLAUNCH(branch(1, attn_in(d, a, NSA_BRANCH_SLC, a->dec_k_cache[NSA_BRANCH_SLC], a->dec_v_cache[NSA_BRANCH_SLC])));
     }
-    if (cfg.window > 0) {
+    if (win) {
         DNEED(a->o_b[NSA_BRANCH_WIN], "o_b[win]");
         DNEED(a->gate[NSA_BRANCH_WIN], "gate[win]");
         DNEED(a->dec_k_cache[NSA_BRANCH_WIN], "k_cache[win]");
         DNEED(a->dec_v_cache[NSA_BRANCH_WIN], "v_cache[win]");
-        DLAUNCH(branch(2, attn_in(d, a, NSA_BRANCH_WIN, a->dec_k_cache[NSA_BRANCH_WIN], a->dec_v_cache[NSA_BRANCH_WIN])));
     }
+    const DecGeom g = dgeom(pl, d, a);
+    const DecAttnIn in[3] = {
+        attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache),
+        slc ? attn_in(d, a, NSA_BRANCH_SLC, a->dec_k_cache[NSA_BRANCH_SLC], a->dec_v_cache[NSA_BRANCH_SLC]) : DecAttnIn{},
+        win ? attn_in(d, a, NSA_BRANCH_WIN, a->dec_k_cache[NSA_BRANCH_WIN], a->dec_v_cache[NSA_BRANCH_WIN]) : DecAttnIn{}};
+    int *const idx = slc ? (int *)ptr(a->indices) : nullptr;
     DecIn gate[3], ob[3];
     for (int b = 0; b < 3; b++) {
         ob[b] = din(a->o_b[b]);
         gate[b] = din(a->gate[b]);
     }
+    /* decode_attn_sm80.cu's kernels when every branch's caches allow 16-byte row copies: each
+     * branch merges its own splits, the compressed one ranks, the last one combines */
+    bool rows16 = dec_rows16(in[0].k, cfg.head_dim_qk) && dec_rows16(in[0].v, cfg.head_dim_v);
+    for (int b = 1; b < 3; b++)
+        if ((b == 1 && slc) || (b == 2 && win))
+            rows16 = rows16 && dec_rows16(in[b].k, cfg.head_dim_qk) && dec_rows16(in[b].v, cfg.head_dim_v);
+    if (d->mma && rows16) {
+        DecTail t = {};
+        t.cnt = d->cnt;
+        t.pbuf = d->pbuf;
+        t.rows = d->rows;
+        t.max_nc = d->max_nc;
+        auto attn = [&](int mode, bool combine, bool rank) -> cudaError_t {
+            DecTail u = t;
+            u.combine = combine;
+            if (combine) {
+                for (int b = 0; b < 3; b++) {
+                    u.gate[b] = gate[b];
+                    u.ob[b] = ob[b];
+                }
+                u.o = ptr(a->o);
+                u.ost = a->o.stride_token;
+                u.osh = a->o.stride_head;
+            }
+            if (rank) {
+                u.scores = d->scores;
+                u.idx = idx;
+                u.ist = a->indices.stride_token;
+                u.ish = a->indices.stride_head;
+            }
+            return dec_attn_sm80(g, mode, false, d->dqkp, d->dvp, d->sp[mode], in[mode], u, c->stream);
+        };
+        /* the window first (it needs nothing), the compressed branch (ranking), the selected last */
+        if (win) DLAUNCH(attn(2, false, false));
+        DLAUNCH(attn(0, !slc, slc && d->scores));
+        if (slc) {
+            if (!d->scores) { /* no room for the products: a second pass over the compressed keys */
+                DecTail u = t;
+                u.lse_cmp = in[0].lse;
+                u.lst = in[0].lst;
+                u.lsh = in[0].lsh;
+                if (d->max_nc > 0)
+                    DLAUNCH(dec_attn_sm80(g, 0, true, d->dqkp, d->dvp, d->sp[0], in[0], u, c->stream));
+                DLAUNCH(dec_rank(g, d->pbuf, d->max_nc, d->rows, idx, a->indices.stride_token, a->indices.stride_head,
+                                 c->stream));
+            }
+            DLAUNCH(attn(1, true, false));
+        }
+        return NSA_SUCCESS;
+    }
+    /* decode.cu's kernels: a merge per branch, the select kernels, the combine kernel */
+    DLAUNCH(dec_attn(g, 0, d->sp[0], in[0], c->stream));
+    if (slc) {
+        DLAUNCH(dec_select(g, d->sp[0], din(a->q), dcache(a->dec_kc_cache), din(a->lse[NSA_BRANCH_CMP]), d->pbuf,
+                           d->max_nc, d->rows, idx, a->indices.stride_token, a->indices.stride_head, c->stream));
+        DLAUNCH(dec_attn(g, 1, d->sp[1], in[1], c->stream));
+    }
+    if (win) DLAUNCH(dec_attn(g, 2, d->sp[2], in[2], c->stream));
     DLAUNCH(dec_combine(g, gate, ob, ptr(a->o), a->o.stride_token, a->o.stride_head, c->stream));
     return NSA_SUCCESS;
 }
@@ -294,8 +382,18 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
                     (long long)Dqk, (long long)Dv, dec_attn_smem(Dqk, Dv));
     int dqkp = 0, dvp = 0;
     tc_dims(Dqk, Dv, &dqkp, &dvp);
-    const bool mma = dec_attn_sm80_takes((int)cfg.dtype, G, dqkp, dvp) &&
-                     (int64_t)dec_attn_sm80_smem(dqkp, dvp, false) <= c->lim.smem_block - SMEM_STATIC_MARGIN;
+    const bool mma_ok = dec_attn_sm80_takes((int)cfg.dtype, G, dqkp, dvp) &&
+                        (int64_t)dec_attn_sm80_smem(dqkp, dvp, false) <= c->lim.smem_block - SMEM_STATIC_MARGIN;
+    /* NSA_CUDA_FORCE=decode_attn:K (or ref: decode_split) */
+    const Kern forced = c->force.k[NSA_STAGE_DECODE_ATTN];
+    if ((forced == K_DECODE_SM80 || forced == K_DECODE_SM80_PROBS) && !mma_ok)
+        return FAIL(NSA_ERR_UNSUPPORTED,
+                    "cuda backend: NSA_CUDA_FORCE asks stage decode_attn to run %s, which takes f16 / bf16 with G <= 16 "
+                    "and head dims padding to 32/32, 64/64, 128/128 or 192/128 (this plan: dtype %s, G %lld, dims "
+                    "%lld / %lld)",
+                    kern_name(forced), dsize(cfg.dtype) == 2 ? "16-bit" : "not 16-bit", (long long)G, (long long)Dqk,
+                    (long long)Dv);
+    const bool mma = mma_ok && forced != K_DECODE_SPLIT;
     const int64_t hc = heads_per_cta(G, mma), nhc = (G + hc - 1) / hc;
     if (Hkv * nhc > 65535 || MT >= ((int64_t)1 << 31))
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: a decode plan of %lld KV heads x %lld head chunks or %lld "
@@ -309,24 +407,43 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     d->dvp = dvp;
     int sms = 0;
     CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device), "cudaDeviceGetAttribute");
-    const int64_t target = 2 * (int64_t)std::max(sms, 1), per = Hkv * nhc;
+    /* decode.cu's kernels: about two CTAs per SM (make_split); the tensor-core kernel: the modelled
+     * best over its resident CTAs (make_split_mma) */
+    int resident = 0;
+    if (mma) CU(dec_attn_sm80_ctas_per_sm((int)cfg.dtype, dqkp, dvp, &resident), "plan_prepare (decode occupancy)");
+    const int64_t sm = std::max(sms, 1), per = Hkv * nhc, slots = sm * std::max(resident, 1);
     d->max_nc = plan->max_nc;
     const int64_t kmax[3] = {plan->max_nc, cfg.num_selected * cfg.slc_block, std::min<int64_t>(cfg.window, lim.max_context)};
     int64_t ns_max = 1;
     for (int b = 0; b < 3; b++) {
-        d->sp[b] = make_split(kmax[b], per, target, Dv + 2, MT, Hq, hc);
+        d->sp[b] = mma ? make_split_mma(kmax[b], per, slots, Dv + 2, MT, Hq)
+                       : make_split(kmax[b], per, 2 * sm, Dv + 2, MT, Hq, hc);
         ns_max = std::max<int64_t>(ns_max, d->sp[b].ns);
     }
     const double part = (double)MT * (double)Hq * (double)ns_max * (double)(Dv + 2) * 4.0;
     const double pb = cfg.num_selected > 0 ? (double)MT * (double)Hkv * (double)plan->max_nc * 4.0 : 0.0;
     const double rw = cfg.num_selected > 0 ? (double)MT * (double)Hkv * (double)plan->max_ns * 4.0 : 0.0;
     const double chk = 16.0 + 4.0 * ((double)lim.num_pages + (double)lim.num_cmp_pages);
+    /* the tensor-core path's q.k of the compressed keys, kept for the ranking where they take at most
+     * 1 GiB (past that, a second pass over the compressed keys forms the block scores) */
+    const double sc = (double)MT * (double)Hkv * (double)plan->max_nc * (double)G * 4.0;
+    const bool keep_scores =
+        mma && cfg.num_selected > 0 && plan->max_nc > 0 && sc <= 1073741824.0 && forced != K_DECODE_SM80_PROBS;
+    if (forced == K_DECODE_SM80 && cfg.num_selected > 0 && plan->max_nc > 0 && !keep_scores)
+        return FAIL(NSA_ERR_UNSUPPORTED,
+                    "cuda backend: NSA_CUDA_FORCE asks stage decode_attn to run decode_sm80, whose kept q.k products "
+                    "would take %.3g bytes (more than 1 GiB: max_total_tokens x Hkv x compressed rows x G floats)", sc);
     if (part > 1e14 || pb > 1e14 || rw > 1e14 || chk > 1e14)
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: a decode plan's scratch would take %.3g bytes",
                     part + pb + rw + chk);
     size_t *acc = &p->bytes;
     CU(dalloc(acc, &d->rec, NSA_DR_FIELDS * sizeof(int)), "plan_prepare (decode record)");
     CU(cudaMemsetAsync(d->rec, 0, NSA_DR_FIELDS * sizeof(int), c->stream), "plan_prepare (decode record)");
+    if (mma) {
+        CU(dalloc(acc, &d->cnt, (size_t)(MT * Hkv) * sizeof(int)), "plan_prepare (decode counters)");
+        CU(cudaMemsetAsync(d->cnt, 0, (size_t)(MT * Hkv) * sizeof(int), c->stream), "plan_prepare (decode counters)");
+    }
+    if (keep_scores) CU(dalloc(acc, &d->scores, (size_t)sc), "plan_prepare (decode scores)");
     CU(cudaStreamSynchronize(c->stream), "plan_prepare (decode record)");
     d->chk_bytes = (size_t)chk;
     CU(dalloc(acc, (char **)&d->chk_mem, d->chk_bytes), "plan_prepare (decode checks)");
@@ -339,7 +456,9 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
         CU(dalloc(acc, &d->rows, (size_t)rw), "plan_prepare (decode block scores)");
     }
     p->ch.st[NSA_STAGE_DECODE_APPEND].k = K_DECODE_APPEND;
-    p->ch.st[NSA_STAGE_DECODE_ATTN].k = K_DECODE_SPLIT;
+    p->ch.st[NSA_STAGE_DECODE_ATTN].k =
+        !mma ? K_DECODE_SPLIT
+             : keep_scores || cfg.num_selected == 0 || plan->max_nc == 0 ? K_DECODE_SM80 : K_DECODE_SM80_PROBS;
     return NSA_SUCCESS;
 }
 
@@ -347,7 +466,7 @@ void decode_release(CudaPlan *p)
 {
     CudaDec *d = p->dec;
     if (!d) return;
-    void *m[] = {d->rec, d->chk_mem, d->part, d->pbuf, d->rows};
+    void *m[] = {d->rec, d->chk_mem, d->part, d->pbuf, d->rows, d->cnt, d->scores};
     for (void *x : m)
         if (x) cudaFree(x);
     free(d);
@@ -358,9 +477,9 @@ void decode_describe(const CudaPlan *p, nsa_stage stage, char *buf, size_t size)
 {
     const CudaDec *d = p->dec;
     if (stage == NSA_STAGE_DECODE_ATTN && d)
-        snprintf(buf, size, "%s[splits cmp %dx%lld, slc %dx%lld, win %dx%lld; %d heads/cta%s]", kern_name(K_DECODE_SPLIT),
-                 d->sp[0].ns, (long long)d->sp[0].chunk, d->sp[1].ns, (long long)d->sp[1].chunk, d->sp[2].ns,
-                 (long long)d->sp[2].chunk, d->sp[0].hc, d->mma ? ", mma" : "");
+        snprintf(buf, size, "%s[splits cmp %dx%lld, slc %dx%lld, win %dx%lld; %d heads/cta]",
+                 kern_name(p->ch.st[NSA_STAGE_DECODE_ATTN].k), d->sp[0].ns, (long long)d->sp[0].chunk, d->sp[1].ns,
+                 (long long)d->sp[1].chunk, d->sp[2].ns, (long long)d->sp[2].chunk, d->sp[0].hc);
     else
         describe(p->ch.st[stage], stage, buf, size);
 }

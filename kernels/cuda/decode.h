@@ -106,16 +106,42 @@ cudaError_t dec_select(const DecGeom &g, const DecSplit &sp, DecIn q, DecCache k
  * writes them) on mma.sync, one CTA per (row, KV head, split) with the
  * group's G <= 16 heads as the 16 MMA rows (sp.hc = 16), f16 / bf16, padded
  * dims dqkp / dvp of tc_dims (32/32, 64/64, 128/128, 192/128). K/V caches
- * must be loadable with 16-byte copies (dec_rows16). lse_cmp (natural log,
- * strides lst / lsh) is read when probs. The attention's partial states go
- * to a.part for the merge kernel (dec_merge). */
+ * must be loadable with 16-byte copies (dec_rows16). The attention's partial
+ * states go to a.part; the last CTA of a (row, KV head) to arrive (counted
+ * in t.cnt) merges them in split order into a.o / a.lse, so no merge kernel
+ * runs, and then, as DecTail asks:
+ *   rank (compressed branch, t.scores set): every split also stored its
+ *     q.k products, so the last CTA forms p_cmp's group sums (pbuf), the
+ *     block scores (rows) and the top-n (idx) of the row: no second pass
+ *     over the compressed keys, no select kernel;
+ *   combine (the step's last branch): o = sum_b gate_b o_b of its heads,
+ *     as dec_combine computes it (the earlier branches' o_b are complete).
+ * probs (the block scores alone, when the plan has no room for t.scores)
+ * reads t.lse_cmp and writes t.pbuf; dec_rank ranks them. */
+struct DecTail {
+    int *cnt;            /* [MT x Hkv] arrival counters, zero between steps (each last CTA resets its own) */
+    float *scores;       /* rank: f32 [MT x Hkv][max_nc][G] q.k of the compressed keys, or NULL: no ranking */
+    float *pbuf, *rows;  /* f32 [MT x Hkv][max_nc] group sums, [MT x Hkv][max_ns] block scores */
+    int64_t max_nc;
+    int *idx;            /* rank: the selected blocks, strides ist / ish */
+    int64_t ist, ish;
+    const float *lse_cmp; /* probs: the compressed branch's LSE (natural log) */
+    int64_t lst, lsh;
+    bool combine;
+    DecIn gate[3], ob[3]; /* combine: f32 gates and branch outputs (ob[b].p NULL: branch b absent) */
+    void *o;              /* combine: the step's output (cfg dtype) */
+    int64_t ost, osh;
+};
 bool dec_attn_sm80_takes(int dtype, int64_t G, int dqkp, int dvp);
 /* sets the kernels' shared-memory opt-in for a plan's dtype and dims (plan time: a step may be captured) */
 cudaError_t dec_attn_sm80_prepare(int dtype, int dqkp, int dvp);
 size_t dec_attn_sm80_smem(int dqkp, int dvp, bool probs);
+/* CTAs of the attention kernel resident per SM (after dec_attn_sm80_prepare) */
+cudaError_t dec_attn_sm80_ctas_per_sm(int dtype, int dqkp, int dvp, int *ctas);
+/* the largest split count the attention's merge takes (its split factors live in shared memory) */
+constexpr int DEC_SM80_MAX_SPLITS = 256;
 cudaError_t dec_attn_sm80(const DecGeom &g, int mode, bool probs, int dqkp, int dvp, const DecSplit &sp,
-                          const DecAttnIn &a, const float *lse_cmp, int64_t lst, int64_t lsh, float *pbuf,
-                          int64_t max_nc, cudaStream_t s);
+                          const DecAttnIn &a, const DecTail &t, cudaStream_t s);
 /* decode.cu's merge of a branch's splits into o_b and its LSE */
 cudaError_t dec_merge(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s);
 /* may a cache's rows be copied 16 bytes at a time (16-bit dtype)? */

@@ -12,16 +12,20 @@
  * z splits; DecSplit with hc = 16), 4 warps. The Q rows (the group's heads,
  * zero past G) go to registers. Warp w takes the split's 16-key chunks w,
  * w + 4, ...: lanes 0-15 resolve a chunk's pool rows through the page tables
- * (Keys<MODE>::row, -1 for keys a row may not see), cp.async copies their K
- * (and V) rows into the warp's own double buffer, synchronised with
- * __syncwarp only. Then
+ * (Keys<MODE>::row, -1 for keys a row may not see) two chunks ahead of its
+ * use, so the table reads overlap the copies in flight; cp.async copies the
+ * chunk's K (and V) rows into the warp's own double buffer, synchronised
+ * with __syncwarp only. Then
  *   attention: S = Q K^T, one online softmax per row (warp_softmax_step, log2
  *     domain) and O += P V; the 4 warps' states merge in shared memory in warp
  *     order into the split's partial state (unnormalised o, max in natural
- *     units, sum), the layout decode.cu's merge kernel reads;
+ *     units, sum); with ranking, S itself is stored too (DecTail::scores);
  *   block scores (PROBS, compressed keys): p = exp(scale q.k - lse_cmp) per
  *     (head, key), summed over the group's heads in a fixed lane order into
  *     pbuf (decode.cu's select kernel maps and ranks them).
+ * The tail (attention): each CTA counts itself in (after a fence); the last
+ * of its (row, KV head) merges the splits in split order (dec_tail_merge),
+ * then ranks (dec_tail_rank) or combines (dec_tail_combine) as DecTail asks.
  * Every sum runs in a fixed order: bitwise reproducible.
  */
 #include <math.h>
@@ -29,12 +33,60 @@
 #include "decode.h"
 #include "decode_dev.cuh"
 #include "tile_qk.cuh"
+#include "topn.cuh"
 
 namespace nsa_cuda {
 
 namespace {
 
 constexpr int DM_WARPS = 4, DM_CK = 16, DM_NB = 2; /* warps, keys per chunk, chunk buffers per warp */
+
+/* dynamic shared memory of a kernel: Q, the warps' chunk buffers (or, after
+ * them, the warps' states), and the tail's (dec_tail) arrays, which reuse it all */
+constexpr size_t dm_smem(int dqkp, int dvp, bool probs)
+{
+    const size_t q = 2 * (size_t)16 * (dqkp + 8);
+    const size_t bufs = 2 * (size_t)DM_WARPS * DM_NB * DM_CK * ((dqkp + 8) + (probs ? 0 : dvp + 8));
+    const size_t states = probs ? 0 : (size_t)DM_WARPS * 16 * (dvp + 2) * 4;
+    const size_t tail = probs ? 0 : (size_t)16 * DEC_SM80_MAX_SPLITS * 4 + 32 * 4 + TOPN_CAND * 8;
+    const size_t body = q + (bufs > states ? bufs : states);
+    return body > tail ? body : tail;
+}
+
+/* A chunk's DM_CK rows of C 16-byte pieces (pool rows in lanes 0..DM_CK-1 of
+ * `row`, -1: zero-filled) into dst (row stride S elements). Where a row's
+ * pieces divide the warp, each copy takes 32 / C whole rows (contiguous
+ * bytes, as coalesced as one piece per lane over the chunk) and a lane's
+ * piece is fixed: one shuffle and one address per copy, no division (the
+ * per-piece index arithmetic bounded the kernel: ncu showed it issue-bound
+ * at 3 warps per scheduler). Rejected: two lanes per key, 32 bytes of a
+ * row per lane pair and copy (fewer instructions still, but 16 rows touched
+ * per copy: the compressed branch at batch 64 went from 281 to 335 us). */
+template <int C, typename T>
+NSA_DEV void dm_copy_rows(T *dst, int S, const T *base, int64_t st, int64_t D, int64_t row, int lane)
+{
+    if constexpr (32 % C == 0) {
+        constexpr int RPI = 32 / C;
+        static_assert(DM_CK % RPI == 0, "whole copies per chunk");
+        const int pc = lane % C, r0 = lane / C;
+#pragma unroll
+        for (int it = 0; it < DM_CK / RPI; it++) {
+            const int kr = it * RPI + r0;
+            const int64_t pr = __shfl_sync(0xffffffffu, row, kr);
+            const bool ok = pr >= 0 && pc * 8 < D;
+            cp_async16(dst + kr * S + pc * 8, ok ? (const void *)(base + pr * st + pc * 8) : (const void *)base, ok);
+        }
+    } else { /* 192 dims: 24 pieces a row */
+        static_assert(DM_CK * C % 32 == 0, "every lane takes part in every shuffle");
+#pragma unroll 4
+        for (int x = lane; x < DM_CK * C; x += 32) {
+            const int kr = x / C, ch = x - kr * C;
+            const int64_t pr = __shfl_sync(0xffffffffu, row, kr);
+            const bool ok = pr >= 0 && ch * 8 < D;
+            cp_async16(dst + kr * S + ch * 8, ok ? (const void *)(base + pr * st + ch * 8) : (const void *)base, ok);
+        }
+    }
+}
 
 template <int DQK, int DV, bool PROBS> constexpr size_t dm_warp_elems()
 {
@@ -46,10 +98,13 @@ NSA_DEV void dm_merge_warps(const DecGeom &g, const DecSplit &sp, const DecAttnI
                             const float (&oacc)[DV / 8][4], const float (&m)[2], float (&ls)[2], int64_t r, int64_t h0,
                             int nh, int s, int warp, int lane);
 
+template <typename T, int DV, size_t SMEM>
+NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, const DecTail &t, void *smem, int64_t r,
+                      int64_t gi, int nh);
+
 template <typename T, int DQK, int DV, int MODE, bool PROBS>
-__global__ void __launch_bounds__(DM_WARPS * 32)
-    dec_attn_sm80_kernel(const DecGeom g, const DecSplit sp, const DecAttnIn a, const float *lse_cmp, int64_t lst,
-                         int64_t lsh, float *pbuf, int64_t max_nc)
+__global__ void __launch_bounds__(DM_WARPS * 32, 3) /* 3 CTAs per SM at D 128: as many as shared memory holds */
+    dec_attn_sm80_kernel(const DecGeom g, const DecSplit sp, const DecAttnIn a, const DecTail t)
 {
     constexpr int SQ = DQK + 8, SV = DV + 8;
     using LK = PadTile<SQ, 0>;
@@ -65,12 +120,19 @@ __global__ void __launch_bounds__(DM_WARPS * 32)
     const Keys<MODE> ks = dec_keys<MODE>(g, a, r, gi);
     const int64_t nk = ks.count(g), k_lo = (int64_t)s * sp.chunk, k_hi = nsa_min64(k_lo + sp.chunk, nk);
 
-    /* the group's Q rows */
+    /* the group's Q rows (16-byte loads where the rows allow them) */
+    const bool q16 = (uintptr_t)a.q.p % 16 == 0 && a.q.st % 8 == 0 && a.q.sh % 8 == 0 && g.Dqk % 8 == 0;
     for (int c = threadIdx.x; c < 16 * (DQK / 8); c += DM_WARPS * 32) {
         const int i = c / (DQK / 8), e0 = (c % (DQK / 8)) * 8;
         const T *qr = (const T *)a.q.p + r * a.q.st + (h0 + i) * a.q.sh;
+        if (q16) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (i < nh && e0 < g.Dqk) v = *(const uint4 *)(qr + e0);
+            *(uint4 *)(sQ + i * SQ + e0) = v;
+        } else {
 #pragma unroll
-        for (int x = 0; x < 8; x++) sQ[i * SQ + e0 + x] = i < nh && e0 + x < g.Dqk ? qr[e0 + x] : T(0.f);
+            for (int x = 0; x < 8; x++) sQ[i * SQ + e0 + x] = i < nh && e0 + x < g.Dqk ? qr[e0 + x] : T(0.f);
+        }
     }
     __syncthreads();
     uint32_t qf[DQK / 16][4];
@@ -85,7 +147,7 @@ __global__ void __launch_bounds__(DM_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int hr = (lane >> 2) + 8 * i;
-            if (hr < nh) lse2[i] = lse_cmp[r * lst + (h0 + hr) * lsh] * NSA_LOG2E;
+            if (hr < nh) lse2[i] = t.lse_cmp[r * t.lst + (h0 + hr) * t.lsh] * NSA_LOG2E;
         }
     }
     const T *K = (const T *)a.k.p + gi * a.k.sh, *V = (const T *)a.v.p + gi * a.v.sh;
@@ -93,34 +155,26 @@ __global__ void __launch_bounds__(DM_WARPS * 32)
     auto chunk_key = [&](int i) { return k_lo + (int64_t)(warp + DM_WARPS * i) * DM_CK; };
     const int nchunks = k_hi > k_lo ? (int)((k_hi - k_lo + DM_CK - 1) / DM_CK) : 0;
     const int mine = nchunks > warp ? (nchunks - warp + DM_WARPS - 1) / DM_WARPS : 0;
-    auto load = [&](int i, int buf) {
-        const int64_t c0 = chunk_key(i);
-        const int64_t key = c0 + lane, row = lane < DM_CK && key < k_hi ? ks.row(g, key) : -1;
-        T *const dk = wbuf + (size_t)buf * DM_CK * (SQ + (PROBS ? 0 : SV));
-        T *const dv = dk + DM_CK * SQ;
-        constexpr int CK = DQK / 8, CV = DV / 8;
-#pragma unroll 2
-        for (int x = lane; x < DM_CK * (CK + (PROBS ? 0 : CV)); x += 32) {
-            const bool isk = x < DM_CK * CK;
-            const int y = isk ? x : x - DM_CK * CK, cpr = isk ? CK : CV, kr = y / cpr, ch = y - kr * cpr;
-            const int64_t pr = __shfl_sync(0xffffffffu, row, kr);
-            const bool ok = pr >= 0 && ch * 8 < (isk ? g.Dqk : g.Dv);
-            if (isk)
-                cp_async16(dk + LK::off(kr, ch * 8), ok ? (const void *)(K + pr * a.k.st + ch * 8) : (const void *)K,
-                           ok);
-            else
-                cp_async16(dv + LV::off(kr, ch * 8), ok ? (const void *)(V + pr * a.v.st + ch * 8) : (const void *)V,
-                           ok);
-        }
-        return row;
+    /* the pool rows of chunk i's keys (lanes 0-15; -1: none or not visible) */
+    auto resolve = [&](int i) -> int64_t {
+        const int64_t key = chunk_key(i) + lane;
+        return i < mine && lane < DM_CK && key < k_hi ? ks.row(g, key) : -1;
     };
+    auto load = [&](int buf, int64_t row) {
+        T *const dk = wbuf + (size_t)buf * DM_CK * (SQ + (PROBS ? 0 : SV));
+        dm_copy_rows<DQK / 8>(dk, SQ, K, a.k.st, g.Dqk, row, lane);
+        if constexpr (!PROBS) dm_copy_rows<DV / 8>(dk + DM_CK * SQ, SV, V, a.v.st, g.Dv, row, lane);
+    };
+    /* with ranking, this row's q.k products of the compressed keys ([key][G]) */
+    float *const sstore = MODE == 0 && !PROBS && t.scores ? t.scores + (r * g.Hkv + gi) * t.max_nc * g.G : nullptr;
     /* the shuffles above need every lane: the loop bound is per warp (uniform) */
-    int64_t rows_cur = -1, rows_next = -1;
-    if (mine > 0) rows_cur = load(0, 0);
+    int64_t rows_cur = resolve(0), rows_next = resolve(1);
+    if (mine > 0) load(0, rows_cur);
     cp_async_commit();
     for (int i = 0; i < mine; i++) {
-        if (i + 1 < mine) rows_next = load(i + 1, (i + 1) & 1);
+        if (i + 1 < mine) load((i + 1) & 1, rows_next);
         cp_async_commit();
+        const int64_t rows_after = resolve(i + 2); /* its table reads overlap the copies in flight */
         cp_async_wait<1>();
         __syncwarp();
         const int buf = i & 1;
@@ -155,7 +209,7 @@ __global__ void __launch_bounds__(DM_WARPS * 32)
 #pragma unroll
                     for (int x = 0; x < 2; x++) cs[j][x] += __shfl_xor_sync(0xffffffffu, cs[j][x], o2);
             if (lane < 4) {
-                float *prow = pbuf + (r * g.Hkv + gi) * max_nc;
+                float *prow = t.pbuf + (r * g.Hkv + gi) * t.max_nc;
                 const int64_t c0 = chunk_key(i);
 #pragma unroll
                 for (int j = 0; j < DM_CK / 8; j++)
@@ -166,6 +220,17 @@ __global__ void __launch_bounds__(DM_WARPS * 32)
                     }
             }
         } else {
+            if (sstore) {
+                const int64_t c0 = chunk_key(i);
+#pragma unroll
+                for (int j = 0; j < DM_CK / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int hr = (lane >> 2) + 8 * (e >> 1);
+                        const int64_t key = c0 + j * 8 + 2 * (lane & 3) + (e & 1);
+                        if (hr < nh && key < k_hi) sstore[key * g.G + hr] = sc[j][e];
+                    }
+            }
             float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int j = 0; j < DM_CK / 8; j++)
@@ -180,9 +245,26 @@ __global__ void __launch_bounds__(DM_WARPS * 32)
         }
         __syncwarp(); /* this buffer is refilled next */
         rows_cur = rows_next;
+        rows_next = rows_after;
     }
     cp_async_wait<0>();
-    if constexpr (!PROBS) dm_merge_warps<DV>(g, sp, a, sQ + 16 * SQ, oacc, m, ls, r, h0, nh, s, warp, lane);
+    if constexpr (!PROBS) {
+        dm_merge_warps<DV>(g, sp, a, sQ + 16 * SQ, oacc, m, ls, r, h0, nh, s, warp, lane);
+        /* the last CTA of (r, gi) to arrive merges the splits: every CTA's partial state
+         * (and scores) are fenced before it counts itself in */
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int *const c = t.cnt + r * g.Hkv + gi;
+            last = sp.ns == 1 || atomicAdd(c, 1) == sp.ns - 1;
+            if (last && sp.ns > 1) *c = 0; /* every other split has counted: ready for the next step */
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        dec_tail<T, DV, dm_smem(DQK, DV, false)>(g, sp, a, t, smem_dyn, r, gi, nh);
+    }
 }
 
 /* the 4 warps' states (rows lane / 4 + 8 i), merged in warp order through shared
@@ -240,9 +322,131 @@ NSA_DEV void dm_merge_warps(const DecGeom &g, const DecSplit &sp, const DecAttnI
     }
 }
 
+/* The last CTA of (row r, KV head gi): its heads' split states merged in
+ * split order into o_b and the LSE, then the ranking or the combine. Every
+ * phase keeps many independent loads in flight (one CTA does all of it).
+ * Shared memory (SMEM bytes, the kernel's): f [16][ns] split factors, L and
+ * lse2 per head, the ranking's candidate scratch, then p and the row of
+ * block scores where they fit (else the plan's pbuf / rows). */
+template <typename T, int DV, size_t SMEM>
+NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, const DecTail &t, void *smem, int64_t r,
+                      int64_t gi, int nh)
+{
+    constexpr int NT = DM_WARPS * 32, PER = 16 * DV / NT; /* outputs per thread at nh = 16 */
+    const int ns = sp.ns, tid = threadIdx.x;
+    const int64_t h0 = gi * g.G, W = g.Dv + 2;
+    float *const sf = (float *)smem;      /* [16][ns] */
+    float *const sL = sf + 16 * ns;       /* [16] */
+    float *const slse2 = sL + 16;         /* [16] the LSE in the log2 domain */
+    uint64_t *const cand = (uint64_t *)(slse2 + 16); /* 8-byte aligned: 64 ns + 128 bytes in */
+    float *const sfree = (float *)(cand + TOPN_CAND);
+    const int64_t nfree = ((int64_t)SMEM - (int64_t)((char *)sfree - (char *)smem)) / 4;
+    const float *const part = a.part + (r * g.Hq + h0) * ns * W; /* [heads][ns][Dv + 2] */
+    /* 8 threads per head (lanes of one warp): the max, the factors, the sum over splits s = u (mod 8) */
+    {
+        const int hr = tid >> 3, u = tid & 7;
+        float M = -INFINITY;
+        if (hr < nh)
+            for (int x = u; x < ns; x += 8) M = fmaxf(M, __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float L = 0.f;
+        if (hr < nh)
+            for (int x = u; x < ns; x += 8) {
+                const float mx = __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv);
+                const float f = mx == -INFINITY ? 0.f : expf(mx - M);
+                sf[hr * ns + x] = f;
+                L += f * __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv + 1);
+            }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (hr < nh && u == 0) {
+            sL[hr] = L;
+            const float lse = L != 0.f ? M + logf(L) : -INFINITY;
+            slse2[hr] = lse * NSA_LOG2E;
+            if (a.lse) a.lse[r * a.lst + (h0 + hr) * a.lsh] = lse;
+        }
+    }
+    __syncthreads();
+    /* o_b: output x = tid + NT k of the [16][DV] tile; splits outer, so PER loads are in flight at once */
+    float acc[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) acc[k] = 0.f;
+#pragma unroll 2
+    for (int y = 0; y < ns; y++)
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const int x = tid + NT * k, hr = x / DV, e = x % DV;
+            if (hr < nh && e < g.Dv) acc[k] += __ldcg(part + ((int64_t)hr * ns + y) * W + e) * sf[hr * ns + y];
+        }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int x = tid + NT * k, hr = x / DV, e = x % DV;
+        if (hr >= nh || e >= g.Dv) continue;
+        const float L = sL[hr], ov = L != 0.f ? acc[k] * (1.0f / L) : 0.f;
+        const int64_t h = h0 + hr;
+        a.o[r * a.ost + h * a.osh + e] = ov;
+        if (t.combine) { /* o = sum_b gate_b o_b, as decode.cu's combine kernel sums it (this thread wrote o_b[e]) */
+            float sum = 0.f;
+#pragma unroll
+            for (int b = 0; b < 3; b++)
+                if (t.ob[b].p)
+                    sum += ((const float *)t.gate[b].p)[r * t.gate[b].st + h * t.gate[b].sh] *
+                           ((const float *)t.ob[b].p)[r * t.ob[b].st + h * t.ob[b].sh + e];
+            ((T *)t.o)[r * t.ost + h * t.osh + e] = from_f<T>(sum);
+        }
+    }
+    if (!t.scores) return;
+    /* ranking: p(i) = sum over the group's heads of exp(scale q.k_i - lse), the block
+     * scores of the eligible selection blocks (select_kernel's sums), then the top-n */
+    const int64_t b = dec_row_seq(g, r), tt = g.tk0[b] + r - g.cu[b], nc = nsa_cmp_visible(tt, g.l, g.d);
+    const int64_t cur = nsa_slc_last(tt, g.ls);
+    const float sl = g.scale * NSA_LOG2E;
+    const float *const sc = t.scores + (r * g.Hkv + gi) * t.max_nc * g.G;
+    const bool in_smem = nc + cur + 1 <= nfree;
+    float *const p = in_smem ? sfree : t.pbuf + (r * g.Hkv + gi) * t.max_nc;
+    float *const row = in_smem ? sfree + nc : t.rows + (r * g.Hkv + gi) * g.max_ns;
+    const bool v4 = g.G % 4 == 0; /* a key's G products as float4 (the buffer and its rows are 16-byte aligned) */
+#pragma unroll 4
+    for (int64_t i = tid; i < nc; i += NT) {
+        const float *si = sc + i * g.G;
+        float acc2 = 0.f;
+        if (v4) {
+            for (int hh = 0; hh < nh; hh += 4) {
+                const float4 v = __ldcg((const float4 *)(si + hh));
+                const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int z = 0; z < 4; z++)
+                    if (slse2[hh + z] != -INFINITY) acc2 += exp2f(fmaf(vv[z], sl, -slse2[hh + z]));
+            }
+        } else {
+            for (int hh = 0; hh < nh; hh++)
+                if (slse2[hh] != -INFINITY) acc2 += exp2f(fmaf(__ldcg(si + hh), sl, -slse2[hh]));
+        }
+        p[i] = acc2;
+    }
+    __syncthreads();
+    for (int64_t j = tid; j <= cur; j += NT) {
+        const int64_t i0 = nsa_cmp_first_overlapping(j, g.l, g.d, g.ls);
+        const int64_t i1 = nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), nc - 1);
+        float s2 = 0.f;
+        for (int64_t i = i0; i <= i1; i++) s2 += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * p[i];
+        row[j] = s2;
+    }
+    __syncthreads();
+    if (tid < 32) {
+        Geom gg = {};
+        gg.ls = g.ls;
+        gg.n = g.n;
+        gg.n_init = g.n_init;
+        gg.n_local = g.n_local;
+        warp_select_row(gg, row, tt, t.idx + r * t.ist + gi * t.ish, tid, cand);
+    }
+}
+
 template <typename T, int DQK, int DV, bool PROBS>
-static cudaError_t launch_dm(const DecGeom &g, int mode, const DecSplit &sp, const DecAttnIn &a, const float *lse,
-                             int64_t lst, int64_t lsh, float *pbuf, int64_t max_nc, cudaStream_t s, bool prep)
+static cudaError_t launch_dm(const DecGeom &g, int mode, const DecSplit &sp, const DecAttnIn &a, const DecTail &t,
+                             cudaStream_t s, bool prep)
 {
     const size_t smem = dec_attn_sm80_smem(DQK, DV, PROBS);
     const dim3 grid((unsigned)g.MT, (unsigned)g.Hkv, (unsigned)sp.ns);
@@ -250,7 +454,7 @@ static cudaError_t launch_dm(const DecGeom &g, int mode, const DecSplit &sp, con
     /* prep: set the kernel's shared-memory opt-in (once per plan, outside any capture), launch nothing */
     auto run = [&](auto kern) {
         if (prep) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        else kern<<<grid, DM_WARPS * 32, smem, s>>>(g, sp, a, lse, lst, lsh, pbuf, max_nc);
+        else kern<<<grid, DM_WARPS * 32, smem, s>>>(g, sp, a, t);
     };
     if (PROBS)
         run(dec_attn_sm80_kernel<T, DQK, DV, 0, true>);
@@ -265,22 +469,15 @@ static cudaError_t launch_dm(const DecGeom &g, int mode, const DecSplit &sp, con
 
 template <typename T, int DQK, int DV>
 static cudaError_t launch_dm_dims(const DecGeom &g, int mode, bool probs, const DecSplit &sp, const DecAttnIn &a,
-                                  const float *lse, int64_t lst, int64_t lsh, float *pbuf, int64_t max_nc,
-                                  cudaStream_t s, bool prep)
+                                  const DecTail &t, cudaStream_t s, bool prep)
 {
-    return probs ? launch_dm<T, DQK, DV, true>(g, mode, sp, a, lse, lst, lsh, pbuf, max_nc, s, prep)
-                 : launch_dm<T, DQK, DV, false>(g, mode, sp, a, lse, lst, lsh, pbuf, max_nc, s, prep);
+    return probs ? launch_dm<T, DQK, DV, true>(g, mode, sp, a, t, s, prep)
+                 : launch_dm<T, DQK, DV, false>(g, mode, sp, a, t, s, prep);
 }
 
 } // namespace
 
-size_t dec_attn_sm80_smem(int dqkp, int dvp, bool probs)
-{
-    const size_t q = 2 * (size_t)16 * (dqkp + 8);
-    const size_t bufs = 2 * (size_t)DM_WARPS * DM_NB * DM_CK * ((dqkp + 8) + (probs ? 0 : dvp + 8));
-    const size_t states = probs ? 0 : (size_t)DM_WARPS * 16 * (dvp + 2) * 4;
-    return q + (bufs > states ? bufs : states);
-}
+size_t dec_attn_sm80_smem(int dqkp, int dvp, bool probs) { return dm_smem(dqkp, dvp, probs); }
 
 bool dec_attn_sm80_takes(int dtype, int64_t G, int dqkp, int dvp)
 {
@@ -294,28 +491,46 @@ cudaError_t dec_attn_sm80_prepare(int dtype, int dqkp, int dvp)
     g.dtype = dtype;
     const DecSplit sp = {1, 16, 16};
     const DecAttnIn a = {};
+    const DecTail t = {};
     Geom gg = {};
     gg.dtype = dtype;
     for (int mode = 0; mode < 4; mode++) { /* mode 3: the block scores */
         const cudaError_t e = [&]() -> cudaError_t {
-            NSA_SLC_DISPATCH(launch_dm_dims, gg, dqkp, dvp, g, mode == 3 ? 0 : mode, mode == 3, sp, a, nullptr, 0, 0,
-                             nullptr, 0, (cudaStream_t) nullptr, true);
+            NSA_SLC_DISPATCH(launch_dm_dims, gg, dqkp, dvp, g, mode == 3 ? 0 : mode, mode == 3, sp, a, t,
+                             (cudaStream_t) nullptr, true);
         }();
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
 }
 
+template <typename T, int DQK, int DV>
+static cudaError_t occupancy_dims(const DecGeom &, int *ctas)
+{
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, dec_attn_sm80_kernel<T, DQK, DV, 0, false>,
+                                                         DM_WARPS * 32, dm_smem(DQK, DV, false));
+}
+
+cudaError_t dec_attn_sm80_ctas_per_sm(int dtype, int dqkp, int dvp, int *ctas)
+{
+    *ctas = 0;
+    if (!dec_attn_sm80_takes(dtype, 1, dqkp, dvp)) return cudaErrorInvalidValue;
+    Geom gg = {};
+    gg.dtype = dtype;
+    const DecGeom g = {};
+    NSA_SLC_DISPATCH(occupancy_dims, gg, dqkp, dvp, g, ctas);
+}
+
 cudaError_t dec_attn_sm80(const DecGeom &g, int mode, bool probs, int dqkp, int dvp, const DecSplit &sp,
-                          const DecAttnIn &a, const float *lse_cmp, int64_t lst, int64_t lsh, float *pbuf,
-                          int64_t max_nc, cudaStream_t s)
+                          const DecAttnIn &a, const DecTail &t, cudaStream_t s)
 {
     if (g.MT == 0) return cudaSuccess; /* s may be the legacy default stream (0): a caller's choice */
-    if (!dec_attn_sm80_takes(g.dtype, g.G, dqkp, dvp) || sp.hc != 16 || (probs && mode != 0))
+    if (!dec_attn_sm80_takes(g.dtype, g.G, dqkp, dvp) || sp.hc != 16 || (probs && mode != 0) ||
+        (!probs && (!t.cnt || sp.ns > DEC_SM80_MAX_SPLITS)) || (t.scores && mode != 0))
         return cudaErrorInvalidValue;
     Geom gg = {};
     gg.dtype = g.dtype;
-    NSA_SLC_DISPATCH(launch_dm_dims, gg, dqkp, dvp, g, mode, probs, sp, a, lse_cmp, lst, lsh, pbuf, max_nc, s, false);
+    NSA_SLC_DISPATCH(launch_dm_dims, gg, dqkp, dvp, g, mode, probs, sp, a, t, s, false);
 }
 
 } // namespace nsa_cuda
