@@ -42,7 +42,8 @@
 #            .bench/sdpa_baseline.py's cuDNN forward (issue 14's table)
 #   decbench nsa bench --decode at Hq 64 / Hkv 4 (DEC_DQK "128 192", DEC_B 1,64, DEC_C 8192..131072, DEC_TQ 1,4)
 #            beside .bench/sdpa_baseline.py --decode (issue 15's table)
-#   decncu   ncu over one decode step (batch DECNCU_B, 64k, D 128): per kernel time, DRAM and L2 bytes, warps active
+#   decncu   ncu over one decode step (batch DECNCU_B, 64k, D 128): per kernel time, DRAM and L2 bytes, warps active;
+#            DECNCU_DETAIL=1 adds the attention launches' speed of light, warp stalls and occupancy at batch 64
 #   oclbench NVIDIA's OpenCL: nsa bench at OCL_T (8192) with v3 and v2 attention and their stage profiles (OPENCL=1)
 #   ncu      stall reasons and source counters of NCU_SPEC kernels (not in the default)
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
@@ -365,6 +366,15 @@ if has decncu; then # issue 15: the decode step's kernels under ncu, one step of
          END {for (k in t) printf "  %-28s %3d %9.1f %9.1f %9.1f %6.1f\n", substr(k,1,28), c[k], t[k], d[k], l[k], w[k]/c[k]}' \
       "$OUT/decncu_b$b.log" | sort -k3 -nr | tee -a "$SUM"
   done
+  if [ "${DECNCU_DETAIL:-0}" = 1 ]; then # the attention launches at batch 64: speed of light, stalls, occupancy
+    timeout 300 ncu --clock-control none -k regex:dec_attn_sm80 --section SpeedOfLight --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      $NSA bench --backend cuda --decode --batch 64 --context 65536 --tq 1 --hq 64 --hkv 4 --dqk 128 --dv 128 \
+      --iters 1 --warmup 0 --no-dense > "$OUT/decncu_detail.log" 2>&1
+    note "[$(el)] decncu detail (DECNCU_DETAIL=1) rc=$?: $OUT/decncu_detail.log"
+    grep -E "dec_attn_sm80_kernel<|Duration|DRAM Throughput|Warp Cycles Per Issued|Achieved Occupancy" \
+      "$OUT/decncu_detail.log" | sed 's/(DecGeom.*//' | cut -c1-120 | tee -a "$SUM"
+  fi
 fi
 if has oclbench; then # issue 18: NVIDIA's OpenCL at the paper shape, v3 and v2 attention, per-stage profile (OPENCL=1 build)
   for ver in v3 v2; do
