@@ -23,9 +23,9 @@
  *   block scores (PROBS, compressed keys): p = exp(scale q.k - lse_cmp) per
  *     (head, key), summed over the group's heads in a fixed lane order into
  *     pbuf (decode.cu's select kernel maps and ranks them).
- * The tail (attention): each CTA counts itself in (after a fence); the last
- * of its (row, KV head) merges the splits in split order (dec_tail_merge),
- * then ranks (dec_tail_rank) or combines (dec_tail_combine) as DecTail asks.
+ * The tail (attention, dec_tail): each CTA counts itself in (after a fence);
+ * the last of its (row, KV head) merges the splits in split order, then ranks
+ * the blocks or combines the branches as DecTail asks.
  * Every sum runs in a fixed order: bitwise reproducible.
  */
 #include <math.h>
