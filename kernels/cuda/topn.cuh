@@ -41,8 +41,9 @@ NSA_DEV uint64_t warp_max_u64(uint64_t v)
 /* Scratch a warp lends warp_select_row (shared memory, 8-byte aligned). */
 constexpr int TOPN_CAND = 64;
 
-/* The n-th largest of the keys kc[0..32) of the warp's 32 lanes (0 = no key;
- * more than n real keys, unique; n <= 32), by filtering (v6):
+/* The n-th largest of the warp's keys (0 = no key; more than n real keys,
+ * unique; n <= 32), the lane's u-th key being kat(u), u < NU (NU = 0: u < nu,
+ * read as often as needed: keys in shared memory), by filtering (v6):
  *   theta = the n-th largest lane maximum; n distinct keys are >= theta, so
  *   the n largest keys all are. The candidates (keys >= theta: about 21 of
  *   up to 1024 on random scores) go to the scratch list, and the one with
@@ -50,11 +51,16 @@ constexpr int TOPN_CAND = 64;
  * Returns false (answer unset) when more than TOPN_CAND keys pass the filter;
  * the caller then takes the n rounds. Same answer as the n rounds of "largest
  * key below the previous one", at about a seventh of their instructions. */
-NSA_DEV bool warp_nth_key(const uint64_t (&kc)[32], int n, uint64_t *cand, int lane, uint64_t &nth)
+template <int NU, typename KeyAt>
+NSA_DEV bool warp_nth_key(KeyAt kat, int nu, int n, uint64_t *cand, int lane, uint64_t &nth)
 {
+    const int cu = NU > 0 ? NU : nu;
     uint64_t mx = 0;
 #pragma unroll
-    for (int u = 0; u < 32; u++) mx = kc[u] > mx ? kc[u] : mx;
+    for (int u = 0; u < cu; u++) {
+        const uint64_t k = kat(u);
+        mx = k > mx ? k : mx;
+    }
     int rk = 0; /* lanes whose maximum is above mine (maxima are unique or 0) */
     for (int o = 0; o < 32; o++) rk += __shfl_sync(0xffffffffu, mx, o) > mx;
     const unsigned who = __ballot_sync(0xffffffffu, rk == n - 1 && mx != 0);
@@ -62,7 +68,7 @@ NSA_DEV bool warp_nth_key(const uint64_t (&kc)[32], int n, uint64_t *cand, int l
     const uint64_t theta = __shfl_sync(0xffffffffu, mx, __ffs(who) - 1);
     int cnt = 0;
 #pragma unroll
-    for (int u = 0; u < 32; u++) cnt += kc[u] >= theta;
+    for (int u = 0; u < cu; u++) cnt += kat(u) >= theta;
     int off = cnt; /* inclusive prefix over the lanes, then exclusive */
     for (int o = 1; o < 32; o <<= 1) {
         const int v = __shfl_up_sync(0xffffffffu, off, o);
@@ -72,8 +78,10 @@ NSA_DEV bool warp_nth_key(const uint64_t (&kc)[32], int n, uint64_t *cand, int l
     if (total > TOPN_CAND) return false;
     off -= cnt;
 #pragma unroll
-    for (int u = 0; u < 32; u++)
-        if (kc[u] >= theta) cand[off++] = kc[u];
+    for (int u = 0; u < cu; u++) {
+        const uint64_t k = kat(u);
+        if (k >= theta) cand[off++] = k;
+    }
     __syncwarp();
     uint64_t found = 0;
     for (int c = lane; c < total; c += 32) {
@@ -116,7 +124,7 @@ NSA_DEV void warp_select_row(const Geom &g, const float *row, int64_t tl, int *d
             const int64_t j = (int64_t)u * 32 + lane;
             kc[u] = j < E ? key(j) : 0;
         }
-        if (g.n > 32 || ROUNDS || !warp_nth_key(kc, (int)g.n, cand, lane, prev)) {
+        if (g.n > 32 || ROUNDS || !warp_nth_key<32>([&](int u) { return kc[u]; }, 32, (int)g.n, cand, lane, prev)) {
             const int nu = (int)((E + 31) / 32);
             for (int64_t r = 0; r < g.n; r++) {
                 uint64_t best = 0;
@@ -126,7 +134,11 @@ NSA_DEV void warp_select_row(const Geom &g, const float *row, int64_t tl, int *d
                 prev = warp_max_u64(best);
             }
         }
-    } else {
+    } else if (g.n > 32 || ROUNDS ||
+               !warp_nth_key<0>([&](int u) { return (int64_t)u * 32 + lane < E ? key((int64_t)u * 32 + lane) : 0ull; },
+                                (int)((E + 31) / 32), (int)g.n, cand, lane, prev)) {
+        /* past 1024 blocks the filter reads the keys from the row (before, the n rounds alone
+         * made n passes over it: a decode step at 65537 tokens ranked 1025 blocks that way) */
         for (int64_t r = 0; r < g.n; r++) {
             uint64_t best = 0;
             for (int64_t j = lane; j < E; j += 32) {
