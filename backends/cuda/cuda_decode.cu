@@ -13,7 +13,7 @@
  *     count of the three branches);
  *   with a selected branch: the p_cmp group sums (max_total_tokens x Hkv x
  *     max_nc floats) and the score rows (max_total_tokens x Hkv x max_ns);
- *   on the tensor-core path: the splits' arrival counters (max_total_tokens
+ *   on the tensor-core path: the splits' arrival counters (3 x max_total_tokens
  *     x Hkv ints, zero between steps) and, with a selected branch, the
  *     compressed keys' q.k products (max_total_tokens x Hkv x max_nc x G
  *     floats) where they take at most 1 GiB.
@@ -26,12 +26,13 @@
  * decode_prepare). The splits are fixed by the plan and merged in split
  * order, so results are bitwise the same run to run.
  *
- * A step on the tensor-core path (decode_attn_sm80.cu) is nine kernels and
+ * A step on the tensor-core path (decode_attn_sm80.cu) is eight kernels and
  * a memset: the checks (three kernels), the append (k, v), the compressed
- * rows, then one kernel per branch (window, compressed, selected) whose last CTA
- * per (row, KV head) merges the splits, the compressed one also ranking the
- * blocks from the q.k products its splits kept and the selected one (the
- * compressed one when n = 0) combining the branches. decode.cu's kernels
+ * rows, then the compressed branch with the window beside it in one launch,
+ * and the selected branch. Each branch's last CTA per (row, KV head) merges
+ * its splits, the compressed one also ranking the blocks from the q.k
+ * products its splits kept, and the selected one (the later of the compressed
+ * and window ones when n = 0) combining the branches. decode.cu's kernels
  * (f32, other head dims, caches without 16-byte rows) add a merge kernel per
  * branch, the block scores, the select and the combine kernels.
  */
@@ -50,9 +51,12 @@ struct CudaDec {
     void *chk_mem;     /* flags, then page counts */
     size_t chk_bytes;
     DecCheckMem chk;
-    float *part;       /* partial states */
+    float *part;       /* partial states: the branches launched one after another share them; mma: the
+                        * window's, launched beside the compressed branch, follow at part_win */
+    int64_t part_win;  /* floats */
     float *pbuf, *rows;
-    int *cnt;          /* mma: the tail's arrival counters [MT x Hkv] */
+    int *cnt;          /* mma: the tails' arrival counters [3][MT x Hkv] (a branch, the window beside the
+                        * compressed branch, the combine after both) */
     float *scores;     /* mma with a selected branch: the compressed keys' q.k [MT x Hkv][max_nc][G], or NULL */
     DecSplit sp[3];    /* per branch */
     int64_t max_nc;
@@ -312,14 +316,19 @@ nsa_status run_attn(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
         if ((b == 1 && slc) || (b == 2 && win))
             rows16 = rows16 && dec_rows16(in[b].k, cfg.head_dim_qk) && dec_rows16(in[b].v, cfg.head_dim_v);
     if (d->mma && rows16) {
-        DecTail t = {};
-        t.cnt = d->cnt;
-        t.pbuf = d->pbuf;
-        t.rows = d->rows;
-        t.max_nc = d->max_nc;
-        auto attn = [&](int mode, bool combine, bool rank) -> cudaError_t {
-            DecTail u = t;
+        const int64_t cn = g.MT * g.Hkv;
+        auto branch = [&](int mode, bool combine, bool rank) {
+            DecBranch br = {};
+            br.mode = mode;
+            br.sp = d->sp[mode];
+            br.a = in[mode];
+            DecTail &u = br.t;
+            u.cnt = d->cnt;
+            u.pbuf = d->pbuf;
+            u.rows = d->rows;
+            u.max_nc = d->max_nc;
             u.combine = combine;
+            u.nbranch = 1;
             if (combine) {
                 for (int b = 0; b < 3; b++) {
                     u.gate[b] = gate[b];
@@ -335,23 +344,32 @@ nsa_status run_attn(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
                 u.ist = a->indices.stride_token;
                 u.ish = a->indices.stride_head;
             }
-            return dec_attn_sm80(g, mode, false, d->dqkp, d->dvp, d->sp[mode], in[mode], u, c->stream);
+            return br;
         };
-        /* the window first (it needs nothing), the compressed branch (ranking), the selected last */
-        if (win) DLAUNCH(attn(2, false, false));
-        DLAUNCH(attn(0, !slc, slc && d->scores));
+        /* the compressed branch (ranking) with the window beside it, then the selected branch,
+         * which combines; without one, the later of the first two to finish a row combines */
+        DecBranch b0 = branch(0, !slc, slc && d->scores), b1 = {};
+        if (win) {
+            b1 = branch(2, !slc, false);
+            b1.t.cnt = d->cnt + cn;
+            b1.a.part = d->part + d->part_win;
+            if (!slc) {
+                b0.t.nbranch = b1.t.nbranch = 2;
+                b0.t.bdone = b1.t.bdone = d->cnt + 2 * cn;
+            }
+        }
+        DLAUNCH(dec_attn_sm80(g, false, d->dqkp, d->dvp, b0, win ? &b1 : nullptr, c->stream));
         if (slc) {
             if (!d->scores) { /* no room for the products: a second pass over the compressed keys */
-                DecTail u = t;
-                u.lse_cmp = in[0].lse;
-                u.lst = in[0].lst;
-                u.lsh = in[0].lsh;
-                if (d->max_nc > 0)
-                    DLAUNCH(dec_attn_sm80(g, 0, true, d->dqkp, d->dvp, d->sp[0], in[0], u, c->stream));
+                DecBranch bp = branch(0, false, false);
+                bp.t.lse_cmp = in[0].lse;
+                bp.t.lst = in[0].lst;
+                bp.t.lsh = in[0].lsh;
+                if (d->max_nc > 0) DLAUNCH(dec_attn_sm80(g, true, d->dqkp, d->dvp, bp, nullptr, c->stream));
                 DLAUNCH(dec_rank(g, d->pbuf, d->max_nc, d->rows, idx, a->indices.stride_token, a->indices.stride_head,
                                  c->stream));
             }
-            DLAUNCH(attn(1, true, false));
+            DLAUNCH(dec_attn_sm80(g, false, d->dqkp, d->dvp, branch(1, true, false), nullptr, c->stream));
         }
         return NSA_SUCCESS;
     }
@@ -420,7 +438,9 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
                        : make_split(kmax[b], per, 2 * sm, Dv + 2, MT, Hq, hc);
         ns_max = std::max<int64_t>(ns_max, d->sp[b].ns);
     }
-    const double part = (double)MT * (double)Hq * (double)ns_max * (double)(Dv + 2) * 4.0;
+    /* the window's own partial states on the tensor-core path (launched beside the compressed branch) */
+    const int64_t ns_win = mma && cfg.window > 0 ? d->sp[2].ns : 0;
+    const double part = (double)MT * (double)Hq * (double)(ns_max + ns_win) * (double)(Dv + 2) * 4.0;
     const double pb = cfg.num_selected > 0 ? (double)MT * (double)Hkv * (double)plan->max_nc * 4.0 : 0.0;
     const double rw = cfg.num_selected > 0 ? (double)MT * (double)Hkv * (double)plan->max_ns * 4.0 : 0.0;
     const double chk = 16.0 + 4.0 * ((double)lim.num_pages + (double)lim.num_cmp_pages);
@@ -436,12 +456,13 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     if (part > 1e14 || pb > 1e14 || rw > 1e14 || chk > 1e14)
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: a decode plan's scratch would take %.3g bytes",
                     part + pb + rw + chk);
+    d->part_win = MT * Hq * ns_max * (Dv + 2); /* below 1e14 / 4 (checked above) */
     size_t *acc = &p->bytes;
     CU(dalloc(acc, &d->rec, NSA_DR_FIELDS * sizeof(int)), "plan_prepare (decode record)");
     CU(cudaMemsetAsync(d->rec, 0, NSA_DR_FIELDS * sizeof(int), c->stream), "plan_prepare (decode record)");
     if (mma) {
-        CU(dalloc(acc, &d->cnt, (size_t)(MT * Hkv) * sizeof(int)), "plan_prepare (decode counters)");
-        CU(cudaMemsetAsync(d->cnt, 0, (size_t)(MT * Hkv) * sizeof(int), c->stream), "plan_prepare (decode counters)");
+        CU(dalloc(acc, &d->cnt, (size_t)(3 * MT * Hkv) * sizeof(int)), "plan_prepare (decode counters)");
+        CU(cudaMemsetAsync(d->cnt, 0, (size_t)(3 * MT * Hkv) * sizeof(int), c->stream), "plan_prepare (decode counters)");
     }
     if (keep_scores) CU(dalloc(acc, &d->scores, (size_t)sc), "plan_prepare (decode scores)");
     CU(cudaStreamSynchronize(c->stream), "plan_prepare (decode record)");

@@ -44,6 +44,7 @@
 #            beside .bench/sdpa_baseline.py --decode (issue 15's table)
 #   decncu   ncu over one decode step (batch DECNCU_B, 64k, D 128): per kernel time, DRAM and L2 bytes, warps active;
 #            DECNCU_DETAIL=1 adds the attention launches' speed of light, warp stalls and occupancy at batch 64
+#   decsrc   ncu source counters (stall samples per SASS line) of the decode attention, batch DECSRC_B (1), 64k, D 128
 #   oclbench NVIDIA's OpenCL: nsa bench at OCL_T (8192) with v3 and v2 attention and their stage profiles (OPENCL=1)
 #   ncu      stall reasons and source counters of NCU_SPEC kernels (not in the default)
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
@@ -375,6 +376,15 @@ if has decncu; then # issue 15: the decode step's kernels under ncu, one step of
     grep -E "dec_attn_sm80_kernel<|Duration|DRAM Throughput|Warp Cycles Per Issued|Achieved Occupancy" \
       "$OUT/decncu_detail.log" | sed 's/(DecGeom.*//' | cut -c1-120 | tee -a "$SUM"
   fi
+fi
+if has decsrc; then # issue 15: where the decode attention's warps stall, per SASS line (one step, DECSRC_B (1), 64k, D 128)
+  timeout 300 ncu --clock-control none -k regex:dec_attn_sm80 --section WarpStateStats --section SourceCounters \
+    --section SpeedOfLight -f -o /tmp/decsrc $NSA bench --backend cuda --decode --batch ${DECSRC_B:-1} --context 65536 \
+    --tq 1 --hq 64 --hkv 4 --dqk 128 --dv 128 --iters 1 --warmup 0 --no-dense > /tmp/decsrc_run.log 2>&1
+  note "[$(el)] decsrc batch ${DECSRC_B:-1} rc=$?"
+  ncu --import /tmp/decsrc.ncu-rep --page details > "$OUT/decsrc.txt" 2>&1
+  ncu --import /tmp/decsrc.ncu-rep --page source --csv --print-source sass > "$OUT/decsrc_sass.csv" 2>&1
+  grep -E "dec_attn_sm80_kernel<|Duration" "$OUT/decsrc.txt" | sed 's/(DecGeom.*//' | tee -a "$SUM"
 fi
 if has oclbench; then # issue 18: NVIDIA's OpenCL at the paper shape, v3 and v2 attention, per-stage profile (OPENCL=1 build)
   for ver in v3 v2; do

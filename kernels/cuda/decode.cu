@@ -450,6 +450,14 @@ cudaError_t dec_compress(const DecGeom &g, DecCache kraw, DecCache vraw, const v
 
 size_t dec_attn_smem(int64_t Dqk, int64_t Dv) { return (size_t)DW * ((Dqk + Dv + 32) * 4 + 32 * 8); }
 
+/* the merge of a branch's splits into o_b and its LSE */
+static cudaError_t dec_merge(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s)
+{
+    if (g.MT == 0) return cudaSuccess;
+    merge_kernel<<<grid_for(g.MT * g.Hq, DW), DW * 32, 0, s>>>(g, sp, a);
+    return cudaGetLastError();
+}
+
 template <typename T, int MODE>
 static cudaError_t attn_t(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s)
 {
@@ -468,12 +476,6 @@ static cudaError_t attn_t(const DecGeom &g, const DecSplit &sp, const DecAttnIn 
     return dec_merge(g, sp, a, s);
 }
 
-cudaError_t dec_merge(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s)
-{
-    if (g.MT == 0) return cudaSuccess;
-    merge_kernel<<<grid_for(g.MT * g.Hq, DW), DW * 32, 0, s>>>(g, sp, a);
-    return cudaGetLastError();
-}
 
 bool dec_rows16(const DecCache &c, int64_t D)
 {

@@ -106,16 +106,20 @@ cudaError_t dec_select(const DecGeom &g, const DecSplit &sp, DecIn q, DecCache k
  * writes them) on mma.sync, one CTA per (row, KV head, split) with the
  * group's G <= 16 heads as the 16 MMA rows (sp.hc = 16), f16 / bf16, padded
  * dims dqkp / dvp of tc_dims (32/32, 64/64, 128/128, 192/128). K/V caches
- * must be loadable with 16-byte copies (dec_rows16). The attention's partial
- * states go to a.part; the last CTA of a (row, KV head) to arrive (counted
- * in t.cnt) merges them in split order into a.o / a.lse, so no merge kernel
- * runs, and then, as DecTail asks:
+ * must be loadable with 16-byte copies (dec_rows16). A launch runs one
+ * branch (DecBranch), or the compressed branch with the window beside it
+ * (their splits in one grid, each with its own counters and partial
+ * states). The attention's partial states go to a.part; the last CTA of a
+ * (row, KV head) to arrive (counted in t.cnt) merges them in split order
+ * into a.o / a.lse, so no merge kernel runs, and then, as DecTail asks:
  *   rank (compressed branch, t.scores set): every split also stored its
  *     q.k products, so the last CTA forms p_cmp's group sums (pbuf), the
  *     block scores (rows) and the top-n (idx) of the row: no second pass
  *     over the compressed keys, no select kernel;
- *   combine (the step's last branch): o = sum_b gate_b o_b of its heads,
- *     as dec_combine computes it (the earlier branches' o_b are complete).
+ *   combine (the step's last branch, or both branches of a launch):
+ *     o = sum_b gate_b o_b of its heads, as dec_combine computes it (the
+ *     earlier launches' o_b are complete; of a launch's two branches, the
+ *     second last CTA to arrive, counted in t.bdone, combines).
  * probs (the block scores alone, when the plan has no room for t.scores)
  * reads t.lse_cmp and writes t.pbuf; dec_rank ranks them. */
 struct DecTail {
@@ -128,9 +132,18 @@ struct DecTail {
     const float *lse_cmp; /* probs: the compressed branch's LSE (natural log) */
     int64_t lst, lsh;
     bool combine;
+    int nbranch;          /* combine: branches of the launch that must complete first (1 or 2) */
+    int *bdone;           /* combine with nbranch 2: [MT x Hkv] counters, zero between steps */
     DecIn gate[3], ob[3]; /* combine: f32 gates and branch outputs (ob[b].p NULL: branch b absent) */
     void *o;              /* combine: the step's output (cfg dtype) */
     int64_t ost, osh;
+};
+/* one branch of an attention launch */
+struct DecBranch {
+    int mode; /* 0 compressed, 1 selected, 2 window */
+    DecSplit sp;
+    DecAttnIn a;
+    DecTail t;
 };
 bool dec_attn_sm80_takes(int dtype, int64_t G, int dqkp, int dvp);
 /* sets the kernels' shared-memory opt-in for a plan's dtype and dims (plan time: a step may be captured) */
@@ -140,10 +153,10 @@ size_t dec_attn_sm80_smem(int dqkp, int dvp, bool probs);
 cudaError_t dec_attn_sm80_ctas_per_sm(int dtype, int dqkp, int dvp, int *ctas);
 /* the largest split count the attention's merge takes (its split factors live in shared memory) */
 constexpr int DEC_SM80_MAX_SPLITS = 256;
-cudaError_t dec_attn_sm80(const DecGeom &g, int mode, bool probs, int dqkp, int dvp, const DecSplit &sp,
-                          const DecAttnIn &a, const DecTail &t, cudaStream_t s);
-/* decode.cu's merge of a branch's splits into o_b and its LSE */
-cudaError_t dec_merge(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s);
+/* b0 alone (probs: b0 mode 0, its block scores), or b0 (mode 0) with b1 (mode 2, its own t.cnt and
+ * a.part) beside it */
+cudaError_t dec_attn_sm80(const DecGeom &g, bool probs, int dqkp, int dvp, const DecBranch &b0, const DecBranch *b1,
+                          cudaStream_t s);
 /* may a cache's rows be copied 16 bytes at a time (16-bit dtype)? */
 bool dec_rows16(const DecCache &c, int64_t D);
 /* the ranking half of dec_select (pbuf already written) */

@@ -102,9 +102,9 @@ template <typename T, int DV, size_t SMEM>
 NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, const DecTail &t, void *smem, int64_t r,
                       int64_t gi, int nh);
 
+/* split s of one branch (MODE) of a launch */
 template <typename T, int DQK, int DV, int MODE, bool PROBS>
-__global__ void __launch_bounds__(DM_WARPS * 32, 3) /* 3 CTAs per SM at D 128: as many as shared memory holds */
-    dec_attn_sm80_kernel(const DecGeom g, const DecSplit sp, const DecAttnIn a, const DecTail t)
+NSA_DEV void dm_split(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, const DecTail &t, int s)
 {
     constexpr int SQ = DQK + 8, SV = DV + 8;
     using LK = PadTile<SQ, 0>;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(DM_WARPS * 32, 3) /* 3 CTAs per SM at D 128: a
     const int64_t r = blockIdx.x;
     if (dec_failed(g) || r >= dec_rows(g)) return;
     const int64_t gi = blockIdx.y, h0 = gi * g.G;
-    const int nh = (int)g.G, s = (int)blockIdx.z;
+    const int nh = (int)g.G;
     const Keys<MODE> ks = dec_keys<MODE>(g, a, r, gi);
     const int64_t nk = ks.count(g), k_lo = (int64_t)s * sp.chunk, k_hi = nsa_min64(k_lo + sp.chunk, nk);
 
@@ -267,6 +267,24 @@ __global__ void __launch_bounds__(DM_WARPS * 32, 3) /* 3 CTAs per SM at D 128: a
     }
 }
 
+/* grid (rows, KV heads, splits of b0 then of b1): b1 (MODE2 >= 0) is a second
+ * branch run beside b0 (the window beside the compressed branch), so the
+ * window's splits fill the compressed branch's last wave instead of taking
+ * a launch and a tail of their own */
+template <typename T, int DQK, int DV, int MODE, bool PROBS, int MODE2>
+__global__ void __launch_bounds__(DM_WARPS * 32, 3) /* 3 CTAs per SM at D 128: as many as shared memory holds */
+    dec_attn_sm80_kernel(const __grid_constant__ DecGeom g, const __grid_constant__ DecBranch b0,
+                         const __grid_constant__ DecBranch b1)
+{
+    const int z = (int)blockIdx.z;
+    if constexpr (MODE2 < 0)
+        dm_split<T, DQK, DV, MODE, PROBS>(g, b0.sp, b0.a, b0.t, z);
+    else if (z < b0.sp.ns)
+        dm_split<T, DQK, DV, MODE, PROBS>(g, b0.sp, b0.a, b0.t, z);
+    else
+        dm_split<T, DQK, DV, MODE2, false>(g, b1.sp, b1.a, b1.t, z - b0.sp.ns);
+}
+
 /* the 4 warps' states (rows lane / 4 + 8 i), merged in warp order through shared
  * memory (smem: the warps' buffers, done with) into the split's partial state */
 template <int DV>
@@ -383,16 +401,37 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     for (int k = 0; k < PER; k++) {
         const int x = tid + NT * k, hr = x / DV, e = x % DV;
         if (hr >= nh || e >= g.Dv) continue;
-        const float L = sL[hr], ov = L != 0.f ? acc[k] * (1.0f / L) : 0.f;
-        const int64_t h = h0 + hr;
-        a.o[r * a.ost + h * a.osh + e] = ov;
-        if (t.combine) { /* o = sum_b gate_b o_b, as decode.cu's combine kernel sums it (this thread wrote o_b[e]) */
+        const float L = sL[hr];
+        a.o[r * a.ost + (h0 + hr) * a.osh + e] = L != 0.f ? acc[k] * (1.0f / L) : 0.f;
+    }
+    if (t.combine) {
+        /* with two branches in the launch, the second of their last CTAs to arrive combines */
+        if (t.nbranch > 1) {
+            __shared__ int go;
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                int *const c = t.bdone + r * g.Hkv + gi;
+                go = atomicAdd(c, 1) == t.nbranch - 1;
+                if (go) *c = 0; /* ready for the next step */
+            }
+            __syncthreads();
+            if (!go) return; /* (no ranking in such a launch: dec_attn_sm80 refuses it) */
+            __threadfence();
+        }
+        /* o = sum_b gate_b o_b, as decode.cu's combine kernel sums it (o_b read from L2: another CTA may
+         * have written it) */
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const int x = tid + NT * k, hr = x / DV, e = x % DV;
+            if (hr >= nh || e >= g.Dv) continue;
+            const int64_t h = h0 + hr;
             float sum = 0.f;
 #pragma unroll
             for (int b = 0; b < 3; b++)
                 if (t.ob[b].p)
                     sum += ((const float *)t.gate[b].p)[r * t.gate[b].st + h * t.gate[b].sh] *
-                           ((const float *)t.ob[b].p)[r * t.ob[b].st + h * t.ob[b].sh + e];
+                           __ldcg((const float *)t.ob[b].p + r * t.ob[b].st + h * t.ob[b].sh + e);
             ((T *)t.o)[r * t.ost + h * t.osh + e] = from_f<T>(sum);
         }
     }
@@ -406,24 +445,41 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     const bool in_smem = nc + cur + 1 <= nfree;
     float *const p = in_smem ? sfree : t.pbuf + (r * g.Hkv + gi) * t.max_nc;
     float *const row = in_smem ? sfree + nc : t.rows + (r * g.Hkv + gi) * g.max_ns;
+    /* PK keys per thread per round, every one of their G products loaded before any
+     * is summed: PK * 16 loads in flight (one key per round was 4 to 16 dependent
+     * round trips to L2 per key, the tail's whole time at batch 1). A key's sum runs
+     * over its heads in ascending order, as select_kernel's does. */
+    constexpr int PK = 4;
     const bool v4 = g.G % 4 == 0; /* a key's G products as float4 (the buffer and its rows are 16-byte aligned) */
-#pragma unroll 4
-    for (int64_t i = tid; i < nc; i += NT) {
-        const float *si = sc + i * g.G;
-        float acc2 = 0.f;
-        if (v4) {
-            for (int hh = 0; hh < nh; hh += 4) {
-                const float4 v = __ldcg((const float4 *)(si + hh));
-                const float vv[4] = {v.x, v.y, v.z, v.w};
+    for (int64_t i0 = tid; i0 < nc; i0 += (int64_t)NT * PK) {
+        float sv[PK][16];
 #pragma unroll
-                for (int z = 0; z < 4; z++)
-                    if (slse2[hh + z] != -INFINITY) acc2 += exp2f(fmaf(vv[z], sl, -slse2[hh + z]));
+        for (int u = 0; u < PK; u++) {
+            const int64_t i = i0 + (int64_t)NT * u;
+            const float *si = sc + i * g.G;
+            if (v4) {
+#pragma unroll
+                for (int z = 0; z < 4; z++) {
+                    const float4 v = i < nc && 4 * z < nh ? __ldcg((const float4 *)(si + 4 * z)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    sv[u][4 * z] = v.x;
+                    sv[u][4 * z + 1] = v.y;
+                    sv[u][4 * z + 2] = v.z;
+                    sv[u][4 * z + 3] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int hh = 0; hh < 16; hh++) sv[u][hh] = i < nc && hh < nh ? __ldcg(si + hh) : 0.f;
             }
-        } else {
-            for (int hh = 0; hh < nh; hh++)
-                if (slse2[hh] != -INFINITY) acc2 += exp2f(fmaf(__ldcg(si + hh), sl, -slse2[hh]));
         }
-        p[i] = acc2;
+#pragma unroll
+        for (int u = 0; u < PK; u++) {
+            const int64_t i = i0 + (int64_t)NT * u;
+            float acc2 = 0.f;
+#pragma unroll
+            for (int hh = 0; hh < 16; hh++)
+                if (hh < nh && slse2[hh] != -INFINITY) acc2 += exp2f(fmaf(sv[u][hh], sl, -slse2[hh]));
+            if (i < nc) p[i] = acc2;
+        }
     }
     __syncthreads();
     for (int64_t j = tid; j <= cur; j += NT) {
@@ -444,35 +500,37 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     }
 }
 
-template <typename T, int DQK, int DV, bool PROBS>
-static cudaError_t launch_dm(const DecGeom &g, int mode, const DecSplit &sp, const DecAttnIn &a, const DecTail &t,
-                             cudaStream_t s, bool prep)
-{
-    const size_t smem = dec_attn_sm80_smem(DQK, DV, PROBS);
-    const dim3 grid((unsigned)g.MT, (unsigned)g.Hkv, (unsigned)sp.ns);
-    cudaError_t e = cudaSuccess;
-    /* prep: set the kernel's shared-memory opt-in (once per plan, outside any capture), launch nothing */
-    auto run = [&](auto kern) {
-        if (prep) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        else kern<<<grid, DM_WARPS * 32, smem, s>>>(g, sp, a, t);
-    };
-    if (PROBS)
-        run(dec_attn_sm80_kernel<T, DQK, DV, 0, true>);
-    else if (mode == 0)
-        run(dec_attn_sm80_kernel<T, DQK, DV, 0, false>);
-    else if (mode == 1)
-        run(dec_attn_sm80_kernel<T, DQK, DV, 1, false>);
-    else
-        run(dec_attn_sm80_kernel<T, DQK, DV, 2, false>);
-    return e != cudaSuccess || prep ? e : cudaGetLastError();
-}
-
+/* the launch's kernel: (0, probs) alone, 0 with the window beside it (b1 absent: splits of b0
+ * alone), or 1 alone; prep sets the kernels' shared-memory opt-in (once per plan, outside any
+ * capture) and launches nothing */
 template <typename T, int DQK, int DV>
-static cudaError_t launch_dm_dims(const DecGeom &g, int mode, bool probs, const DecSplit &sp, const DecAttnIn &a,
-                                  const DecTail &t, cudaStream_t s, bool prep)
+static cudaError_t launch_dm(const DecGeom &g, bool probs, const DecBranch &b0, const DecBranch *b1, cudaStream_t s,
+                             bool prep)
 {
-    return probs ? launch_dm<T, DQK, DV, true>(g, mode, sp, a, t, s, prep)
-                 : launch_dm<T, DQK, DV, false>(g, mode, sp, a, t, s, prep);
+    const size_t smem = dec_attn_sm80_smem(DQK, DV, probs);
+    const DecBranch none = {};
+    const dim3 grid((unsigned)g.MT, (unsigned)g.Hkv, (unsigned)(b0.sp.ns + (b1 ? b1->sp.ns : 0)));
+    cudaError_t e = cudaSuccess;
+    auto run = [&](auto kern) {
+        if (prep) {
+            if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        } else {
+            kern<<<grid, DM_WARPS * 32, smem, s>>>(g, b0, b1 ? *b1 : none);
+        }
+    };
+    if (prep) {
+        run(dec_attn_sm80_kernel<T, DQK, DV, 0, true, -1>);
+        run(dec_attn_sm80_kernel<T, DQK, DV, 0, false, 2>);
+        run(dec_attn_sm80_kernel<T, DQK, DV, 1, false, -1>);
+        return e;
+    }
+    if (probs)
+        run(dec_attn_sm80_kernel<T, DQK, DV, 0, true, -1>);
+    else if (b0.mode == 0)
+        run(dec_attn_sm80_kernel<T, DQK, DV, 0, false, 2>);
+    else
+        run(dec_attn_sm80_kernel<T, DQK, DV, 1, false, -1>);
+    return cudaGetLastError();
 }
 
 } // namespace
@@ -487,27 +545,17 @@ bool dec_attn_sm80_takes(int dtype, int64_t G, int dqkp, int dvp)
 cudaError_t dec_attn_sm80_prepare(int dtype, int dqkp, int dvp)
 {
     if (!dec_attn_sm80_takes(dtype, 1, dqkp, dvp)) return cudaErrorInvalidValue;
-    DecGeom g = {};
-    g.dtype = dtype;
-    const DecSplit sp = {1, 16, 16};
-    const DecAttnIn a = {};
-    const DecTail t = {};
     Geom gg = {};
     gg.dtype = dtype;
-    for (int mode = 0; mode < 4; mode++) { /* mode 3: the block scores */
-        const cudaError_t e = [&]() -> cudaError_t {
-            NSA_SLC_DISPATCH(launch_dm_dims, gg, dqkp, dvp, g, mode == 3 ? 0 : mode, mode == 3, sp, a, t,
-                             (cudaStream_t) nullptr, true);
-        }();
-        if (e != cudaSuccess) return e;
-    }
-    return cudaSuccess;
+    const DecGeom g = {};
+    const DecBranch b = {};
+    NSA_SLC_DISPATCH(launch_dm, gg, dqkp, dvp, g, false, b, nullptr, (cudaStream_t) nullptr, true);
 }
 
 template <typename T, int DQK, int DV>
 static cudaError_t occupancy_dims(const DecGeom &, int *ctas)
 {
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, dec_attn_sm80_kernel<T, DQK, DV, 0, false>,
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, dec_attn_sm80_kernel<T, DQK, DV, 0, false, 2>,
                                                          DM_WARPS * 32, dm_smem(DQK, DV, false));
 }
 
@@ -521,16 +569,28 @@ cudaError_t dec_attn_sm80_ctas_per_sm(int dtype, int dqkp, int dvp, int *ctas)
     NSA_SLC_DISPATCH(occupancy_dims, gg, dqkp, dvp, g, ctas);
 }
 
-cudaError_t dec_attn_sm80(const DecGeom &g, int mode, bool probs, int dqkp, int dvp, const DecSplit &sp,
-                          const DecAttnIn &a, const DecTail &t, cudaStream_t s)
+/* what a branch of a launch must hold (the kernels' tails rely on it) */
+static bool branch_ok(const DecBranch &b, bool probs)
+{
+    if (b.sp.hc != 16 || b.sp.ns < 0) return false;
+    if (probs) return b.mode == 0 && b.t.pbuf && b.t.lse_cmp;
+    if (!b.t.cnt || b.sp.ns > DEC_SM80_MAX_SPLITS || (b.t.scores && (b.mode != 0 || !b.t.idx))) return false;
+    if (b.t.combine && b.t.nbranch > 1 && (!b.t.bdone || b.t.scores)) return false;
+    return b.mode == 0 || b.mode == 1;
+}
+
+cudaError_t dec_attn_sm80(const DecGeom &g, bool probs, int dqkp, int dvp, const DecBranch &b0, const DecBranch *b1,
+                          cudaStream_t s)
 {
     if (g.MT == 0) return cudaSuccess; /* s may be the legacy default stream (0): a caller's choice */
-    if (!dec_attn_sm80_takes(g.dtype, g.G, dqkp, dvp) || sp.hc != 16 || (probs && mode != 0) ||
-        (!probs && (!t.cnt || sp.ns > DEC_SM80_MAX_SPLITS)) || (t.scores && mode != 0))
+    if (!dec_attn_sm80_takes(g.dtype, g.G, dqkp, dvp) || !branch_ok(b0, probs) ||
+        (b1 && (probs || b0.mode != 0 || b1->mode != 2 || b1->sp.hc != 16 || b1->sp.ns > DEC_SM80_MAX_SPLITS ||
+                !b1->t.cnt || b1->t.cnt == b0.t.cnt || b1->t.scores ||
+                (b1->t.combine && (b1->t.nbranch != 2 || !b1->t.bdone)))))
         return cudaErrorInvalidValue;
     Geom gg = {};
     gg.dtype = g.dtype;
-    NSA_SLC_DISPATCH(launch_dm_dims, gg, dqkp, dvp, g, mode, probs, sp, a, t, s, false);
+    NSA_SLC_DISPATCH(launch_dm, gg, dqkp, dvp, g, probs, b0, b1, s, false);
 }
 
 } // namespace nsa_cuda
