@@ -41,6 +41,26 @@ namespace {
 
 constexpr int DM_WARPS = 4, DM_CK = 16, DM_NB = 2; /* warps, keys per chunk, chunk buffers per warp */
 
+/* Dev aid, compiled out unless NSA_DEC_TRACE is defined (dev/cuda/decode_trace.sh):
+ * thread 0 of each CTA prints the global timer (ns) at each phase, "nsa-trace
+ * z row kvhead phase ns", z the grid's split index (the first branch's splits
+ * first). Phases: 0 start, 1 keys done, 2 the split's state stored, 3 last CTA
+ * (tail begins), 4 o_b merged, 5 p_cmp formed, 6 block scores, 7 ranked. */
+#ifdef NSA_DEC_TRACE
+#define DM_TRACE(ph)                                                                                             \
+    do {                                                                                                         \
+        if (threadIdx.x == 0) {                                                                                  \
+            unsigned long long ns_;                                                                              \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_));                                            \
+            printf("nsa-trace %d %d %d %d %llu\n", (int)blockIdx.z, (int)blockIdx.x, (int)blockIdx.y, (ph), ns_); \
+        }                                                                                                        \
+    } while (0)
+#else
+#define DM_TRACE(ph) \
+    do {             \
+    } while (0)
+#endif
+
 /* dynamic shared memory of a kernel: Q, the warps' chunk buffers (or, after
  * them, the warps' states), and the tail's (dec_tail) arrays, which reuse it all */
 constexpr size_t dm_smem(int dqkp, int dvp, bool probs)
@@ -115,6 +135,7 @@ NSA_DEV void dm_split(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     T *const wbuf = sQ + 16 * SQ + (size_t)warp * dm_warp_elems<DQK, DV, PROBS>();
     const int64_t r = blockIdx.x;
     if (dec_failed(g) || r >= dec_rows(g)) return;
+    DM_TRACE(0);
     const int64_t gi = blockIdx.y, h0 = gi * g.G;
     const int nh = (int)g.G;
     const Keys<MODE> ks = dec_keys<MODE>(g, a, r, gi);
@@ -248,6 +269,7 @@ NSA_DEV void dm_split(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
         rows_next = rows_after;
     }
     cp_async_wait<0>();
+    DM_TRACE(1);
     if constexpr (!PROBS) {
         dm_merge_warps<DV>(g, sp, a, sQ + 16 * SQ, oacc, m, ls, r, h0, nh, s, warp, lane);
         /* the last CTA of (r, gi) to arrive merges the splits: every CTA's partial state
@@ -261,7 +283,9 @@ NSA_DEV void dm_split(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
             if (last && sp.ns > 1) *c = 0; /* every other split has counted: ready for the next step */
         }
         __syncthreads();
+        DM_TRACE(2);
         if (!last) return;
+        DM_TRACE(3);
         __threadfence();
         dec_tail<T, DV, dm_smem(DQK, DV, false)>(g, sp, a, t, smem_dyn, r, gi, nh);
     }
@@ -404,6 +428,7 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
         const float L = sL[hr];
         a.o[r * a.ost + (h0 + hr) * a.osh + e] = L != 0.f ? acc[k] * (1.0f / L) : 0.f;
     }
+    DM_TRACE(4);
     if (t.combine) {
         /* with two branches in the launch, the second of their last CTAs to arrive combines */
         if (t.nbranch > 1) {
@@ -482,6 +507,7 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
         }
     }
     __syncthreads();
+    DM_TRACE(5);
     for (int64_t j = tid; j <= cur; j += NT) {
         const int64_t i0 = nsa_cmp_first_overlapping(j, g.l, g.d, g.ls);
         const int64_t i1 = nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), nc - 1);
@@ -490,6 +516,7 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
         row[j] = s2;
     }
     __syncthreads();
+    DM_TRACE(6);
     if (tid < 32) {
         Geom gg = {};
         gg.ls = g.ls;
@@ -497,6 +524,7 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
         gg.n_init = g.n_init;
         gg.n_local = g.n_local;
         warp_select_row(gg, row, tt, t.idx + r * t.ist + gi * t.ish, tid, cand);
+        DM_TRACE(7);
     }
 }
 
