@@ -523,6 +523,9 @@ nsa_status cu_decode_status(void *bctx, const nsa_bk_plan *plan)
     CU(cudaSetDevice(c->device), "cudaSetDevice");
     CU(cudaMemcpyAsync(r, p->dec->rec, sizeof r, cudaMemcpyDeviceToHost, c->stream), "cudaMemcpyAsync (decode record)");
     CU(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (decode record)");
+#ifdef NSA_DEC_TRACE
+    dec_attn_sm80_trace_dump();
+#endif
     char msg[1024];
     const nsa_status s = nsa_dec_record_message(r, &plan->lim, msg, sizeof msg);
     return s == NSA_SUCCESS ? NSA_SUCCESS : FAIL(s, "%s", msg);

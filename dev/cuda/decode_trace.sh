@@ -1,7 +1,8 @@
 #!/bin/bash
 # Where a decode step's attention CTAs spend their time (issue 15): builds the
 # cuda module and the nsa tool with -DNSA_DEC_TRACE (decode_attn_sm80.cu's
-# DM_TRACE: thread 0 of every CTA prints the global timer at each phase), runs
+# DM_TRACE: thread 0 of every CTA records the global timer at each phase into
+# a device buffer, which nsa_decode_check prints), runs
 # one step per batch in TRACE_B (default "1 64") at 64k, D 128, and writes
 # the lines to $OUT/trace_b<B>.txt; dev/cuda/decode_trace.py summarises them.
 # Run from the repository root on the GPU machine.

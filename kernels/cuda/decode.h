@@ -163,6 +163,11 @@ bool dec_rows16(const DecCache &c, int64_t D);
 cudaError_t dec_rank(const DecGeom &g, const float *pbuf, int64_t max_nc, float *rows, int *idx, int64_t ist,
                      int64_t ish, cudaStream_t s);
 
+#ifdef NSA_DEC_TRACE
+/* dev aid: prints and clears the attention kernels' phase records (decode_attn_sm80.cu) */
+void dec_attn_sm80_trace_dump();
+#endif
+
 /* o = sum_b gate_b o_b over the step's rows (fixed order, f32, rounded once). */
 cudaError_t dec_combine(const DecGeom &g, const DecIn gate[3], const DecIn ob[3], void *o, int64_t ost, int64_t osh,
                         cudaStream_t s);

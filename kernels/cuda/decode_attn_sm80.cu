@@ -29,6 +29,8 @@
  * Every sum runs in a fixed order: bitwise reproducible.
  */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "decode.h"
 #include "decode_dev.cuh"
@@ -42,17 +44,29 @@ namespace {
 constexpr int DM_WARPS = 4, DM_CK = 16, DM_NB = 2; /* warps, keys per chunk, chunk buffers per warp */
 
 /* Dev aid, compiled out unless NSA_DEC_TRACE is defined (dev/cuda/decode_trace.sh):
- * thread 0 of each CTA prints the global timer (ns) at each phase, "nsa-trace
- * z row kvhead phase ns", z the grid's split index (the first branch's splits
- * first). Phases: 0 start, 1 keys done, 2 the split's state stored, 3 last CTA
- * (tail begins), 4 o_b merged, 5 p_cmp formed, 6 block scores, 7 ranked. */
+ * thread 0 of each CTA records the global timer (ns) at each phase into a
+ * device buffer, which nsa_decode_check prints (dec_attn_sm80_trace_dump) as
+ * "nsa-trace z row kvhead phase ns", z the grid's split index (the first
+ * branch's splits first). Phases: 0 start, 1 keys done, 2 the split's state
+ * stored, 3 last CTA (tail begins), 4 o_b merged, 5 p_cmp formed, 6 block
+ * scores, 7 ranked. A record is one atomic and two stores (device printf in
+ * the phases, the first form, made each phase tens of microseconds). */
 #ifdef NSA_DEC_TRACE
+constexpr unsigned DM_TRACE_CAP = 1u << 20;
+__device__ unsigned long long dm_trace_buf[DM_TRACE_CAP][2];
+__device__ unsigned dm_trace_n;
 #define DM_TRACE(ph)                                                                                             \
     do {                                                                                                         \
         if (threadIdx.x == 0) {                                                                                  \
             unsigned long long ns_;                                                                              \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_));                                            \
-            printf("nsa-trace %d %d %d %d %llu\n", (int)blockIdx.z, (int)blockIdx.x, (int)blockIdx.y, (ph), ns_); \
+            const unsigned i_ = atomicAdd(&dm_trace_n, 1u);                                                      \
+            if (i_ < DM_TRACE_CAP) {                                                                             \
+                dm_trace_buf[i_][0] = (unsigned long long)blockIdx.z << 48 |                                    \
+                                      (unsigned long long)(blockIdx.x & 0xffffffu) << 24 |                      \
+                                      (unsigned long long)(blockIdx.y & 0xffffu) << 8 | (unsigned)(ph);         \
+                dm_trace_buf[i_][1] = ns_;                                                                       \
+            }                                                                                                    \
         }                                                                                                        \
     } while (0)
 #else
@@ -620,5 +634,22 @@ cudaError_t dec_attn_sm80(const DecGeom &g, bool probs, int dqkp, int dvp, const
     gg.dtype = g.dtype;
     NSA_SLC_DISPATCH(launch_dm, gg, dqkp, dvp, g, probs, b0, b1, s, false);
 }
+
+#ifdef NSA_DEC_TRACE
+void dec_attn_sm80_trace_dump()
+{
+    unsigned n = 0;
+    if (cudaMemcpyFromSymbol(&n, dm_trace_n, sizeof n) != cudaSuccess) return;
+    n = n < DM_TRACE_CAP ? n : DM_TRACE_CAP;
+    unsigned long long(*buf)[2] = (unsigned long long(*)[2])malloc((size_t)n * sizeof *buf + 1);
+    if (buf && cudaMemcpyFromSymbol(buf, dm_trace_buf, (size_t)n * sizeof *buf) == cudaSuccess)
+        for (unsigned i = 0; i < n; i++)
+            printf("nsa-trace %u %u %u %u %llu\n", (unsigned)(buf[i][0] >> 48), (unsigned)(buf[i][0] >> 24) & 0xffffffu,
+                   (unsigned)(buf[i][0] >> 8) & 0xffffu, (unsigned)buf[i][0] & 0xffu, buf[i][1]);
+    free(buf);
+    const unsigned zero = 0;
+    cudaMemcpyToSymbol(dm_trace_n, &zero, sizeof zero);
+}
+#endif
 
 } // namespace nsa_cuda
