@@ -10,7 +10,8 @@
  *     cudaMemsetAsync at the start of every step;
  *   the partial softmax states of the split attention
  *     (max_total_tokens x Hq x splits x (Dv + 2) floats, the largest split
- *     count of the three branches);
+ *     count of the three branches, plus the window's on the tensor-core path,
+ *     which runs it beside the compressed branch);
  *   with a selected branch: the p_cmp group sums (max_total_tokens x Hkv x
  *     max_nc floats) and the score rows (max_total_tokens x Hkv x max_ns);
  *   on the tensor-core path: the splits' arrival counters (3 x max_total_tokens

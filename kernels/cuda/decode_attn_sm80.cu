@@ -9,7 +9,8 @@
  * and reads K/V once per head, with the dot products on the CUDA cores.
  *
  * CTA: one (new row, KV head, split) as decode.cu (grid x rows, y KV heads,
- * z splits; DecSplit with hc = 16), 4 warps. The Q rows (the group's heads,
+ * z splits; DecSplit with hc = 16; a launch with two branches has the first's
+ * splits, then the second's), 4 warps. The Q rows (the group's heads,
  * zero past G) go to registers. Warp w takes the split's 16-key chunks w,
  * w + 4, ...: lanes 0-15 resolve a chunk's pool rows through the page tables
  * (Keys<MODE>::row, -1 for keys a row may not see) two chunks ahead of its
@@ -485,9 +486,9 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     float *const p = in_smem ? sfree : t.pbuf + (r * g.Hkv + gi) * t.max_nc;
     float *const row = in_smem ? sfree + nc : t.rows + (r * g.Hkv + gi) * g.max_ns;
     /* PK keys per thread per round, every one of their G products loaded before any
-     * is summed: PK * 16 loads in flight (one key per round was 4 to 16 dependent
-     * round trips to L2 per key, the tail's whole time at batch 1). A key's sum runs
-     * over its heads in ascending order, as select_kernel's does. */
+     * is summed: PK * 16 loads in flight (one key per round made 4 to 16 dependent
+     * round trips to L2 per key). A key's sum runs over its heads in ascending order,
+     * as select_kernel's does. */
     constexpr int PK = 4;
     const bool v4 = g.G % 4 == 0; /* a key's G products as float4 (the buffer and its rows are 16-byte aligned) */
     for (int64_t i0 = tid; i0 < nc; i0 += (int64_t)NT * PK) {
