@@ -254,7 +254,7 @@ expect "bench --plot into a missing folder" 1 "cannot write" -- "$nsa" "${bench[
 
 # nsa bench --decode: a B x context x TQ sweep; every point's fields are there and sane
 dbench=(bench --backend cpu --decode --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --dtype f32 --batch 1,3 --context 0,79 --tq 1,4 --iters 2 --page-size 16)
-expect "bench --decode prints a row per point" 0 "^ +3 +79 +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +n/a +[0-9.e-]+ +-?[0-9.e-]+ +[0-9.e-]+ " -- "$nsa" "${dbench[@]}"
+expect "bench --decode prints a row per point" 0 "^ +3 +79 +4 +[0-9.e-]+ +[0-9.e-]+ +[0-9.e-]+ +[0-9.]+ +n/a +[0-9.e-]+ +-?[0-9.e-]+ +[0-9.e-]+ " -- "$nsa" "${dbench[@]}"
 expect "bench --decode names the step's kernels" 0 "^kernels \(from B=1 context=0 TQ=1 on\):" -- "$nsa" "${dbench[@]}"
 # the default fills the caches with random values; --fill steps prefills them by decode steps
 for fill in random steps; do
@@ -270,6 +270,7 @@ assert sorted((p["batch"], p["context"], p["tq"]) for p in pts) == sorted(
 for p in pts:
     f, de, co = p["full"], p["dense"], p["cmp_only"]
     assert p["ok"] and f["time_s"] > 0 and f["time_min_s"] <= f["time_s"] and f["bytes"] > 0, p
+    assert f["time_queued_s"] > 0, p  # the steps queued back to back, per step
     assert set(p["kernels"]) == {"decode_append", "decode_attn"} and all(p["kernels"].values()), p
     assert abs(f["gbps"] - f["bytes"] / f["time_s"] / 1e9) <= 1e-4 * f["gbps"], p  # 6 digits printed
     assert abs(p["pct_peak_gbps"] - f["gbps"]) <= 1e-4 * f["gbps"], p  # peak 100 GB/s
@@ -288,7 +289,7 @@ PY
 then ok "bench --decode --fill $fill --json: every point, its fields and bytes"; else bad "bench --decode --fill $fill --json: every point, its fields and bytes"; fi
 done
 # past the testkit's 8 sequences: B 16 and 40 (--fill random), a row per point
-expect "bench --decode with B > 8" 0 "^ +40 +300 +3 +[0-9.]+ +[0-9.]+ +[0-9.]+ +n/a " -- \
+expect "bench --decode with B > 8" 0 "^ +40 +300 +3 +[0-9.e-]+ +[0-9.e-]+ +[0-9.e-]+ +[0-9.e-]+ +n/a " -- \
   "$nsa" bench --backend cpu --decode --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --dtype bf16 --batch 16,40 --context 300 --tq 1,3 --iters 2 --warmup 1
 if [ "$(grep -Ec '^ +(16|40) +300 +[13] ' "$tmp/out")" = 4 ]; then ok "bench --decode with B > 8: four points"; else bad "bench --decode with B > 8: four points"; fi
 expect "bench --decode --no-dense" 0 '"dense": null, "cmp_only": null' -- "$nsa" "${dbench[@]}" --json --no-dense --tq 2 --batch 1 --context 40

@@ -6,7 +6,10 @@
  * drives), the caches are brought to C cached tokens per sequence, and the step
  * of the point -- TQ new tokens of every sequence at positions C .. C + TQ - 1 --
  * is run --warmup times untimed and --iters times timed, each from nsa_decode to
- * the end of nsa_decode_check (which waits for it). The step can be repeated as
+ * the end of nsa_decode_check (which waits for it), then --iters times queued
+ * back to back with one nsa_decode_check at the end (a serving loop that does
+ * not wait on each step: the launches of a step overlap the device's work on
+ * the one before). The step can be repeated as
  * it is: the caches' new positions and compressed rows are rewritten with the
  * same bits and cache_seqlens stays C.
  *
@@ -76,6 +79,7 @@ static const char *const dname[D_COUNT] = {"full", "dense", "cmp_only"};
 typedef struct dmeasure {
     int ran;
     double time_s, min_s, bytes;
+    double queued_s; /* per step, --iters steps queued back to back and one check */
     double prefill_s, fill_s; /* the caches brought to the context: by steps (summed), by decode_run_fill */
     int64_t prefill_steps;
     nsa_status status; /* the first failure's */
@@ -301,6 +305,12 @@ static int run_point(nsa_context *ctx, const bench_decode_opts *o, int64_t B, in
         s = decode_run_step(&d, m->note, sizeof m->note);
         t[i] = tool_now() - t0;
     }
+    if (s == NSA_SUCCESS) {
+        tool_progress("%s: %d steps queued", label, o->iters);
+        const double t0 = tool_now();
+        s = decode_run_steps(&d, o->iters, m->note, sizeof m->note);
+        m->queued_s = (tool_now() - t0) / o->iters;
+    }
     tool_progress_end();
     /* the step's selection: what the selected branch read */
     if (s == NSA_SUCCESS && sel && (s = nsa_buffer_read(d.sel, 0, sel, sel_bytes)) != NSA_SUCCESS)
@@ -340,6 +350,7 @@ static void print_measure_json(const dmeasure *m)
     json_field(stdout, "fill_s", m->fill_s);
     json_field(stdout, "time_s", m->time_s);
     json_field(stdout, "time_min_s", m->min_s);
+    json_field(stdout, "time_queued_s", m->queued_s);
     json_field(stdout, "bytes", m->bytes);
     json_field(stdout, "gbps", m->bytes / m->time_s / 1e9);
     printf("}");
@@ -363,8 +374,8 @@ int bench_decode(nsa_context *ctx, const bench_decode_opts *o)
         printf("decode:  one nsa_decode step of TQ new tokens per sequence after a context of cached tokens (%s); "
                "pages of %lld positions, %lld compressed rows\n",
                how, (long long)o->page_size, (long long)o->cmp_page_size);
-        printf("%6s %9s %5s %10s %10s %9s %7s %9s %10s %10s %8s\n", "B", "context", "TQ", "step ms", "min ms",
-               "GB/s", "%peak", "cmp ms", "dense ms", "dense raw", "speedup");
+        printf("%6s %9s %5s %10s %10s %10s %9s %7s %9s %10s %10s %8s\n", "B", "context", "TQ", "step ms", "min ms",
+               "queued ms", "GB/s", "%peak", "cmp ms", "dense ms", "dense raw", "speedup");
     }
     int stop = 0; /* a bad case, or a backend without a decode step: the other points would fail alike */
     char shown[TOOL_KERNELS_MAX] = ""; /* the kernels last printed above the table's rows */
@@ -417,6 +428,7 @@ int bench_decode(nsa_context *ctx, const bench_decode_opts *o)
                     printf("%6lld %9lld %5lld", (long long)B, (long long)C, (long long)TQ);
                     print_ms(10, m[D_FULL].time_s);
                     print_ms(10, m[D_FULL].min_s);
+                    print_ms(10, m[D_FULL].queued_s);
                     printf(" %9.4g", gbps);
                     if (peak > 0)
                         printf(" %6.1f%%", 100.0 * gbps / peak);
@@ -438,10 +450,11 @@ int bench_decode(nsa_context *ctx, const bench_decode_opts *o)
     if (o->json) {
         printf("], \"exit_code\": %d}\n", exit_code);
     } else {
-        printf("step: median of %d after %d warm-up, nsa_decode to the end of nsa_decode_check. GB/s: the bytes the "
+        printf("step: median of %d after %d warm-up, nsa_decode to the end of nsa_decode_check; queued: %d steps "
+               "queued back to back, one nsa_decode_check at the end, per step. GB/s: the bytes the "
                "step must read (new tokens' q, gates, k, v; the context's compressed rows; the cached tokens of the "
                "selected blocks and the windows, distinct per KV head) / step time\n",
-               o->iters, o->warmup);
+               o->iters, o->warmup, o->iters);
         printf("dense: the step with n=0, w=context+TQ (window = causal attention over the whole context) minus "
                "the step with n=0, w=0 (cmp ms: the compressed branch, which cannot be switched off); dense raw "
                "includes it; speedup = dense / step\n");

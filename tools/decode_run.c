@@ -494,11 +494,15 @@ nsa_status decode_run_stage(decode_run *d, const int64_t *tq, char *err, size_t 
     return NSA_SUCCESS;
 }
 
-nsa_status decode_run_step(decode_run *d, char *err, size_t err_size)
+nsa_status decode_run_step(decode_run *d, char *err, size_t err_size) { return decode_run_steps(d, 1, err, err_size); }
+
+nsa_status decode_run_steps(decode_run *d, int count, char *err, size_t err_size)
 {
-    nsa_status s = nsa_decode(d->plan, &d->args, d->workspace);
-    if (s != NSA_SUCCESS) return tool_format_error(err, err_size, "nsa_decode", s);
-    s = nsa_decode_check(d->plan);
+    for (int i = 0; i < count; i++) {
+        const nsa_status s = nsa_decode(d->plan, &d->args, d->workspace);
+        if (s != NSA_SUCCESS) return tool_format_error(err, err_size, "nsa_decode", s);
+    }
+    const nsa_status s = nsa_decode_check(d->plan);
     if (s != NSA_SUCCESS) return tool_format_error(err, err_size, "nsa_decode_check", s);
     return NSA_SUCCESS;
 }

@@ -125,6 +125,11 @@ nsa_status decode_run_stage(decode_run *d, const int64_t *tq, char *err, size_t 
  * returns the status of its checks of the lengths and tables). */
 nsa_status decode_run_step(decode_run *d, char *err, size_t err_size);
 
+/* Runs the staged step count >= 1 times back to back (nsa_decode each time; the
+ * step rewrites the same cache positions with the same bits), then one
+ * nsa_decode_check: a serving loop's steps queued without waiting on each. */
+nsa_status decode_run_steps(decode_run *d, int count, char *err, size_t err_size);
+
 /* Reads the step's rows back into out (a tk_output of the whole problem from
  * decode_run_output_alloc) at their packed positions. */
 nsa_status decode_run_gather(decode_run *d, tk_output *out, char *err, size_t err_size);
