@@ -619,17 +619,17 @@ static bool branch_ok(const DecBranch &b, bool probs)
     if (probs) return b.mode == 0 && b.t.pbuf && b.t.lse_cmp;
     if (!b.t.cnt || b.sp.ns > DEC_SM80_MAX_SPLITS || (b.t.scores && (b.mode != 0 || !b.t.idx))) return false;
     if (b.t.combine && b.t.nbranch > 1 && (!b.t.bdone || b.t.scores)) return false;
-    return b.mode == 0 || b.mode == 1;
+    return b.mode >= 0 && b.mode <= 2;
 }
 
 cudaError_t dec_attn_sm80(const DecGeom &g, bool probs, int dqkp, int dvp, const DecBranch &b0, const DecBranch *b1,
                           cudaStream_t s)
 {
     if (g.MT == 0) return cudaSuccess; /* s may be the legacy default stream (0): a caller's choice */
-    if (!dec_attn_sm80_takes(g.dtype, g.G, dqkp, dvp) || !branch_ok(b0, probs) ||
-        (b1 && (probs || b0.mode != 0 || b1->mode != 2 || b1->sp.hc != 16 || b1->sp.ns > DEC_SM80_MAX_SPLITS ||
-                !b1->t.cnt || b1->t.cnt == b0.t.cnt || b1->t.scores ||
-                (b1->t.combine && (b1->t.nbranch != 2 || !b1->t.bdone)))))
+    /* b0 alone: the compressed or the selected branch; with b1: the window beside the compressed one */
+    if (!dec_attn_sm80_takes(g.dtype, g.G, dqkp, dvp) || !branch_ok(b0, probs) || (!b1 && b0.mode == 2) ||
+        (b1 && (probs || b0.mode != 0 || b1->mode != 2 || !branch_ok(*b1, false) || b1->t.cnt == b0.t.cnt ||
+                (b1->t.combine && b1->t.nbranch != 2))))
         return cudaErrorInvalidValue;
     Geom gg = {};
     gg.dtype = g.dtype;
