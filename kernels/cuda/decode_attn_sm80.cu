@@ -486,8 +486,8 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     float *const p = in_smem ? sfree : t.pbuf + (r * g.Hkv + gi) * t.max_nc;
     float *const row = in_smem ? sfree + nc : t.rows + (r * g.Hkv + gi) * g.max_ns;
     /* PK keys per thread per round, every one of their G products loaded before any
-     * is summed: PK * 16 loads in flight (one key per round made 4 to 16 dependent
-     * round trips to L2 per key). A key's sum runs over its heads in ascending order,
+     * is summed: PK * 16 loads in flight (one key per round would make 4 to 16
+     * dependent round trips to L2 per key). A key's sum runs over its heads in ascending order,
      * as select_kernel's does. */
     constexpr int PK = 4;
     const bool v4 = g.G % 4 == 0; /* a key's G products as float4 (the buffer and its rows are 16-byte aligned) */

@@ -137,8 +137,8 @@ NSA_DEV void warp_select_row(const Geom &g, const float *row, int64_t tl, int *d
     } else if (g.n > 32 || ROUNDS ||
                !warp_nth_key<0>([&](int u) { return (int64_t)u * 32 + lane < E ? key((int64_t)u * 32 + lane) : 0ull; },
                                 (int)((E + 31) / 32), (int)g.n, cand, lane, prev)) {
-        /* past 1024 blocks the filter reads the keys from the row (before, the n rounds alone
-         * made n passes over it: a decode step at 65537 tokens ranked 1025 blocks that way) */
+        /* past 1024 blocks the filter reads the keys from the row (the n rounds alone would
+         * make n passes over it); the rounds remain its fallback */
         for (int64_t r = 0; r < g.n; r++) {
             uint64_t best = 0;
             for (int64_t j = lane; j < E; j += 32) {
