@@ -95,6 +95,9 @@ static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &
     case K_SLC_SM80_G16: return slc_sm80_g16_smem(ch.dqkp, ch.dvp, c.slc.panel, c.slc.ns);
     case K_SLC_SM80_BLK: return slc_sm80_blk_smem(ch.dqkp, ch.dvp);
     case K_BWD_ATTN_SM80: return bwd_sm80_smem(ch.dqkp, ch.dvp);
+    case K_BWD_ATTN_SM90: return bwd_keys90_smem(ch.dqkp, ch.dvp) > bwd_sm80_smem(ch.dqkp, ch.dvp)
+                                     ? bwd_keys90_smem(ch.dqkp, ch.dvp)
+                                     : bwd_sm80_smem(ch.dqkp, ch.dvp);
     default: return 0;
     }
 }
@@ -195,7 +198,10 @@ static void check_paper_shape()
     expect(CLS_SM90, d128, 1024, NSA_STAGE_WIN_ATTN, "attn_sm90[bn64,2cta,tma]");
     expect(CLS_SM90, d192, 1024, NSA_STAGE_WIN_ATTN, "attn_sm90[bn32,2cta,tma]");
     expect(CLS_SM90, d128, 1024, NSA_STAGE_COMBINE, "combine_in_win");
-    expect(CLS_SM90, d128, 1024, NSA_STAGE_BWD_CMP_ATTN, "bwd_attn_sm80[rows64,bn32,keys64x32]");
+    expect(CLS_SM90, d128, 1024, NSA_STAGE_BWD_CMP_ATTN, "bwd_attn_sm90[rows64,bn32,keys64:wgmma]");
+    expect(CLS_SM90, d192, 1024, NSA_STAGE_BWD_WIN_ATTN, "bwd_attn_sm90[rows64,bn32,keys64:wgmma]");
+    expect(CLS_SM90, d128, 1024, NSA_STAGE_BWD_SLC_ATTN, "bwd_attn_sm80[rows16,bn16,keys64x32]");
+    expect(CLS_SM80, d128, 1024, NSA_STAGE_BWD_CMP_ATTN, "bwd_attn_sm80[rows64,bn32,keys64x32]");
     expect(CLS_SM86, d192, 1024, NSA_STAGE_BWD_SLC_ATTN, "bwd_attn_sm80[rows16,bn16,keys64x32]");
     expect(CLS_SM80, d128, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn32,2cta,r32]");
     expect(CLS_SM80, d192, 1024, NSA_STAGE_CMP_ATTN, "attn_sm80[bn16,2cta,r32]"); /* bn32: 92 KB, one CTA */
@@ -337,6 +343,21 @@ static void check_parsing()
     CHECK(choose(class_limits(CLS_SM80), g4, 64, f, &ch, msg, sizeof msg) == NSA_ERR_UNSUPPORTED &&
               strstr(msg, "sm90"),
           "forced attn_sm90 on sm80: %s", msg);
+    CHECK(parse_force("bwd_slc_attn:bwd_attn_sm90", &f, msg, sizeof msg), "parse");
+    CHECK(choose(class_limits(CLS_SM90), g4, 64, f, &ch, msg, sizeof msg) == NSA_ERR_UNSUPPORTED &&
+              strstr(msg, "bwd_attn_sm90") && strstr(msg, "compressed and window"),
+          "forced bwd_attn_sm90 on the selected branch: %s", msg);
+    CHECK(parse_force("bwd_cmp_attn:bwd_attn_sm90", &f, msg, sizeof msg), "parse");
+    CHECK(choose(class_limits(CLS_SM80), g4, 64, f, &ch, msg, sizeof msg) == NSA_ERR_UNSUPPORTED &&
+              strstr(msg, "sm90"),
+          "forced bwd_attn_sm90 on sm80: %s", msg);
+    CHECK(choose(class_limits(CLS_SM90), config(16, 4, 32, 32, NSA_DTYPE_BF16), 64, f, &ch, msg, sizeof msg) ==
+                  NSA_ERR_UNSUPPORTED,
+          "forced bwd_attn_sm90 at D 32: %s", msg);
+    CHECK(parse_force("bwd_cmp_attn:bwd_attn_sm80", &f, msg, sizeof msg), "parse");
+    CHECK(choose(class_limits(CLS_SM90), g4, 64, f, &ch, msg, sizeof msg) == NSA_SUCCESS &&
+              ch.st[NSA_STAGE_BWD_CMP_ATTN].k == K_BWD_ATTN_SM80 && ch.st[NSA_STAGE_BWD_WIN_ATTN].k == K_BWD_ATTN_SM90,
+          "forced bwd_attn_sm80 on sm90: %s", msg);
     /* forcing the reference scores turns the fused stage off; forcing combine unfuses it */
     CHECK(parse_force("block_scores:ref,combine:combine", &f, msg, sizeof msg), "parse");
     CHECK(!offers_scores_topn(class_limits(CLS_SM90), g4, f), "fused stage with forced reference scores");

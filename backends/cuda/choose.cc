@@ -77,7 +77,7 @@ bool parse_target(const char *s, Cls device, Cls *out, char *msg, size_t msg_siz
 static const char *const k_names[K_COUNT] = {
     "-",           "compress_mean",   "compress_linear", "compress_copy", "attn_ref",        "attn_sm80",
     "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm80_kq", "scores_sm90_g16", "topn",
-    "slc_sm80",    "slc_sm80_g16",    "slc_sm80_blk",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_attn_sm80",   "bwd_compress_mean",
+    "slc_sm80",    "slc_sm80_g16",    "slc_sm80_blk",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_attn_sm80",   "bwd_attn_sm90",   "bwd_compress_mean",
     "bwd_compress_linear", "bwd_store", "decode_append", "decode_split", "decode_sm80", "decode_sm80_probs",
 };
 
@@ -113,7 +113,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     static const Kern tn[] = {K_TOPN};
     static const Kern slc[] = {K_ATTN_REF, K_SLC_SM80, K_SLC_SM80_G16, K_SLC_SM80_BLK};
     static const Kern cb[] = {K_COMBINE, K_COMBINE_IN_WIN};
-    static const Kern bwd[] = {K_BWD_ATTN_REF, K_BWD_ATTN_SM80};
+    static const Kern bwd[] = {K_BWD_ATTN_REF, K_BWD_ATTN_SM80, K_BWD_ATTN_SM90};
     static const Kern dec[] = {K_DECODE_SPLIT, K_DECODE_SM80, K_DECODE_SM80_PROBS};
     switch (st) {
     case NSA_STAGE_CMP_ATTN:
@@ -125,7 +125,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     case NSA_STAGE_COMBINE: *out = cb; return 2;
     case NSA_STAGE_BWD_CMP_ATTN:
     case NSA_STAGE_BWD_SLC_ATTN:
-    case NSA_STAGE_BWD_WIN_ATTN: *out = bwd; return 2;
+    case NSA_STAGE_BWD_WIN_ATTN: *out = bwd; return 3;
     case NSA_STAGE_DECODE_ATTN: *out = dec; return 3;
     default: *out = nullptr; return 0;
     }
@@ -374,8 +374,10 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
     }
 
     /* backward (training plans): bwd_sm80's tensor-core kernels where the dtype, the dims and the class's
-     * shared memory allow (every class at the padded dims it takes), else bwd_ref.cu's */
+     * shared memory allow (every class at the padded dims it takes), with the compressed and window keys
+     * kernel on wgmma on the sm90 class where its dims and tiles fit; else bwd_ref.cu's */
     const bool bwd_tc = s.tc && bwd_sm80_takes(s.dqkp, s.dvp, s.limit);
+    const bool bwd_wg = bwd_tc && lim.cls == CLS_SM90 && bwd_sm90_takes(s.dqkp, s.dvp, s.limit);
     bool any_bwd_tc = false;
     const nsa_stage bwd_stages[] = {NSA_STAGE_BWD_CMP_ATTN, NSA_STAGE_BWD_SLC_ATTN, NSA_STAGE_BWD_WIN_ATTN};
     for (nsa_stage st : bwd_stages) {
@@ -387,8 +389,16 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
                 nsa_stage_name(st), class_name(lim.cls), (long long)cfg.head_dim_qk, (long long)cfg.head_dim_v);
             return NSA_ERR_UNSUPPORTED;
         }
-        out->st[st].k = fk != K_NONE ? fk : bwd_tc ? K_BWD_ATTN_SM80 : K_BWD_ATTN_REF;
-        any_bwd_tc = any_bwd_tc || out->st[st].k == K_BWD_ATTN_SM80;
+        if (fk == K_BWD_ATTN_SM90 && (!bwd_wg || st == NSA_STAGE_BWD_SLC_ATTN)) {
+            say(msg, msg_size, "cuda backend: NSA_CUDA_FORCE asks stage %s to run bwd_attn_sm90, which cannot run "
+                               "this plan on class %s: it takes the compressed and window branches on class sm90, "
+                               "f16 / bf16 with padded dims 64/64, 128/128 or 192/128 (Dqk = %lld, Dv = %lld)",
+                nsa_stage_name(st), class_name(lim.cls), (long long)cfg.head_dim_qk, (long long)cfg.head_dim_v);
+            return NSA_ERR_UNSUPPORTED;
+        }
+        const Kern tc = bwd_wg && st != NSA_STAGE_BWD_SLC_ATTN ? K_BWD_ATTN_SM90 : K_BWD_ATTN_SM80;
+        out->st[st].k = fk != K_NONE ? fk : bwd_tc ? tc : K_BWD_ATTN_REF;
+        any_bwd_tc = any_bwd_tc || out->st[st].k == K_BWD_ATTN_SM80 || out->st[st].k == K_BWD_ATTN_SM90;
     }
     out->bwd_tiles = (cfg.flags & NSA_CONFIG_TRAINING) && any_bwd_tc;
     out->st[NSA_STAGE_BWD_COMPRESS].k =
@@ -446,6 +456,7 @@ void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size)
         snprintf(buf, size, "%s[rows%d,bn%d,keys%dx%d]", n, stage == NSA_STAGE_BWD_SLC_ATTN ? 16 : BWD_ROWS_BM,
                  stage == NSA_STAGE_BWD_SLC_ATTN ? BWD_SLC_KC : BWD_ROWS_BN, BWD_KEYS_BN, BWD_KEYS_BM);
         break;
+    case K_BWD_ATTN_SM90: snprintf(buf, size, "%s[rows%d,bn%d,keys%d:wgmma]", n, BWD_ROWS_BM, BWD_ROWS_BN, BWD_KEYS_BN); break;
     default: snprintf(buf, size, "%s", n); break;
     }
 }

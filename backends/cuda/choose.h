@@ -73,6 +73,7 @@ enum Kern {
     K_COMBINE_IN_WIN, /* COMBINE done by the window kernel's epilogue */
     K_BWD_ATTN_REF,   /* backward of a branch: rows (dq) and keys (dk, dv) kernels, fp32 */
     K_BWD_ATTN_SM80,  /* the same two kernels on mma.sync (every class) */
+    K_BWD_ATTN_SM90,  /* compressed / window: bwd_attn_sm80's rows kernel, the keys kernel on wgmma (sm90) */
     K_BWD_COMPRESS_MEAN,
     K_BWD_COMPRESS_LINEAR,
     K_BWD_STORE,
@@ -113,7 +114,7 @@ struct Choice {
     bool fused_topn; /* SCORES_TOPN ranks inside the scores kernel; else the backend's own scores rows + topn */
     bool tiles;      /* some kernel walks the plan's tile list */
     bool kc16;       /* some kernel reads the packed 16-bit compressed rows */
-    bool bwd_tiles;  /* a backward stage runs bwd_attn_sm80 (its work lists) */
+    bool bwd_tiles;  /* a backward stage runs bwd_attn_sm80 or bwd_attn_sm90 (their work lists) */
     int sc_tokens;   /* the scores kernel's tokens per tile where they differ from tile_tokens(G)
                         (scores_sm80_kq at a G that is not a power of two: its own tile list); else 0 */
 };

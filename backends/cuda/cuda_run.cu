@@ -349,7 +349,7 @@ nsa_status run_bwd_attn(const Run &r, int b)
         map = &r.p->slc_map;
     }
     const int mode = b == NSA_BRANCH_CMP ? 0 : b == NSA_BRANCH_SLC ? 1 : 2;
-    if (r.ch().k != K_BWD_ATTN_SM80) {
+    if (r.ch().k != K_BWD_ATTN_SM80 && r.ch().k != K_BWD_ATTN_SM90) {
         LAUNCH(bwd_attn_ref(r.g, mode, in, view(k), view(v), mview(a->dq_acc), dk, dv, map, r.s));
         return NSA_SUCCESS;
     }
@@ -361,7 +361,8 @@ nsa_status run_bwd_attn(const Run &r, int b)
         kk = r.kc16();
         vv = r.vc16();
     }
-    LAUNCH(bwd_attn_sm80(r.g, r.c->dev, mode, dqkp, dvp, r.p->bwd, in, kk, vv, mview(a->dq_acc), dk, dv, map, r.s));
+    LAUNCH(bwd_attn_sm80(r.g, r.c->dev, mode, dqkp, dvp, r.p->bwd, in, kk, vv, mview(a->dq_acc), dk, dv, map,
+                         r.ch().k == K_BWD_ATTN_SM90, r.s));
     return NSA_SUCCESS;
 }
 

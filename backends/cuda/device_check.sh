@@ -28,7 +28,8 @@
 #   bwdlong  nsa run --backward against the cpu backend where reader lists split (T = BWDLONG_T, 4096, D 64,
 #            G 16 and 4), and T = 524288 (paper shape, D 128) with its workspace and per-stage profile
 #   bwdbench nsa bench --backward with NSA_CUDA_PROFILE per stage, BWD_T (16384,65536) x BWD_SHAPES per
-#            class in BWD_CLASSES (sm90), and .bench/sdpa_baseline.py's dense backward beside it
+#            class in BWD_CLASSES (sm90) and NSA_CUDA_FORCE of BWD_FORCES ("none": the default choice),
+#            and .bench/sdpa_baseline.py's dense backward beside it
 #   baseline nsa bench of the tree in .old/ (BASE_T, default 65536; git archive of an
 #            earlier commit, built here in the background) beside this tree, alternating,
 #            BASE_ROUNDS times (default 2), for the ';'-separated nsa flags of BASE_SHAPES
@@ -46,7 +47,7 @@
 #            DECNCU_DETAIL=1 adds the attention launches' speed of light, warp stalls and occupancy at batch 64
 #   decsrc   ncu source counters (stall samples per SASS line) of the decode attention, batch DECSRC_B (1), 64k, D 128
 #   oclbench NVIDIA's OpenCL: nsa bench at OCL_T (8192) with v3 and v2 attention and their stage profiles (OPENCL=1)
-#   ncu      stall reasons and source counters of NCU_SPEC kernels (not in the default)
+#   ncu      stall reasons and source counters of NCU_SPEC kernels, nsa run with NCU_ARGS (not in the default)
 #   l2       L2 sectors, DRAM bytes, instructions of L2_SPEC kernels (not in the default)
 #   ldgsts   dev/cuda/ldgsts_l2.cu: cp.async's L2 reads per shared-memory layout (not in the default)
 # Needs .debs (check, libsubunit, libclblast .deb files, unpacked with dpkg -x; the
@@ -267,23 +268,25 @@ fi
 if has bwdbench; then # the backward per stage (NSA_CUDA_PROFILE) and in total at BWD_T, per shape in BWD_SHAPES;
   # beside it the dense backward of cuDNN / FlashAttention-2 (.bench/sdpa_baseline.py, copied from ../shared/bench)
   IFS=';' read -ra shapes <<< "${BWD_SHAPES:---dqk 128 --dv 128;--dqk 192 --dv 128;--hq 32 --hkv 8 --dqk 128 --dv 128}"
-  for cls in ${BWD_CLASSES:-sm90}; do for args in "${shapes[@]}"; do
-    tag=$(echo "$cls $args" | tr -d '-' | tr ' ' '_')
-    env $(target $cls) NSA_CUDA_PROFILE=1 timeout 240 $NSA bench --backend cuda --T ${BWD_T:-16384,65536} $args \
-      --backward --iters 5 --warmup 1 --no-stages --no-dense > "$OUT/bwdbench_$tag.log" 2>&1
-    rc=$?; note "[$(el)] bwdbench $cls $args rc=$rc"
+  bwd_forces=${BWD_FORCES:-none}
+  for cls in ${BWD_CLASSES:-sm90}; do for args in "${shapes[@]}"; do for fo in $bwd_forces; do
+    tag=$(echo "$cls $args $fo" | tr -d '-' | tr ' :,' '___')
+    env $(target $cls) $([ $fo = none ] || echo NSA_CUDA_FORCE=$fo) NSA_CUDA_PROFILE=1 timeout 240 $NSA bench \
+      --backend cuda --T ${BWD_T:-16384,65536} $args --backward --iters 5 --warmup 1 --no-stages --no-dense \
+      > "$OUT/bwdbench_$tag.log" 2>&1
+    rc=$?; note "[$(el)] bwdbench $cls $args force $fo rc=$rc"
     grep -E "^ +[0-9]+ |bwd" "$OUT/bwdbench_$tag.log" | tee -a "$SUM"
     for T in $(echo ${BWD_T:-16384,65536} | tr ',' ' '); do
       grep "T=$T)" "$OUT/bwdbench_$tag.log" | grep BWD_STORE | tail -1 | cut -c1-900 | tee -a "$SUM"
     done
-    if [ -f .bench/sdpa_baseline.py ] && [ "$cls" = sm90 ]; then
+    if [ -f .bench/sdpa_baseline.py ] && [ "$cls" = sm90 ] && [ "$fo" = "${bwd_forces%% *}" ]; then
       hq=$(echo "$args" | grep -oE -- '--hq [0-9]+' | awk '{print $2}'); hkv=$(echo "$args" | grep -oE -- '--hkv [0-9]+' | awk '{print $2}')
       dqk=$(echo "$args" | grep -oE -- '--dqk [0-9]+' | awk '{print $2}'); dv=$(echo "$args" | grep -oE -- '--dv [0-9]+' | awk '{print $2}')
       timeout 200 python3 .bench/sdpa_baseline.py --T $(echo ${BWD_T:-16384,65536} | tr ',' ' ') --hq ${hq:-64} \
         --hkv ${hkv:-4} --dqk ${dqk:-192} --dv ${dv:-128} --iters 5 > "$OUT/sdpa_$tag.log" 2>&1
       note "[$(el)] sdpa_baseline $args rc=$?"; tee -a "$SUM" < "$OUT/sdpa_$tag.log" | tail -8
     fi
-  done; done
+  done; done; done
 fi
 if has slcpass; then # slc_sm80_blk in passes (NSA_CUDA_SLC_PASS_MAX): the small corpus, and bitwise the one-pass result
   NSA_CUDA_SLC_PASS_MAX=200000 timeout 200 $B/tests/test_oracle cuda f16,bf16,fixed small > /tmp/sp.log 2>&1
@@ -412,7 +415,7 @@ if has ncu; then # NCU_SPEC kernel:launch-count (default the sm90 kernels), NCU_
       --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis --section SourceCounters \
       --section MemoryWorkloadAnalysis \
       -f -o /tmp/ncu_$k $NSA run --backend cuda --T ${NCU_T:-32768} --dqk ${NCU_DQK:-128} --dv 128 --iters 1 --warmup 0 \
-      --check-tokens 0 > /tmp/ncu_run.log 2>&1
+      --check-tokens 0 ${NCU_ARGS:-} > /tmp/ncu_run.log 2>&1
     rc=$?; note "[$(el)] ncu $k rc=$rc"
     ncu --import /tmp/ncu_$k.ncu-rep --page details > "$OUT/ncu_$k.txt" 2>&1
     ncu --import /tmp/ncu_$k.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_src_$k.csv" 2>&1

@@ -38,44 +38,9 @@
 
 #include <type_traits>
 
-#include "tile_qk.cuh"
+#include "bwd_common.cuh"
 
 namespace nsa_cuda {
-
-/* lse in the log2 domain; +inf where the row sees nothing (lse = -inf), so that
- * every p = 2^(s sl - L) of that row is 0 */
-NSA_DEV float lse2_of(float lse) { return lse == -INFINITY ? INFINITY : lse * NSA_LOG2E; }
-
-/* dg of a quad's row (the 4 lanes that hold it), the same in every lane */
-NSA_DEV float quad_sum(float x)
-{
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-/* adds a warp's 16 x (NO*8) fp32 accumulator to rows of a strided f32 tensor:
- * row i of this thread (lane/4 + 8i) at rowp(i) (NULL: skipped), columns < D */
-template <int NO, bool ADD = true, typename RowFn>
-NSA_DEV void warp_add_rows(const float (&acc)[NO][4], int64_t D, int lane, RowFn rowp)
-{
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float *row = rowp(i);
-        if (!row) continue;
-#pragma unroll
-        for (int j = 0; j < NO; j++) {
-            const int col = j * 8 + 2 * (lane & 3);
-            if (col < D) row[col] = ADD ? row[col] + acc[j][2 * i] : acc[j][2 * i];
-            if (col + 1 < D) row[col + 1] = ADD ? row[col + 1] + acc[j][2 * i + 1] : acc[j][2 * i + 1];
-        }
-    }
-}
-
-template <int NJ> NSA_DEV void zero_frag(float (&s)[NJ][4])
-{
-#pragma unroll
-    for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-}
 
 /* acc += p X for a warp's p (C fragments of KS*16 rows of the k dimension) and a
  * row-major tile X of those rows (stride SX): dq += ds K (rows kernels) and
@@ -333,14 +298,6 @@ __global__ void __launch_bounds__(BWD_THREADS)
 
 /* ------------------------------------------------------------ keys (dk, dv) */
 
-/* May local query position tq read local key kk? (compressed row, token, token) */
-template <int MODE> NSA_DEV bool key_visible(const Geom &g, int64_t kk, int64_t tq)
-{
-    if (MODE == 0) return kk * g.d + g.l - 1 <= tq;
-    if (MODE == 1) return kk <= tq;
-    return kk <= tq && kk > tq - g.w;
-}
-
 template <typename T, int DQK, int DV, int MODE>
 __global__ void __launch_bounds__(BWD_THREADS)
     bwd_keys_sm80_kernel(const Geom g, const int64_t *ktiles, const BwdIn in, const T *__restrict__ k, int64_t kst,
@@ -356,7 +313,7 @@ __global__ void __launch_bounds__(BWD_THREADS)
     T *sV = sK + KN * SQ;
     T *sQ = sV + KN * SV;     /* two steps of KM rows */
     T *sO = sQ + 2 * KM * SQ; /* dO, two steps */
-    int64_t *sT = (int64_t *)(sO + 2 * KM * SV); /* [2][KM] per row: local token (-1: none), lse (log2), gate, delta */
+    int64_t *sT = (int64_t *)(sO + 2 * KM * SV); /* [2][KM] per row: local token (-1: none), lse, gate, delta */
     float *sL = (float *)(sT + 2 * KM);
     float *sG = sL + 2 * KM, *sD = sG + 2 * KM;
 
@@ -394,74 +351,42 @@ __global__ void __launch_bounds__(BWD_THREADS)
         }
         r0 = e0;
     } else {
-        const int64_t *it = ktiles + 6 * (int64_t)blockIdx.x;
-        k0 = it[0];
-        nk = it[1];
-        b = it[2];
-        c = it[3];
-        nch = it[4];
-        gi = blockIdx.y;
-        slot = it[5] < 0 ? -1 : it[5] * g.Hkv + gi;
-        const int64_t s0 = g.cu_seqlens[b], len = g.cu_seqlens[b + 1] - s0;
-        kbase = MODE == 0 ? g.cu_cmp[b] : s0;
-        r0 = s0 + (MODE == 0 ? k0 * g.d + g.l - 1 : k0);
-        r1 = s0 + (MODE == 0 ? len : nsa_min64(k0 + nk - 1 + g.w, len));
+        const KeysItem it = keys_item<MODE>(g, ktiles);
+        gi = it.gi, b = it.b, k0 = it.k0, nk = it.nk, kbase = it.kbase, r0 = it.r0, r1 = it.r1, c = it.c, nch = it.nch;
+        slot = it.slot;
     }
     const int64_t s0 = g.cu_seqlens[b];
     const int64_t nrows = r1 > r0 ? (r1 - r0) * g.G : 0, nsteps = (nrows + KM - 1) / KM;
     /* this chunk's steps; a split item's chunk writes its partial sums (zeros if it has no rows) */
     const int64_t st0 = nch > 1 ? nsa_min64(c * cs, nsteps) : 0, st1 = nch > 1 ? nsa_min64(st0 + cs, nsteps) : nsteps;
     if (slot < 0 && (nk <= 0 || st1 <= st0)) return; /* nothing reads these keys: their gradients stay as they are */
-    const T *q = (const T *)in.q.p, *dout = (const T *)in.dout.p;
-    const float *lse_p = (const float *)in.lse.p, *gate_p = (const float *)in.gate.p;
-    const float *delta_p = (const float *)in.delta.p;
-
     load_tile<T, KN, DQK, SQ, NT>(sK, k + (kbase + k0) * kst + gi * ksh, kd, kvvec,
                                   [&](int r) -> int64_t { return r < nk ? r * kst : -1; });
     load_tile<T, KN, DV, SV, NT>(sV, v + (kbase + k0) * vst + gi * vsh, vd, kvvec,
                                  [&](int r) -> int64_t { return r < nk ? r * vst : -1; });
-    /* row r of the CTA's queries: its global token (-1: past the end) and head */
-    auto row_tok = [&](int64_t r) -> int64_t {
-        if (r >= nrows) return -1;
-        return MODE == 1 ? (int64_t)mlist[r0 + r / g.G] : r0 + r / g.G;
-    };
+    /* reader i of the CTA's list: its global token */
+    auto tok = [&](int64_t i) -> int64_t { return MODE == 1 ? (int64_t)mlist[r0 + i] : r0 + i; };
+    const SmallDiv gd(g.G);
     auto load_step = [&](int64_t st, int buf) {
-        const int64_t rb = st * KM;
-        load_tile<T, KM, DQK, SQ, NT>(sQ + buf * KM * SQ, q, g.Dqk, qvec, [&](int r) -> int64_t {
-            const int64_t t = row_tok(rb + r);
-            return t < 0 ? -1 : t * in.q.st + (gi * g.G + (rb + r) % g.G) * in.q.sh;
-        });
-        load_tile<T, KM, DV, SV, NT>(sO + buf * KM * SV, dout, g.Dv, ovec, [&](int r) -> int64_t {
-            const int64_t t = row_tok(rb + r);
-            return t < 0 ? -1 : t * in.dout.st + (gi * g.G + (rb + r) % g.G) * in.dout.sh;
-        });
-        if (threadIdx.x < KM) {
-            const int r = threadIdx.x;
-            const int64_t t = row_tok(rb + r), h = gi * g.G + (rb + r) % g.G;
-            float L = INFINITY, gt = 0.f, dl = 0.f;
-            if (t >= 0) {
-                L = lse2_of(lse_p[t * in.lse.st + h * in.lse.sh]);
-                gt = gate_p[t * in.gate.st + h * in.gate.sh];
-                dl = delta_p[t * in.delta.st + h * in.delta.sh];
-            }
-            sL[buf * KM + r] = L;
-            sG[buf * KM + r] = gt;
-            sD[buf * KM + r] = dl;
-            sT[buf * KM + r] = t < 0 ? -1 : t - s0;
-        }
+        keys_load_step<T, KM, DQK, DV, NT>(
+            g, in, st * KM, nrows, gi, s0, gd, qvec, ovec,
+            [&](int r, int cc) { return sQ + buf * KM * SQ + r * SQ + cc * 8; },
+            [&](int r, int cc) { return sO + buf * KM * SV + r * SV + cc * 8; }, tok, sT + buf * KM, sL + buf * KM,
+            sG + buf * KM, sD + buf * KM);
     };
     if (st0 < st1) load_step(st0, 0);
     cp_async_commit();
 
     const float sl = g.scale * NSA_LOG2E;
     const T *sKw = sK + warp * 16 * SQ, *sVw = sV + warp * 16 * SV;
-    int64_t kk[2]; /* this thread's two keys (local), and whether they exist */
+    int64_t kk[2], klo[2], khi[2]; /* this thread's two keys (local), whether they exist, who may read them */
     bool kv[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int r = warp * 16 + (lane >> 2) + 8 * i;
         kv[i] = r < nk;
         kk[i] = k0 + r;
+        key_readers<MODE>(g, kk[i], kv[i], klo[i], khi[i]);
     }
     float dka[DQK / 8][4], dva[DV / 8][4];
     zero_frag(dka);
@@ -483,36 +408,13 @@ __global__ void __launch_bounds__(BWD_THREADS)
             zero_frag(e);
             warp_qk<T, DQK, KM / 8, SQ, false>(s, nullptr, sKw, sQb, 0, lane);
             warp_qk<T, DV, KM / 8, SV, false>(e, nullptr, sVw, sOb, 0, lane);
-#pragma unroll
-            for (int j = 0; j < KM / 8; j++)
-#pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    const int col = j * 8 + 2 * (lane & 3) + (x & 1), i = x >> 1;
-                    const int64_t t = tq[col];
-                    const bool vis = kv[i] && t >= 0 && key_visible<MODE>(g, kk[i], t);
-                    const float p = vis ? fast_ex2(fmaf(s[j][x], sl, -L[col])) : 0.f;
-                    s[j][x] = p * G[col];                                /* g p: dv */
-                    e[j][x] = p * (G[col] * e[j][x] - D[col]) * g.scale; /* scale ds: dk */
-                }
+            keys_step_probs(s, e, klo, khi, tq, L, G, D, sl, g.scale, lane);
             warp_pv_exact<T, DV, KM / 16, SV>(dva, s, sOb, lane);
             warp_pv_exact<T, DQK, KM / 16, SQ>(dka, e, sQb, lane);
         }
         __syncthreads();
     }
-    if (slot >= 0) { /* the partial sums of this chunk: scratch[slot][key][Dqk + Dv] */
-        const int64_t W = g.Dqk + g.Dv;
-        auto sp = [&](int i, int64_t off) {
-            return kv[i] ? scratch + (slot * KN + warp * 16 + (lane >> 2) + 8 * i) * W + off : (float *)nullptr;
-        };
-        warp_add_rows<DQK / 8, false>(dka, g.Dqk, lane, [&](int i) { return sp(i, 0); });
-        warp_add_rows<DV / 8, false>(dva, g.Dv, lane, [&](int i) { return sp(i, g.Dqk); });
-        return;
-    }
-    auto rowp = [&](float *base, int64_t rs, int64_t hs, int i) {
-        return base && kv[i] ? base + (kbase + kk[i]) * rs + gi * hs : (float *)nullptr;
-    };
-    warp_add_rows(dka, g.Dqk, lane, [&](int i) { return rowp(dk, dkst, dksh, i); });
-    warp_add_rows(dva, g.Dv, lane, [&](int i) { return rowp(dv, dvst, dvsh, i); });
+    keys_store(g, dka, dva, kv, kk, slot, kbase, gi, warp, lane, scratch, dk, dkst, dksh, dv, dvst, dvsh);
 }
 
 /* The split items' partial sums added to dk, dv: for each key row and dim, the
@@ -582,7 +484,7 @@ __global__ void slc_chunks_kernel(const Geom g, const int *moff, int nsub, int64
 
 template <typename T, int DQK, int DV>
 static cudaError_t bwd_sm80_t(const Geom &g, const Dev &dev, int mode, const BwdTiles &bt, const BwdIn &in, View k,
-                              View v, MView dq, MView dk, MView dv, const SlcMap *map, cudaStream_t s)
+                              View v, MView dq, MView dk, MView dv, const SlcMap *map, bool keys90, cudaStream_t s)
 {
     if (g.T == 0) return cudaSuccess;
     size_t smem = bwd_sm80_smem(DQK, DV);
@@ -638,17 +540,21 @@ static cudaError_t bwd_sm80_t(const Geom &g, const Dev &dev, int mode, const Bwd
         cs = mode == 0 ? bt.cmp_cs : 0;
         grid = dim3((unsigned)n, (unsigned)g.Hkv);
     }
-    auto kern = mode == 0   ? bwd_keys_sm80_kernel<T, DQK, DV, 0>
-                : mode == 1 ? bwd_keys_sm80_kernel<T, DQK, DV, 1>
-                            : bwd_keys_sm80_kernel<T, DQK, DV, 2>;
-    smem = bwd_sm80_smem(DQK, DV);
-    if ((e = launch_smem(kern, dev, smem)) != cudaSuccess) return e;
-    kern<<<grid, BWD_THREADS, smem, s>>>(g, kt, in, kp, k.st, k.sh, vp, v.st, v.sh, kd, vd, qvec, ovec, kvvec,
-                                         (float *)dk.p, dk.st, dk.sh, (float *)dv.p, dv.st, dv.sh,
-                                         map ? map->list_out : nullptr, map ? map->off : nullptr,
-                                         map ? map->blk_off : nullptr, map ? map->nb : 0, nsub, bt.slc_choff,
-                                         bt.slc_sloff, nitems, cs, bt.scratch);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (keys90 && mode != 1) { /* the same items and scratch on wgmma */
+        if ((e = bwd_keys_sm90(g, dev, mode, DQK, DV, bt, in, k, v, dk, dv, s)) != cudaSuccess) return e;
+    } else {
+        auto kern = mode == 0   ? bwd_keys_sm80_kernel<T, DQK, DV, 0>
+                    : mode == 1 ? bwd_keys_sm80_kernel<T, DQK, DV, 1>
+                                : bwd_keys_sm80_kernel<T, DQK, DV, 2>;
+        smem = bwd_sm80_smem(DQK, DV);
+        if ((e = launch_smem(kern, dev, smem)) != cudaSuccess) return e;
+        kern<<<grid, BWD_THREADS, smem, s>>>(g, kt, in, kp, k.st, k.sh, vp, v.st, v.sh, kd, vd, qvec, ovec, kvvec,
+                                             (float *)dk.p, dk.st, dk.sh, (float *)dv.p, dv.st, dv.sh,
+                                             map ? map->list_out : nullptr, map ? map->off : nullptr,
+                                             map ? map->blk_off : nullptr, map ? map->nb : 0, nsub, bt.slc_choff,
+                                             bt.slc_sloff, nitems, cs, bt.scratch);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
     /* the split items' partial sums, in chunk order */
     if (mode == 1) {
         bwd_keys_reduce_kernel<1><<<(unsigned)nitems, BWD_THREADS, 0, s>>>(
@@ -671,9 +577,9 @@ size_t bwd_slc_scan_bytes(int64_t items)
 
 cudaError_t bwd_attn_sm80(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
                           const BwdIn &in, View k, View v, MView dq, MView dk, MView dv, const SlcMap *map,
-                          cudaStream_t s)
+                          bool keys90, cudaStream_t s)
 {
-    NSA_SLC_DISPATCH(bwd_sm80_t, g, dqkp, dvp, g, dev, mode, bt, in, k, v, dq, dk, dv, map, s);
+    NSA_SLC_DISPATCH(bwd_sm80_t, g, dqkp, dvp, g, dev, mode, bt, in, k, v, dq, dk, dv, map, keys90, s);
 }
 
 } // namespace nsa_cuda

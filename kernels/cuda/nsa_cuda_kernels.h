@@ -200,9 +200,16 @@ struct BwdTiles {
 };
 /* CUB temporary bytes of the scans over the selected items' chunk counts */
 size_t bwd_slc_scan_bytes(int64_t items);
+/* keys90: the compressed / window keys kernel on wgmma (bwd_keys_sm90, class
+ * sm90, the dims keys90_dims takes); the rows kernels and the selected
+ * branch stay on mma.sync */
 cudaError_t bwd_attn_sm80(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
                           const BwdIn &in, View k, View v, MView dq, MView dk, MView dv, const SlcMap *map,
-                          cudaStream_t s);
+                          bool keys90, cudaStream_t s);
+/* bwd_keys_sm90.cu: dk, dv of the compressed (mode 0) or window (2) branch;
+ * split items' partial sums go to bt.scratch for bwd_attn_sm80's reduce */
+cudaError_t bwd_keys_sm90(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
+                          const BwdIn &in, View k, View v, MView dk, MView dv, cudaStream_t s);
 /* dc (f32 [total_cmp, Hkv, D]) back through the compression: adds to dx (f32
  * [T, Hkv, D], optional) and, LINEAR, to dW [Hkv, l, D, D] and dpe [Hkv, l, D]
  * (f32, optional); x, W, pe of the cfg dtype (pe may be absent). */

@@ -433,6 +433,26 @@ inline bool bwd_sm80_takes(int dqkp, int dvp, int64_t limit)
 {
     return tc_pair_dims(dqkp, dvp) && (int64_t)bwd_sm80_smem(dqkp, dvp) <= limit;
 }
+/* bwd_keys_sm90.cu (the compressed and window keys kernel on wgmma, class
+ * sm90): one warpgroup of 64 keys, Q / dO steps of 64 rows (32 at Dqk 192),
+ * 128-byte-swizzled panels of 64 dims, so the padded dims 64/64, 128/128 and
+ * 192/128 (32 is narrower than a panel: bwd_sm80 keeps it). */
+constexpr bool keys90_dims(int dqkp, int dvp)
+{
+    return (dqkp == dvp && (dqkp == 64 || dqkp == 128)) || (dqkp == 192 && dvp == 128);
+}
+constexpr size_t bwd_keys90_smem(int dqkp, int dvp)
+{
+    /* 1 KB for the swizzle atoms' alignment; K, V of 64 keys; two steps of Q, dO; per row of a step: token, lse,
+     * gate, delta */
+    return 1024 + 2 * (size_t)BWD_KEYS_BN * (size_t)(dqkp + dvp) +
+           2 * 2 * (size_t)(dqkp > 128 ? 32 : 64) * (size_t)(dqkp + dvp) + 2 * (size_t)(dqkp > 128 ? 32 : 64) * 20;
+}
+inline bool bwd_sm90_takes(int dqkp, int dvp, int64_t limit)
+{
+    return keys90_dims(dqkp, dvp) && (int64_t)bwd_keys90_smem(dqkp, dvp) <= limit &&
+           bwd_sm80_takes(dqkp, dvp, limit);
+}
 
 } // namespace nsa_cuda
 
