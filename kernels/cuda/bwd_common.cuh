@@ -55,6 +55,24 @@ template <int MODE> NSA_DEV void key_readers(const Geom &g, int64_t kk, bool exi
     hi = MODE == 2 ? kk + g.w - 1 : INT64_MAX;
 }
 
+/* This thread's two key rows of a keys kernel's 64 (warp w holds rows 16 w +
+ * lane / 4 + 8 i of the C fragments): their local keys k0 + row, whether they
+ * exist (row < nk), and the query positions that may read them. */
+template <int MODE> struct KeyRows {
+    int64_t kk[2], lo[2], hi[2];
+    bool kv[2];
+    NSA_DEV KeyRows(const Geom &g, int64_t k0, int64_t nk, int warp, int lane)
+    {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = warp * 16 + (lane >> 2) + 8 * i;
+            kv[i] = r < nk;
+            kk[i] = k0 + r;
+            key_readers<MODE>(g, kk[i], kv[i], lo[i], hi[i]);
+        }
+    }
+};
+
 /* x / d for 0 <= x, x d < 2^32 by one multiply-high: m = ceil(2^32 / d) =
  * (2^32 + e) / d with e < d, so x m / 2^32 = x / d + x e / (d 2^32) and the
  * excess stays below 1 / d. The keys kernels' row -> (reader, head) split,

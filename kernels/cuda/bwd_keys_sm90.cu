@@ -117,15 +117,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     cp_async_commit();
 
     const float sl = g.scale * NSA_LOG2E;
-    int64_t kk[2], klo[2], khi[2]; /* this thread's two keys (local), whether they exist, who may read them */
-    bool kv[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int r = warp * 16 + (lane >> 2) + 8 * i;
-        kv[i] = r < nk;
-        kk[i] = k0 + r;
-        key_readers<MODE>(g, kk[i], kv[i], klo[i], khi[i]);
-    }
+    const KeyRows<MODE> kr(g, k0, nk, warp, lane);
     const uint64_t kdsc = sw128_desc(smem_u32(sK), 16), vdsc = sw128_desc(smem_u32(sV), 16);
     float dka[DQK / 8][4], dva[DV / 8][4];
     zero_frag(dka);
@@ -162,7 +154,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         }
         const float *L = sL + buf * KM, *G = sG + buf * KM, *D = sD + buf * KM;
         const int64_t *tq = sT + buf * KM;
-        keys_step_probs(s, e, klo, khi, tq, L, G, D, sl, g.scale, lane);
+        keys_step_probs(s, e, kr.lo, kr.hi, tq, L, G, D, sl, g.scale, lane);
         {
             /* B operands MN-major: 64-column panels KM * 128 bytes apart, k-step 16 rows */
             const uint64_t qt = sw128_desc(qa, KM * 128), ot = sw128_desc(oa, KM * 128);
@@ -179,7 +171,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         }
         __syncthreads(); /* the step's buffers are free for the next fetch */
     }
-    keys_store(g, dka, dva, kv, kk, it.slot, it.kbase, gi, warp, lane, scratch, dk, dkst, dksh, dv, dvst, dvsh);
+    keys_store(g, dka, dva, kr.kv, kr.kk, it.slot, it.kbase, gi, warp, lane, scratch, dk, dkst, dksh, dv, dvst, dvsh);
 #endif
 }
 

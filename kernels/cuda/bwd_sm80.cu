@@ -379,15 +379,7 @@ __global__ void __launch_bounds__(BWD_THREADS)
 
     const float sl = g.scale * NSA_LOG2E;
     const T *sKw = sK + warp * 16 * SQ, *sVw = sV + warp * 16 * SV;
-    int64_t kk[2], klo[2], khi[2]; /* this thread's two keys (local), whether they exist, who may read them */
-    bool kv[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int r = warp * 16 + (lane >> 2) + 8 * i;
-        kv[i] = r < nk;
-        kk[i] = k0 + r;
-        key_readers<MODE>(g, kk[i], kv[i], klo[i], khi[i]);
-    }
+    const KeyRows<MODE> kr(g, k0, nk, warp, lane);
     float dka[DQK / 8][4], dva[DV / 8][4];
     zero_frag(dka);
     zero_frag(dva);
@@ -408,13 +400,13 @@ __global__ void __launch_bounds__(BWD_THREADS)
             zero_frag(e);
             warp_qk<T, DQK, KM / 8, SQ, false>(s, nullptr, sKw, sQb, 0, lane);
             warp_qk<T, DV, KM / 8, SV, false>(e, nullptr, sVw, sOb, 0, lane);
-            keys_step_probs(s, e, klo, khi, tq, L, G, D, sl, g.scale, lane);
+            keys_step_probs(s, e, kr.lo, kr.hi, tq, L, G, D, sl, g.scale, lane);
             warp_pv_exact<T, DV, KM / 16, SV>(dva, s, sOb, lane);
             warp_pv_exact<T, DQK, KM / 16, SQ>(dka, e, sQb, lane);
         }
         __syncthreads();
     }
-    keys_store(g, dka, dva, kv, kk, slot, kbase, gi, warp, lane, scratch, dk, dkst, dksh, dv, dvst, dvsh);
+    keys_store(g, dka, dva, kr.kv, kr.kk, slot, kbase, gi, warp, lane, scratch, dk, dkst, dksh, dv, dvst, dvsh);
 }
 
 /* The split items' partial sums added to dk, dv: for each key row and dim, the
