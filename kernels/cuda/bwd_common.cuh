@@ -73,14 +73,16 @@ template <int MODE> struct KeyRows {
     }
 };
 
-/* x / d for 0 <= x, x d < 2^32 by one multiply-high: m = ceil(2^32 / d) =
+/* x / d by one multiply-high where x d < 2^32: m = ceil(2^32 / d) =
  * (2^32 + e) / d with e < d, so x m / 2^32 = x / d + x e / (d 2^32) and the
- * excess stays below 1 / d. The keys kernels' row -> (reader, head) split,
- * where a 64-bit division per 16-byte chunk cost more than the MMAs. */
+ * excess stays below 1 / d. The keys kernels split a step's row x < G + 64
+ * into (reader, head) with it, where a 64-bit division per 16-byte chunk cost
+ * more than the MMAs; from d = 2^15 (G that large: x d may pass 2^32) they
+ * divide. */
 struct SmallDiv {
     uint32_t d, m;
     NSA_DEV explicit SmallDiv(int64_t dd) : d((uint32_t)dd), m(dd > 1 ? (uint32_t)((0x100000000ull + dd - 1) / dd) : 0u) {}
-    NSA_DEV uint32_t div(uint32_t x) const { return d == 1 ? x : __umulhi(x, m); }
+    NSA_DEV uint32_t div(uint32_t x) const { return d == 1 ? x : d < 32768u ? __umulhi(x, m) : x / d; }
 };
 
 /* 4-byte global -> shared copy, zero-filled (and nothing read) where pred is false */
