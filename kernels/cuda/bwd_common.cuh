@@ -1,9 +1,12 @@
 /*
  * bwd_common.cuh -- device helpers of the backward's tensor-core kernels
  * (bwd_sm80.cu on mma.sync, bwd_keys_sm90.cu on wgmma): the row values in
- * the log2 domain, the C-fragment stores, and which queries read a key.
- * Fragments follow the mma.sync m16n8 C layout (nsa_cuda.cuh), which is also
- * each warp's part of a wgmma accumulator (wgmma.cuh).
+ * the log2 domain and the C-fragment stores, and the keys kernels' shared
+ * steps: their compressed / window items, which queries read a key, a step's
+ * loads (rows split into reader and head), its probabilities and the final
+ * store of dk, dv. Fragments follow the mma.sync m16n8 C layout
+ * (nsa_cuda.cuh), which is also each warp's part of a wgmma accumulator
+ * (wgmma.cuh).
  */
 #ifndef NSA_KERNELS_CUDA_BWD_COMMON_CUH
 #define NSA_KERNELS_CUDA_BWD_COMMON_CUH
