@@ -19,8 +19,9 @@
  * delta ride beside them. KM is 64 (32 at Dqk 192, where dk holds 96
  * registers); two CTAs per SM.
  *
- * Rejected: 32-row steps at every Dqk (the S^T / E^T products read their A
- * operand from shared memory once per 32 rows: twice the traffic per MMA).
+ * Not measured: 32-row steps at every Dqk (the S^T / E^T products would read
+ * their A operand, the keys, from shared memory once per 32 rows instead of
+ * 64: twice that traffic per MMA).
  */
 #include "bwd_common.cuh"
 #include "wgmma.cuh"
