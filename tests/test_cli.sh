@@ -313,6 +313,12 @@ if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available"; then
   expect "opencl stage kernels: win_attn_v3 by default" 0 "win_attn +win_attn_v3\[" -- "$nsa" "${kinfo[@]}"
   expect "opencl stage kernels: NSA_OPENCL_KERNELS=v2" 0 "cmp_attn +cmp_attn_v2\[" -- \
     env NSA_OPENCL_KERNELS=v2 "$nsa" "${kinfo[@]}"
+  # selected attention: v3 where G >= 8, v2 below it and when forced
+  kinfo8=(info --kernels --T 256 --hq 16 --hkv 2 --dqk 32 --dv 32)
+  expect "opencl stage kernels: slc_attn_v3 at G = 8" 0 "slc_attn +slc_attn_v3\[" -- "$nsa" "${kinfo8[@]}"
+  expect "opencl stage kernels: slc_attn_v2 at G = 4" 0 "slc_attn +slc_attn_v2\[" -- "$nsa" "${kinfo[@]}"
+  expect "opencl stage kernels: NSA_OPENCL_KERNELS=v2 at G = 8" 0 "slc_attn +slc_attn_v2\[" -- \
+    env NSA_OPENCL_KERNELS=v2 "$nsa" "${kinfo8[@]}"
   expect "opencl stage kernels: NSA_OPENCL_KERNELS=v1" 0 "slc_attn +slc_attn\[wg" -- \
     env NSA_OPENCL_KERNELS=v1 "$nsa" "${kinfo[@]}"
   expect "nsa parity --backends opencl,cpu" 0 "opencl" -- \

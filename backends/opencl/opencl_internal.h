@@ -54,6 +54,7 @@ enum ocl_kernel_id {
     OCL_K_SCORES_TOPN,
     OCL_K_CMP_ATTN_V3, /* tile_attn.cl */
     OCL_K_WIN_ATTN_V3,
+    OCL_K_SLC_ATTN_V3, /* slc_tile.cl */
     OCL_K_BWD_ROWS_CMP, /* backward.cl: rows and keys kernels per branch (cmp, slc, win) */
     OCL_K_BWD_ROWS_SLC,
     OCL_K_BWD_ROWS_WIN,
@@ -106,6 +107,7 @@ typedef struct ocl_plan {
     size_t wg_v2;     /* its work-group size */
     int64_t kt_v2;    /* its key tile */
     int attn_v3;      /* 1: version 3 (tile_attn.cl) for CMP_ATTN and WIN_ATTN */
+    int slc_v3;       /* 1: version 3 (slc_tile.cl) for SLC_ATTN */
     size_t wg_scores; /* block_scores */
     size_t wg_topn;   /* select_topn */
     size_t wg_elem;   /* element-wise kernels */

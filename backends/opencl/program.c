@@ -50,6 +50,7 @@ static const char *const kernel_names[OCL_K_COUNT] = {
     [OCL_K_WIN_ATTN_V2] = "win_attn_v2",
     [OCL_K_CMP_ATTN_V3] = "cmp_attn_v3",
     [OCL_K_WIN_ATTN_V3] = "win_attn_v3",
+    [OCL_K_SLC_ATTN_V3] = "slc_attn_v3",
     [OCL_K_BLOCK_SCORES_V2] = "block_scores_v2",
     [OCL_K_SCORES_TOPN] = "scores_topn",
     [OCL_K_BWD_ROWS_CMP] = "bwd_rows_cmp",

@@ -15,11 +15,13 @@
  *   SCORES_TOPN   (fused; the default where the v2 tile fits) one work-group per (t, g):
  *                 BLOCK_SCORES v2's chunks ranked as they are made, no scores row in the
  *                 workspace; NSA_OPENCL_NO_FUSED=1 refuses it (the plain stages run)
- *   SLC_ATTN      v1 or v2 as CMP_ATTN
+ *   SLC_ATTN      v1 or v2 as CMP_ATTN; v3: one 256-lane work-group per (t, g, 16 heads of
+ *                 the group), the 16 rows sharing 64-key tiles, register-blocked (slc_tile.cl)
  *   WIN_ATTN      as CMP_ATTN (v1, v2 or v3)
  *   COMBINE       element-wise over T * Hq * Dv
  *   DECODE_APPEND, DECODE_ATTN   the decode step: decode.c (decode.cl)
- * Version 3 is used where it fits (choose_v3); else version 2 when its outputs fit the
+ * Version 3 is used where it fits (choose_v3; for SLC_ATTN choose_slc_v3, which also
+ * wants G >= 8); else version 2 when its outputs fit the
  * registers (G * Dv <= 16 * its work-group size, 256 lanes) and a key tile fits the local
  * memory; NSA_OPENCL_KERNELS=v1 or v2 forces that version (v1 is the readable reference).
  * Launches are split into pieces of at most OCL_MAX_GROUPS_PER_LAUNCH groups; each
@@ -221,6 +223,48 @@ static void choose_v3(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
     op->attn_v3 = 1;
 }
 
+/* Version 3 of SLC_ATTN (slc_tile.cl): constants as there. */
+#define ST_WG 256
+#define ST_R 16
+#define ST_BK 64
+#define ST_DC 32
+#define ST_QS (ST_DC + 4)
+#define ST_PS (ST_R + 4)
+#define ST_NV 2
+
+static size_t slc_v3_local_floats(const nsa_config *cfg)
+{
+    const size_t vs = ((size_t)cfg->head_dim_v + 1) & ~(size_t)1;
+    size_t a = (ST_R + ST_BK) * ST_QS;
+    if (a < 4 * ST_R * ST_BK) a = 4 * ST_R * ST_BK;
+    if (a < ST_BK * vs) a = ST_BK * vs;
+    return a + ST_BK * ST_PS + 3 * ST_R + 2 * ST_R * 16;
+}
+
+static size_t slc_v3_local_bytes(const nsa_config *cfg)
+{
+    return 4 * slc_v3_local_floats(cfg) + 16 * ST_BK /* krow, vrow */ + 4 * (size_t)(cfg->num_selected + 1) /* blk */;
+}
+
+/* Version 3 of the selected attention needs its 256 lanes, Dv <= 128 and its tiles in
+ * local memory, and runs where G >= ST_MIN_G: its work-group computes 16 rows whatever
+ * G is (one token's rows share the keys), so below that version 2 does less work
+ * (PoCL, 2 cores, T = 1024, Hkv 4, Dqk 192, Dv 128, 2026-12-05: v2 / v3 2360 / 4463 ms at
+ * G = 1, 3281 / 4345 at G = 4, 4658 / 4340 at G = 8, 7302 / 4507 at G = 16; not measured
+ * on a GPU). NSA_OPENCL_KERNELS=v1 or v2 keeps the older versions (comparisons). */
+#define ST_MIN_G 8
+static void choose_slc_v3(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
+{
+    op->slc_v3 = 0;
+    const char *env = getenv("NSA_OPENCL_KERNELS");
+    if (env && (strcmp(env, "v1") == 0 || strcmp(env, "v2") == 0)) return;
+    if (cfg->num_selected == 0 || cfg->head_dim_v > 64 * ST_NV) return;
+    if (cfg->num_q_heads / cfg->num_kv_heads < ST_MIN_G) return;
+    if (kernel_limit(c, op->prog, OCL_K_SLC_ATTN_V3) < ST_WG) return;
+    if (slc_v3_local_bytes(cfg) > c->local_mem) return;
+    op->slc_v3 = 1;
+}
+
 static size_t scores_v2_local_bytes(const nsa_config *cfg, size_t kt, size_t jc)
 {
     const size_t G = (size_t)(cfg->num_q_heads / cfg->num_kv_heads), Dqk = (size_t)cfg->head_dim_qk;
@@ -356,6 +400,7 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
         while (op->wg_bwd > 1 && op->wg_bwd > kernel_limit(c, op->prog, k)) op->wg_bwd /= 2;
     choose_v2(c, op, cfg);
     choose_v3(c, op, cfg);
+    choose_slc_v3(c, op, cfg);
     choose_scores_v2(c, op, cfg);
     /* a decode plan has its own scratch (decode.c); LINEAR compression there is a kernel */
     if (plan->decode) s = ocl_decode_prepare(c, plan, op);
@@ -452,7 +497,8 @@ nsa_status ocl_stage_kernel(void *bctx, const nsa_bk_plan *plan, nsa_stage stage
         break;
     }
     case NSA_STAGE_SLC_ATTN:
-        if (op->attn_v2) snprintf(name, size, "slc_attn_v2[kt%lld,wg%zu]", (long long)op->kt_v2, op->wg_v2);
+        if (op->slc_v3) snprintf(name, size, "slc_attn_v3[r%d,bk%d,dc%d]", ST_R, ST_BK, ST_DC);
+        else if (op->attn_v2) snprintf(name, size, "slc_attn_v2[kt%lld,wg%zu]", (long long)op->kt_v2, op->wg_v2);
         else snprintf(name, size, "slc_attn[wg%zu]", op->wg_attn);
         break;
     case NSA_STAGE_BLOCK_SCORES:
@@ -689,11 +735,12 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
     const size_t es = dtype_size(cfg->dtype);
-    const int slc = branch == NSA_BRANCH_SLC, v3 = !slc && op->attn_v3, v2 = !v3 && op->attn_v2;
+    const int slc = branch == NSA_BRANCH_SLC, v3 = slc ? op->slc_v3 : op->attn_v3, v2 = !v3 && op->attn_v2;
     static const int kid[2][2] = {{OCL_K_WIN_ATTN, OCL_K_SLC_ATTN}, {OCL_K_WIN_ATTN_V2, OCL_K_SLC_ATTN_V2}};
     static const char *const kname[2][2] = {{"win_attn", "slc_attn"}, {"win_attn_v2", "slc_attn_v2"}};
     ocl_args a;
-    if (v3) ocl_args_begin(&a, op->prog->kernel[OCL_K_WIN_ATTN_V3], "win_attn_v3");
+    if (v3) ocl_args_begin(&a, op->prog->kernel[slc ? OCL_K_SLC_ATTN_V3 : OCL_K_WIN_ATTN_V3],
+                           slc ? "slc_attn_v3" : "win_attn_v3");
     else ocl_args_begin(&a, op->prog->kernel[kid[v2][slc]], kname[v2][slc]);
     ocl_arg_tensor(&a, &args->q, es, 1);
     ocl_arg_tensor(&a, &args->k[branch], es, 1);
@@ -705,7 +752,7 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     ocl_arg_mem(&a, tb->mem);
     ocl_arg_long(&a, tb->cu_seq);
     ocl_arg_long(&a, tb->tok_seq);
-    if (v3) ocl_arg_long(&a, plan->total_tokens);
+    if (v3 && !slc) ocl_arg_long(&a, plan->total_tokens);
     ocl_arg_long(&a, cfg->num_q_heads);
     ocl_arg_long(&a, cfg->num_kv_heads);
     ocl_arg_long(&a, cfg->head_dim_qk);
@@ -719,12 +766,24 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     ocl_arg_float(&a, cfg->scale);
     const cl_uint first = a.next;
     ocl_arg_long(&a, 0);
-    if (v3) v3_locals(&a, cfg);
-    else if (v2) v2_locals(&a, cfg, op);
-    else attn_locals(&a, cfg, op->wg_attn);
+    if (v3 && slc) {
+        ocl_arg_local(&a, 4 * slc_v3_local_floats(cfg));
+        ocl_arg_local(&a, 16 * ST_BK);
+    } else if (v3) {
+        v3_locals(&a, cfg);
+    } else if (v2) {
+        v2_locals(&a, cfg, op);
+    } else {
+        attn_locals(&a, cfg, op->wg_attn);
+    }
     if (slc) ocl_arg_local(&a, (size_t)(cfg->num_selected + 1) * 4); /* blk: count + usable blocks */
     nsa_status s = ocl_args_end(&a);
     if (s != NSA_SUCCESS) return s;
+    if (v3 && slc) {
+        const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
+        return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads * ((G + ST_R - 1) / ST_R),
+                          ST_WG, 1);
+    }
     if (v3) return ocl_launch(c, a.kernel, a.kname, first, v3_groups(plan), TA_WG, 1);
     if (v2) return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_v2, 1);
     return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);

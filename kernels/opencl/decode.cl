@@ -374,14 +374,7 @@ __kernel void decode_slc_attn(const __global nsa_t *q, long q_off, long q_st, lo
 {
     DEC_ROW_HEAD()
     const long ix_row = ix_off + r * ix_st + g * ix_sh;
-    if (lid == 0) {
-        int nb = 0;
-        for (long j = 0; b >= 0 && j < n; ++j) {
-            const int s = idx[ix_row + j];
-            if (s >= 0 && (long)s * ls <= t) blk[1 + nb++] = s;
-        }
-        blk[0] = nb;
-    }
+    if (lid == 0) slc_usable_blocks(idx, ix_row, b >= 0 ? n : 0, ls, t, blk);
     load_row_local(qs, q, q_off + r * q_st + h * q_sh, Dqk); /* (its barrier publishes blk) */
     zero_local(acc, Dv);
     float m = -INFINITY, lsum = 0.0f;

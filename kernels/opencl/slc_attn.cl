@@ -9,6 +9,19 @@
  * list of nb * l_s entries (entry e = block blk[e / l_s], offset e % l_s) in chunks of
  * WG; see softmax.cl for the chunk loop. Writes o_slc (f32) and lse_slc if has_lse.
  */
+
+/* blk[0] = the number nb of usable blocks among the n indices of row ix_row (j >= 0 and
+ * j * l_s <= tl), blk[1 .. nb] = those blocks in index order; run by one lane. */
+inline void slc_usable_blocks(const __global int *idx, long ix_row, long n, long ls, long tl, __local int *blk)
+{
+    int nb = 0;
+    for (long k = 0; k < n; ++k) {
+        const int j = idx[ix_row + k];
+        if (j >= 0 && (long)j * ls <= tl) blk[1 + nb++] = j;
+    }
+    blk[0] = nb;
+}
+
 __kernel void slc_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh,
                        const __global nsa_t *k, long k_off, long k_st, long k_sh,
                        const __global nsa_t *v, long v_off, long v_st, long v_sh,
@@ -30,14 +43,7 @@ __kernel void slc_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
     const long tl = t - t0;
     const long ix_row = ix_off + t * ix_st + g * ix_sh;
 
-    if (lid == 0) {
-        int nb = 0;
-        for (long k = 0; k < n; ++k) {
-            const int j = idx[ix_row + k];
-            if (j >= 0 && (long)j * ls <= tl) blk[1 + nb++] = j;
-        }
-        blk[0] = nb;
-    }
+    if (lid == 0) slc_usable_blocks(idx, ix_row, n, ls, tl, blk);
     load_row_local(qs, q, q_off + t * q_st + h * q_sh, Dqk); /* (its barrier publishes blk) */
     zero_local(acc, Dv);
 
@@ -78,14 +84,7 @@ __kernel void slc_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q
     const long t0 = tab[cu_seq_at + b];
     const long tl = t - t0;
     const long ix_row = ix_off + t * ix_st + g * ix_sh;
-    if (get_local_id(0) == 0) {
-        int nb = 0;
-        for (long j = 0; j < n; ++j) {
-            const int s = idx[ix_row + j];
-            if (s >= 0 && (long)s * ls <= tl) blk[1 + nb++] = s;
-        }
-        blk[0] = nb;
-    }
+    if (get_local_id(0) == 0) slc_usable_blocks(idx, ix_row, n, ls, tl, blk);
 
     float acc[GA_MAX_ACC];
     for (int i = 0; i < GA_MAX_ACC; ++i) acc[i] = 0.0f;

@@ -56,7 +56,7 @@ static const spec full_specs[] = {
     {"T<l-lin", "T=5 l=8 d=4 c=lin"},
     {"T<l-ext", "T=6 l=8 d=4 c=ext"},
     {"T<ls", "T=14 l=4 d=2 s=16 n=2"},
-    /* group size G in {1,2,3,4,8,16} */
+    /* group size G in {1,2,3,4,8,16,20} */
     {"G1", "H=3/3 T=50"},
     {"G2", "H=4/2 T=50"},
     {"G3", "H=6/2 D=5/5 T=50"},
@@ -65,6 +65,8 @@ static const spec full_specs[] = {
     {"G16", "H=16/1 D=4/3 T=70"},
     {"G16-hkv2", "H=32/2 D=3/3 T=60"},
     {"G3-hkv3", "H=9/3 D=5/3 T=45 n=2 o=1 i=0"},
+    /* G > 16: kernels that take a group's heads 16 at a time (OpenCL's slc_attn_v3: 16 + 4) */
+    {"G20-hkv2", "H=40/2 D=6/5 T=150 n=3"},
     /* G = 16 with Dqk in (128, 192]: CUDA's slc_sm80_g16 at padded Dqk 192, also with l_s < 64 */
     {"G16-D160-ls32", "H=16/1 D=160/96 l=16 d=8 s=32 n=4 i=1 o=2 w=64 T=200"},
     {"G16-D192-ls64", "H=16/1 D=192/128 l=32 d=16 s=64 n=4 i=1 o=2 w=128 T=333"},
