@@ -21,7 +21,8 @@
 #   python   python/tests/cuda_device_check.py (CUDA tensors vs nsa run, copies, stream) and the unit tests
 #   det      20 processes, one o.npy hash expected (T 8192, DET_ARGS: more nsa run flags)
 #   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles, or SAN_ARGS)
-#   opencl   the small corpus on NVIDIA's OpenCL, forward, backward and decode (needs the module: OPENCL=1 builds it)
+#   opencl   the small corpus (forward: OCL_CORPUS) on NVIDIA's OpenCL, forward, backward and decode (needs the
+#            module: OPENCL=1 builds it)
 #   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus,
 #            the backward, and the decode step (test_decode hip small)
 #   bench    nsa bench at BENCH_T per class in BENCH_CLASSES (default sm90)
@@ -213,8 +214,8 @@ if has sanitize; then
   done
 fi
 if has opencl; then
-  NSA_OPENCL_PLATFORM=NVIDIA timeout 200 $B/tests/test_oracle opencl f32,f16,bf16,fixed small > /tmp/ocl.log 2>&1
-  rc=$?; note "[$(el)] parity-opencl (NVIDIA OpenCL, small corpus) rc=$rc"
+  NSA_OPENCL_PLATFORM=NVIDIA timeout 300 $B/tests/test_oracle opencl f32,f16,bf16,fixed ${OCL_CORPUS:-small} > /tmp/ocl.log 2>&1
+  rc=$?; note "[$(el)] parity-opencl (NVIDIA OpenCL, ${OCL_CORPUS:-small} corpus) rc=$rc"
   grep -E "^parity-opencl|^FAIL|:F:" /tmp/ocl.log | head -6 | tee -a "$SUM"
   NSA_OPENCL_PLATFORM=NVIDIA CK_FORK=no timeout 300 $B/tests/test_backward opencl f32,f16,bf16 ${OCL_BWD_CORPUS:-small} \
     > /tmp/oclb.log 2>&1
