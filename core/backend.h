@@ -34,8 +34,10 @@ extern "C" {
  * stage values).
  * 9: nsa_backend.decode_status (a backend that runs a decode step
  * asynchronously reports its device-side checks through it; a module of
- * version 8 has a shorter vtable). */
-#define NSA_BACKEND_API_VERSION 9
+ * version 8 has a shorter vtable).
+ * 10: NSA_STAGE_WIN_COMBINE (a module of version 9 whose supports() answers by
+ * range might take it without running it). */
+#define NSA_BACKEND_API_VERSION 10
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -118,7 +120,13 @@ typedef enum nsa_stage {
      * scratch). Runs only after a DECODE_APPEND whose checks passed (an
      * asynchronous backend reads dec_status and does nothing when it is not 0). */
     NSA_STAGE_DECODE_ATTN = 14,
-    NSA_STAGE_COUNT = 15
+    /* fused WIN_ATTN + COMBINE, for a forward plan with the window branch on:
+     * reads what both read, but o_b[WIN] is NULL (no workspace holds the window
+     * branch's output: T * Hq * Dv floats less); writes lse[WIN] if given and o,
+     * bitwise as WIN_ATTN then COMBINE would. The planner puts it last, in place
+     * of both. */
+    NSA_STAGE_WIN_COMBINE = 15,
+    NSA_STAGE_COUNT = 16
 } nsa_stage;
 
 /* Stage name for messages and plan info ("cmp_attn"). Inline, so that modules
@@ -141,6 +149,7 @@ static inline const char *nsa_stage_name(nsa_stage stage)
     case NSA_STAGE_BWD_STORE: return "bwd_store";
     case NSA_STAGE_DECODE_APPEND: return "decode_append";
     case NSA_STAGE_DECODE_ATTN: return "decode_attn";
+    case NSA_STAGE_WIN_COMBINE: return "win_combine";
     case NSA_STAGE_COUNT: break;
     }
     return "unknown";

@@ -151,7 +151,9 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
     a.indices = given_out.buf ? given_out
                 : selected_out.buf ? selected_out
                                    : nsa_ws_view(workspace, w->indices, hkv, nsel, NSA_DTYPE_I32);
-    for (int b = 0; b < 3; b++) a.o_b[b] = on[b] ? nsa_ws_view(workspace, w->o_b[b], hq, dv, fdt) : (nsa_bk_tensor){0};
+    /* a branch that is on has its o_b in the workspace, but for WIN_COMBINE's window branch (none) */
+    for (int b = 0; b < 3; b++)
+        a.o_b[b] = on[b] && w->o_b[b] >= 0 ? nsa_ws_view(workspace, w->o_b[b], hq, dv, fdt) : (nsa_bk_tensor){0};
 
     for (int i = 0; i < plan->num_stages; i++) {
         nsa_stage st = plan->stages[i];

@@ -67,8 +67,12 @@ static nsa_status plan_stages(nsa_plan *p)
         }
         want[n++] = NSA_STAGE_SLC_ATTN;
     }
-    if (c->window > 0) want[n++] = NSA_STAGE_WIN_ATTN;
-    want[n++] = NSA_STAGE_COMBINE;
+    if (c->window > 0 && supports(p->ctx, NSA_STAGE_WIN_COMBINE, c)) {
+        want[n++] = NSA_STAGE_WIN_COMBINE; /* no o_b[WIN] in the workspace */
+    } else {
+        if (c->window > 0) want[n++] = NSA_STAGE_WIN_ATTN;
+        want[n++] = NSA_STAGE_COMBINE;
+    }
     for (int i = 0; i < n; i++) {
         if (!supports(p->ctx, want[i], c))
             return nsa_set_error(NSA_ERR_UNSUPPORTED,
@@ -105,6 +109,13 @@ static nsa_status plan_stages(nsa_plan *p)
     return NSA_SUCCESS;
 }
 
+static int has_stage(const nsa_plan *p, nsa_stage st)
+{
+    for (int i = 0; i < p->num_stages; i++)
+        if (p->stages[i] == st) return 1;
+    return 0;
+}
+
 static nsa_status plan_workspace(nsa_plan *p)
 {
     const nsa_config *c = &p->bk.cfg;
@@ -129,12 +140,11 @@ static nsa_status plan_workspace(nsa_plan *p)
         (s = reserve(ws, nt, fe, &ws->lse_cmp)) || (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_CMP])))
         return s;
     if (c->num_selected > 0) {
-        int fused = 0;
-        for (int i = 0; i < p->num_stages; i++) fused |= p->stages[i] == NSA_STAGE_SCORES_TOPN;
-        if (!fused && (s = reserve(ws, ns, 4, &ws->scores))) return s;
+        if (!has_stage(p, NSA_STAGE_SCORES_TOPN) && (s = reserve(ws, ns, 4, &ws->scores))) return s;
         if ((s = reserve(ws, ni, 4, &ws->indices)) || (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_SLC]))) return s;
     }
-    if (c->window > 0 && (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_WIN]))) return s;
+    if (c->window > 0 && !has_stage(p, NSA_STAGE_WIN_COMBINE) && (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_WIN])))
+        return s;
     if (!(c->flags & NSA_CONFIG_TRAINING)) return NSA_SUCCESS;
     /* backward: the float accumulators (zero-filled as one range; f64 in an f64
      * call, so its gradients keep fp64 accuracy between stages), then delta */

@@ -231,9 +231,14 @@ expect "run --backward reports the training plan's memory" 0 '"backward": \{"dou
   "$nsa" run --backend cpu --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --backward --json
 expect "run --backward names the backward's kernels" 0 '"kernels": \{"compress": "[^"]+", "bwd_cmp_attn": "[^"]+", "bwd_compress": "[^"]+", "bwd_slc_attn": "[^"]+", "bwd_win_attn": "[^"]+", "bwd_store": "[^"]+"\}' -- \
   "$nsa" run --backend cpu --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --backward --json
-expect "info --kernels --backward lists both passes" 0 '"cpu": \{"forward": \{"compress": "compress", .*"combine": "combine"\}, "backward": \{"compress": "compress", "bwd_cmp_attn": "bwd_cmp_attn", .*"bwd_store": "bwd_store"\}\}' -- \
+expect "info --kernels --backward lists both passes" 0 '"cpu": \{"forward": \{"compress": "compress", .*"win_combine": "win_combine"\}, "backward": \{"compress": "compress", "bwd_cmp_attn": "bwd_cmp_attn", .*"bwd_store": "bwd_store"\}\}' -- \
   env NSA_BACKEND=cpu "$nsa" info --kernels --backward --T 512 --json
 expect "bench times the first plan" 0 "^first: +plan [0-9.]+ ms" -- "$nsa" "${bench[@]}"
+# the fused window + combine stage: no o_win in the workspace; NSA_CPU_NO_FUSED=1 keeps the plain stages
+kplan=(run --backend cpu --T 64 --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --check-tokens 0)
+expect "cpu plans fuse the window branch with combine" 0 "^plan: .* slc_attn win_combine\)" -- "$nsa" "${kplan[@]}"
+expect "NSA_CPU_NO_FUSED=1 keeps win_attn and combine" 0 "^plan: .* win_attn combine\)" -- \
+  env NSA_CPU_NO_FUSED=1 "$nsa" "${kplan[@]}"
 expect "bench --json has the first plan" 0 '"first_plan_s": [0-9.e-]+, "first_plan_log": \["plan on cpu' -- \
   "$nsa" "${bench[@]}" --json
 expect "bench --backward --json" 0 '"backward_tflops"' -- "$nsa" "${bench[@]}" --backward --json
@@ -310,7 +315,10 @@ if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available"; then
   # the kernel each stage runs: version 3 attention where it fits, the forced versions otherwise
   kinfo=(info --kernels --T 256 --hq 8 --hkv 2 --dqk 32 --dv 32)
   expect "opencl stage kernels: cmp_attn_v3 by default" 0 "cmp_attn +cmp_attn_v3\[" -- "$nsa" "${kinfo[@]}"
-  expect "opencl stage kernels: win_attn_v3 by default" 0 "win_attn +win_attn_v3\[" -- "$nsa" "${kinfo[@]}"
+  expect "opencl stage kernels: win_attn_v3 and combine fused by default" 0 \
+    "win_combine +win_attn_v3\[r[0-9]+,bk[0-9]+,dc[0-9]+\]\+combine\[chunk256\]" -- "$nsa" "${kinfo[@]}"
+  expect "opencl stage kernels: NSA_OPENCL_NO_FUSED=1 keeps win_attn_v3" 0 "win_attn +win_attn_v3\[" -- \
+    env NSA_OPENCL_NO_FUSED=1 "$nsa" "${kinfo[@]}"
   expect "opencl stage kernels: NSA_OPENCL_KERNELS=v2" 0 "cmp_attn +cmp_attn_v2\[" -- \
     env NSA_OPENCL_KERNELS=v2 "$nsa" "${kinfo[@]}"
   # selected attention: v3 where G >= 8, v2 below it and when forced

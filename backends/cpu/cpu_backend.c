@@ -6,8 +6,9 @@
  * Stages run synchronously, so synchronize() has nothing to wait for.
  *
  * Set NSA_CPU_NO_FUSED=1 in the environment to make supports() refuse the
- * fused SCORES_TOPN stage, so the plain BLOCK_SCORES + SELECT_TOPN path runs
- * (both give bitwise the same indices; the switch exists to check that).
+ * fused SCORES_TOPN and WIN_COMBINE stages, so the plain BLOCK_SCORES +
+ * SELECT_TOPN and WIN_ATTN + COMBINE paths run (each gives bitwise the same
+ * result as its fused stage; the switch exists to check that).
  */
 #include "cpu_backend.h"
 
@@ -190,7 +191,7 @@ static int cpu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
     if (cfg->compress != NSA_COMPRESS_MEAN && cfg->compress != NSA_COMPRESS_LINEAR &&
         cfg->compress != NSA_COMPRESS_EXTERNAL)
         return 0;
-    if (stage == NSA_STAGE_SCORES_TOPN) {
+    if (stage == NSA_STAGE_SCORES_TOPN || stage == NSA_STAGE_WIN_COMBINE) {
         const char *off = getenv("NSA_CPU_NO_FUSED");
         return !(off && *off && strcmp(off, "0") != 0);
     }
@@ -233,6 +234,8 @@ static nsa_status cpu_run(void *bctx, nsa_stage stage, const nsa_bk_args *args)
         return nsa_cpu_decode_append(ctx, args);
     case NSA_STAGE_DECODE_ATTN:
         return nsa_cpu_decode_attn(ctx, args);
+    case NSA_STAGE_WIN_COMBINE:
+        return nsa_cpu_win_combine(ctx, args);
     default:
         return g_host->set_error(NSA_ERR_UNSUPPORTED, "cpu backend: unknown stage %d", (int)stage);
     }

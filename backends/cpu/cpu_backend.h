@@ -125,6 +125,8 @@ NSA_CPU_INTERNAL nsa_status nsa_cpu_win_attn_rows(const nsa_cpu_context *ctx, co
                                                   int64_t t1);
 NSA_CPU_INTERNAL nsa_status nsa_cpu_combine_rows(const nsa_cpu_context *ctx, const nsa_bk_args *a, int64_t t0,
                                                  int64_t t1);
+/* WIN_COMBINE: the window branch a run of tokens at a time into scratch, then COMBINE of those rows */
+NSA_CPU_INTERNAL nsa_status nsa_cpu_win_combine(const nsa_cpu_context *ctx, const nsa_bk_args *a);
 /* One MEAN / LINEAR compressed row (cpu_compress.c): row `row` of kc, vc from
  * token rows tok0 .. tok0 + l - 1 of k, v; scratch of 3 * nsa_cpu_doubles(max(Dqk, Dv)). */
 NSA_CPU_INTERNAL void nsa_cpu_compress_block(const nsa_bk_args *a, const nsa_bk_tensor *k, const nsa_bk_tensor *v,

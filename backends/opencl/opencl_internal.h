@@ -108,6 +108,8 @@ typedef struct ocl_plan {
     int64_t kt_v2;    /* its key tile */
     int attn_v3;      /* 1: version 3 (tile_attn.cl) for CMP_ATTN and WIN_ATTN */
     int slc_v3;       /* 1: version 3 (slc_tile.cl) for SLC_ATTN */
+    cl_mem win_scratch; /* WIN_COMBINE: f32 [win_chunk, Hq, Dv], the window rows of a run of tokens */
+    int64_t win_chunk;  /* its tokens (a multiple of the window kernel's tile tokens) */
     size_t wg_scores; /* block_scores */
     size_t wg_topn;   /* select_topn */
     size_t wg_elem;   /* element-wise kernels */
@@ -189,6 +191,9 @@ int64_t ocl_tensor_elem_offset(const nsa_bk_tensor *t, size_t elem_size);
 #define OCL_MAX_GROUPS_PER_LAUNCH ((int64_t)1 << 20)
 nsa_status ocl_launch(ocl_context *c, cl_kernel k, const char *kname, cl_uint first_arg,
                       int64_t groups, size_t wg, int64_t first_scale);
+/* The same for work-groups base / first_scale .. of a longer range: `first` starts at base. */
+nsa_status ocl_launch_at(ocl_context *c, cl_kernel k, const char *kname, cl_uint first_arg, int64_t base,
+                         int64_t groups, size_t wg, int64_t first_scale);
 /* After a command on an out-of-order queue: a barrier; otherwise nothing. */
 nsa_status ocl_order(ocl_context *c);
 

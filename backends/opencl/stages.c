@@ -19,6 +19,9 @@
  *                 the group), the 16 rows sharing 64-key tiles, register-blocked (slc_tile.cl)
  *   WIN_ATTN      as CMP_ATTN (v1, v2 or v3)
  *   COMBINE       element-wise over T * Hq * Dv
+ *   WIN_COMBINE   (fused; the default with the window branch on) WIN_ATTN and COMBINE over runs
+ *                 of win_chunk tokens through a plan scratch, no o_win in the workspace
+ *                 (win_combine_prepare); NSA_OPENCL_NO_FUSED=1 refuses it
  *   DECODE_APPEND, DECODE_ATTN   the decode step: decode.c (decode.cl)
  * Version 3 is used where it fits (choose_v3; for SLC_ATTN choose_slc_v3, which also
  * wants G >= 8); else version 2 when its outputs fit the
@@ -104,9 +107,15 @@ nsa_status ocl_args_end(ocl_args *a)
 nsa_status ocl_launch(ocl_context *c, cl_kernel k, const char *kname, cl_uint first_arg, int64_t groups, size_t wg,
                       int64_t first_scale)
 {
+    return ocl_launch_at(c, k, kname, first_arg, 0, groups, wg, first_scale);
+}
+
+nsa_status ocl_launch_at(ocl_context *c, cl_kernel k, const char *kname, cl_uint first_arg, int64_t base,
+                         int64_t groups, size_t wg, int64_t first_scale)
+{
     for (int64_t g0 = 0; g0 < groups; g0 += OCL_MAX_GROUPS_PER_LAUNCH) {
         const int64_t n = groups - g0 < OCL_MAX_GROUPS_PER_LAUNCH ? groups - g0 : OCL_MAX_GROUPS_PER_LAUNCH;
-        const cl_long first = g0 * first_scale;
+        const cl_long first = base + g0 * first_scale;
         cl_int err = clSetKernelArg(k, first_arg, sizeof first, &first);
         if (err != CL_SUCCESS) return ocl_fail(err, "clSetKernelArg(first)");
         const size_t global = (size_t)n * wg, local = wg;
@@ -308,7 +317,8 @@ size_t ocl_scores_topn_bytes(const nsa_config *cfg, size_t kt, size_t jc)
     return scores_tile_bytes(cfg, kt, jc, 1);
 }
 
-/* NSA_OPENCL_NO_FUSED=1: refuse SCORES_TOPN, so plans take BLOCK_SCORES + SELECT_TOPN (testing both) */
+/* NSA_OPENCL_NO_FUSED=1: refuse SCORES_TOPN and WIN_COMBINE, so plans take BLOCK_SCORES + SELECT_TOPN and
+ * WIN_ATTN + COMBINE (testing both) */
 static int fused_off(void)
 {
     const char *e = getenv("NSA_OPENCL_NO_FUSED");
@@ -352,6 +362,8 @@ int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
         size_t kt, jc;
         return !fused_off() && scores_tile(c, cfg, 1, &kt, &jc);
     }
+    case NSA_STAGE_WIN_COMBINE:
+        return !fused_off() && cfg->window > 0 && attn_wg(c, NULL, cfg) > 0;
     case NSA_STAGE_BWD_CMP_ATTN:
     case NSA_STAGE_BWD_COMPRESS:
     case NSA_STAGE_BWD_SLC_ATTN:
@@ -367,6 +379,39 @@ int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 }
 
 /* ------------------------------------------------------------------ plans */
+
+/* WIN_COMBINE, the fused WIN_ATTN + COMBINE the planner takes where supports()
+ * says yes: the window branch's rows go to a plan scratch of win_chunk tokens
+ * (about OCL_WIN_CHUNK_BYTES, a multiple of v3's tile tokens so that the
+ * window kernels' work-groups split at its edges), a run of tokens at a time,
+ * and the combine kernel reads them there: the same kernels in the same order
+ * as the two stages, so o is bitwise the same, and the workspace holds no o_win
+ * (T * Hq * Dv floats). */
+#define OCL_WIN_CHUNK_BYTES ((int64_t)64 << 20)
+
+static int64_t win_tile_tokens(const ocl_plan *op, const nsa_config *cfg)
+{
+    return op->attn_v3 ? TA_R / (cfg->num_q_heads / cfg->num_kv_heads) : 1;
+}
+
+static nsa_status win_combine_prepare(ocl_context *c, const nsa_bk_plan *plan, ocl_plan *op)
+{
+    const nsa_config *cfg = &plan->cfg;
+    const int64_t T = plan->total_tokens, row = cfg->num_q_heads * cfg->head_dim_v, bq = win_tile_tokens(op, cfg);
+    if (T == 0) return NSA_SUCCESS;
+    int64_t chunk = OCL_WIN_CHUNK_BYTES / (row * 4) / bq * bq; /* row < 2^30: config.c's bounds */
+    if (chunk < bq) chunk = bq;
+    if (chunk > T) chunk = T;
+    const size_t bytes = (size_t)chunk * (size_t)row * 4;
+    cl_int err;
+    op->win_scratch = clCreateBuffer(c->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err != CL_SUCCESS)
+        return OCL_ERR(NSA_ERR_OUT_OF_MEMORY, "opencl: the window rows of %lld tokens (%zu bytes) for win_combine: %d (%s)",
+                       (long long)chunk, bytes, (int)err, ocl_error_name(err));
+    op->win_chunk = chunk;
+    op->bytes += bytes;
+    return NSA_SUCCESS;
+}
 
 nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
 {
@@ -405,6 +450,7 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
     /* a decode plan has its own scratch (decode.c); LINEAR compression there is a kernel */
     if (plan->decode) s = ocl_decode_prepare(c, plan, op);
     else if (cfg->compress == NSA_COMPRESS_LINEAR) s = ocl_linear_prepare(c, plan, op);
+    if (s == NSA_SUCCESS && !plan->decode && cfg->window > 0 && !fused_off()) s = win_combine_prepare(c, plan, op);
     if (s != NSA_SUCCESS) {
         plan->backend_plan = op;
         ocl_plan_release(c, plan);
@@ -420,7 +466,7 @@ void ocl_plan_release(void *bctx, nsa_bk_plan *plan)
     (void)bctx;
     ocl_plan *op = plan->backend_plan;
     if (!op) return;
-    cl_mem mems[] = {op->stage_x, op->stage_w, op->stage_pe, op->bias, op->gemm_tmp};
+    cl_mem mems[] = {op->stage_x, op->stage_w, op->stage_pe, op->bias, op->gemm_tmp, op->win_scratch};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; ++i)
         if (mems[i]) clReleaseMemObject(mems[i]);
     ocl_decode_release(op);
@@ -489,11 +535,16 @@ nsa_status ocl_stage_kernel(void *bctx, const nsa_bk_plan *plan, nsa_stage stage
 #endif
         break;
     case NSA_STAGE_CMP_ATTN:
-    case NSA_STAGE_WIN_ATTN: {
+    case NSA_STAGE_WIN_ATTN:
+    case NSA_STAGE_WIN_COMBINE: {
         const char *base = stage == NSA_STAGE_CMP_ATTN ? "cmp_attn" : "win_attn";
-        if (op->attn_v3) snprintf(name, size, "%s_v3[r%d,bk%d,dc%d]", base, TA_R, TA_BK, TA_DC);
-        else if (op->attn_v2) snprintf(name, size, "%s_v2[kt%lld,wg%zu]", base, (long long)op->kt_v2, op->wg_v2);
-        else snprintf(name, size, "%s[wg%zu]", base, op->wg_attn);
+        /* WIN_COMBINE: the window kernel, then combine, per run of win_chunk tokens */
+        char tail[48] = "";
+        if (stage == NSA_STAGE_WIN_COMBINE) snprintf(tail, sizeof tail, "+combine[chunk%lld]", (long long)op->win_chunk);
+        if (op->attn_v3) snprintf(name, size, "%s_v3[r%d,bk%d,dc%d]%s", base, TA_R, TA_BK, TA_DC, tail);
+        else if (op->attn_v2)
+            snprintf(name, size, "%s_v2[kt%lld,wg%zu]%s", base, (long long)op->kt_v2, op->wg_v2, tail);
+        else snprintf(name, size, "%s[wg%zu]%s", base, op->wg_attn, tail);
         break;
     }
     case NSA_STAGE_SLC_ATTN:
@@ -729,8 +780,29 @@ static nsa_status run_select_topn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_topn, 1);
 }
 
-/* SLC_ATTN and WIN_ATTN share everything but the key set. */
-static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb, int branch)
+/* An f32 [T, Hq, Dv] output as kernel arguments: the buffer, the element offset of
+ * row 0 (may be negative when only later rows are written) and the strides. */
+typedef struct ocl_rows {
+    cl_mem mem;
+    int64_t off, st, sh;
+} ocl_rows;
+
+static void arg_rows(ocl_args *a, const nsa_bk_tensor *t, const ocl_rows *r)
+{
+    if (!r) {
+        ocl_arg_tensor(a, t, 4, 1);
+        return;
+    }
+    ocl_arg_mem(a, r->mem);
+    ocl_arg_long(a, r->off);
+    ocl_arg_long(a, r->st);
+    ocl_arg_long(a, r->sh);
+}
+
+/* SLC_ATTN and WIN_ATTN share everything but the key set. Tokens [t0, t1), o_b
+ * in `rows` (NULL: args->o_b[branch]); t0 is a multiple of win_tile_tokens. */
+static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb, int branch,
+                                  const ocl_rows *rows, int64_t t0, int64_t t1)
 {
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
@@ -746,7 +818,7 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     ocl_arg_tensor(&a, &args->k[branch], es, 1);
     ocl_arg_tensor(&a, &args->v[branch], es, 1);
     if (slc) ocl_arg_tensor(&a, &args->indices, 4, 1);
-    ocl_arg_tensor(&a, &args->o_b[branch], 4, 1);
+    arg_rows(&a, &args->o_b[branch], rows);
     ocl_arg_tensor(&a, &args->lse[branch], 4, 1);
     ocl_arg_int(&a, args->lse[branch].buf != NULL);
     ocl_arg_mem(&a, tb->mem);
@@ -779,40 +851,72 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     if (slc) ocl_arg_local(&a, (size_t)(cfg->num_selected + 1) * 4); /* blk: count + usable blocks */
     nsa_status s = ocl_args_end(&a);
     if (s != NSA_SUCCESS) return s;
+    /* work-groups per token (or per tile of bq tokens), and the lanes of one */
+    const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
+    int64_t per = cfg->num_q_heads, bq = 1;
+    size_t wg = op->wg_attn;
     if (v3 && slc) {
-        const int64_t G = cfg->num_q_heads / cfg->num_kv_heads;
-        return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads * ((G + ST_R - 1) / ST_R),
-                          ST_WG, 1);
+        per = cfg->num_kv_heads * ((G + ST_R - 1) / ST_R);
+        wg = ST_WG;
+    } else if (v3) {
+        per = cfg->num_kv_heads;
+        bq = win_tile_tokens(op, cfg);
+        wg = TA_WG;
+    } else if (v2) {
+        per = cfg->num_kv_heads;
+        wg = op->wg_v2;
     }
-    if (v3) return ocl_launch(c, a.kernel, a.kname, first, v3_groups(plan), TA_WG, 1);
-    if (v2) return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_kv_heads, op->wg_v2, 1);
-    return ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, op->wg_attn, 1);
+    const int64_t g0 = t0 / bq * per, g1 = (t1 + bq - 1) / bq * per;
+    return ocl_launch_at(c, a.kernel, a.kname, first, g0, g1 - g0, wg, 1);
 }
 
-static nsa_status run_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *args)
+/* COMBINE over tokens [t0, t1), o_win in `win` (NULL: args->o_b[WIN]). */
+static nsa_status run_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const ocl_rows *win, int64_t t0,
+                              int64_t t1)
 {
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
-    const int64_t total = plan->total_tokens * cfg->num_q_heads * cfg->head_dim_v;
+    const int64_t row = cfg->num_q_heads * cfg->head_dim_v, e0 = t0 * row, e1 = t1 * row;
+    const int has[3] = {args->o_b[NSA_BRANCH_CMP].buf != NULL, args->o_b[NSA_BRANCH_SLC].buf != NULL,
+                        win || args->o_b[NSA_BRANCH_WIN].buf};
     ocl_args a;
     ocl_args_begin(&a, op->prog->kernel[OCL_K_COMBINE], "combine");
-    for (int b = 0; b < 3; ++b) ocl_arg_tensor(&a, &args->o_b[b], 4, 1);
+    for (int b = 0; b < 3; ++b) arg_rows(&a, &args->o_b[b], b == NSA_BRANCH_WIN ? win : NULL);
     for (int b = 0; b < 3; ++b) {
         /* a disabled branch's gate is not read (it may be absent) */
         nsa_bk_tensor none = {0};
-        ocl_arg_tensor(&a, args->o_b[b].buf ? &args->gate[b] : &none, 4, 1);
+        ocl_arg_tensor(&a, has[b] ? &args->gate[b] : &none, 4, 1);
     }
-    for (int b = 0; b < 3; ++b) ocl_arg_int(&a, args->o_b[b].buf != NULL);
+    for (int b = 0; b < 3; ++b) ocl_arg_int(&a, has[b]);
     ocl_arg_tensor(&a, &args->o, dtype_size(cfg->dtype), 1);
     ocl_arg_long(&a, cfg->num_q_heads);
     ocl_arg_long(&a, cfg->head_dim_v);
-    ocl_arg_long(&a, total);
+    ocl_arg_long(&a, e1);
     const cl_uint first = a.next;
     ocl_arg_long(&a, 0);
     nsa_status s = ocl_args_end(&a);
     if (s != NSA_SUCCESS) return s;
-    return ocl_launch(c, a.kernel, a.kname, first, ceil_div(total, (int64_t)op->wg_elem), op->wg_elem,
-                      (int64_t)op->wg_elem);
+    return ocl_launch_at(c, a.kernel, a.kname, first, e0, ceil_div(e1 - e0, (int64_t)op->wg_elem), op->wg_elem,
+                         (int64_t)op->wg_elem);
+}
+
+/* WIN_COMBINE (see win_combine_prepare): window rows of win_chunk tokens into the
+ * scratch, then their combine, a run of tokens at a time. */
+static nsa_status run_win_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    if (!op->win_scratch || args->o_b[NSA_BRANCH_WIN].buf)
+        return OCL_ERR(NSA_ERR_INTERNAL, "opencl: win_combine without its scratch, or given an o_win");
+    const int64_t T = plan->total_tokens, row = cfg->num_q_heads * cfg->head_dim_v;
+    nsa_status s = NSA_SUCCESS;
+    for (int64_t t0 = 0; t0 < T && s == NSA_SUCCESS; t0 += op->win_chunk) {
+        const int64_t t1 = T - t0 < op->win_chunk ? T : t0 + op->win_chunk;
+        const ocl_rows rows = {op->win_scratch, -t0 * row, row, cfg->head_dim_v}; /* token t at scratch row t - t0 */
+        s = run_sparse_attn(c, op, args, tb, NSA_BRANCH_WIN, &rows, t0, t1);
+        if (s == NSA_SUCCESS) s = run_combine(c, op, args, &rows, t0, t1);
+    }
+    return s;
 }
 
 /* ---- backward (backward.cl) */
@@ -1032,9 +1136,10 @@ static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const
     case NSA_STAGE_BLOCK_SCORES: return run_block_scores(c, op, args, &tb);
     case NSA_STAGE_SELECT_TOPN: return run_select_topn(c, op, args, &tb);
     case NSA_STAGE_SCORES_TOPN: return run_scores_topn(c, op, args, &tb);
-    case NSA_STAGE_SLC_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_SLC);
-    case NSA_STAGE_WIN_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_WIN);
-    case NSA_STAGE_COMBINE: return run_combine(c, op, args);
+    case NSA_STAGE_SLC_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_SLC, NULL, 0, args->plan->total_tokens);
+    case NSA_STAGE_WIN_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_WIN, NULL, 0, args->plan->total_tokens);
+    case NSA_STAGE_COMBINE: return run_combine(c, op, args, NULL, 0, args->plan->total_tokens);
+    case NSA_STAGE_WIN_COMBINE: return run_win_combine(c, op, args, &tb);
     case NSA_STAGE_BWD_CMP_ATTN: return run_bwd_attn(c, op, args, &tb, NSA_BRANCH_CMP);
     case NSA_STAGE_BWD_COMPRESS: return run_bwd_compress(c, op, args, &tb);
     case NSA_STAGE_BWD_SLC_ATTN: return run_bwd_attn(c, op, args, &tb, NSA_BRANCH_SLC);
