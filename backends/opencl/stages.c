@@ -210,6 +210,9 @@ static void choose_v2(const ocl_context *c, ocl_plan *op, const nsa_config *cfg)
 #define TA_DC 32
 #define TA_NC 8
 
+/* Tokens per version 3 tile: 64 / G rows' worth (BQ in tile_attn.cl). */
+static int64_t v3_tile_tokens(const nsa_config *cfg) { return TA_R / (cfg->num_q_heads / cfg->num_kv_heads); }
+
 static size_t v3_local_floats(const nsa_config *cfg)
 {
     return TA_R * (TA_DC + 1) + TA_BK * (TA_DC + 1) + TA_R * (TA_BK + 1) + TA_BK * (size_t)cfg->head_dim_v +
@@ -391,7 +394,7 @@ int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
 
 static int64_t win_tile_tokens(const ocl_plan *op, const nsa_config *cfg)
 {
-    return op->attn_v3 ? TA_R / (cfg->num_q_heads / cfg->num_kv_heads) : 1;
+    return op->attn_v3 ? v3_tile_tokens(cfg) : 1;
 }
 
 static nsa_status win_combine_prepare(ocl_context *c, const nsa_bk_plan *plan, ocl_plan *op)
@@ -638,7 +641,7 @@ static void v3_locals(ocl_args *a, const nsa_config *cfg)
 
 static int64_t v3_groups(const nsa_bk_plan *plan)
 {
-    const int64_t bq = TA_R / (plan->cfg.num_q_heads / plan->cfg.num_kv_heads);
+    const int64_t bq = v3_tile_tokens(&plan->cfg);
     return (plan->total_tokens + bq - 1) / bq * plan->cfg.num_kv_heads;
 }
 
