@@ -45,7 +45,9 @@
 #define ST_PS (ST_R + 4)  /* P^T row stride */
 #define ST_NV 2           /* output columns per lane */
 
-inline float4 st_ld4(__local const float *p) { return *(__local const float4 *)p; }
+/* vload4 / vload2 need only the element's alignment. NVIDIA's OpenCL (driver 580.159, H200 and H100)
+ * faulted on float4 pointer casts here while PoCL and Oclgrind ran them: do not cast. */
+inline float4 st_ld4(__local const float *p) { return vload4(0, p); }
 
 __kernel void slc_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q_sh,
                           const __global nsa_t *k, long k_off, long k_st, long k_sh,
@@ -55,8 +57,9 @@ __kernel void slc_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q
                           __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
                           const __global long *tab, long cu_seq_at, long tok_seq_at,
                           long Hq, long Hkv, long Dqk, long Dv, long ls, long n, float scale,
-                          long first, __local float *lm, __local long *rows, __local int *blk)
+                          long first, __local float4 *lm4, __local long *rows, __local int *blk)
 {
+    __local float *lm = (__local float *)lm4; /* declared float4: 16-byte aligned, so vload4 can be one load */
     const int G = (int)(Hq / Hkv), nhc = (G + ST_R - 1) / ST_R;
     const long wg = first + (long)get_group_id(0);
     const long t = wg / (Hkv * nhc), g = wg / nhc % Hkv;
@@ -181,7 +184,7 @@ __kernel void slc_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q
                 for (int c = 0; c < ST_NV; ++c) acc[r][c] *= a;
             }
             for (int j = 16 * kq; j < 16 * kq + 16; ++j) {
-                const float2 vv = *(__local const float2 *)(A + j * VS + ST_NV * cg);
+                const float2 vv = vload2(0, A + j * VS + ST_NV * cg);
                 for (int i = 0; i < ST_R / 4; ++i) {
                     const float4 p4 = st_ld4(pt + j * ST_PS + 4 * i);
                     acc[4 * i][0] = fma(p4.x, vv.x, acc[4 * i][0]);
