@@ -140,6 +140,10 @@ static void check_every_class_has_tc()
                         }
                         CHECK(ch.st[NSA_STAGE_COMBINE].k == K_COMBINE_IN_WIN, "class %s: combine runs %s",
                               class_name(cls), kern_name(ch.st[NSA_STAGE_COMBINE].k));
+                        CHECK(offers_win_combine(lim, cfg, none) &&
+                                  ch.st[NSA_STAGE_WIN_COMBINE].k == ch.st[NSA_STAGE_WIN_ATTN].k,
+                              "class %s: the fused win_combine stage is not offered or runs %s", class_name(cls),
+                              kern_name(ch.st[NSA_STAGE_WIN_COMBINE].k));
                         CHECK(ch.st[NSA_STAGE_BLOCK_SCORES].k == ch.st[NSA_STAGE_SCORES_TOPN].k,
                               "the two scores stages disagree");
                         CHECK(offers_scores_topn(lim, cfg, none), "class %s: no fused scores + top-n",
@@ -165,6 +169,7 @@ static void check_f32_reference()
                   ch.st[NSA_STAGE_BWD_SLC_ATTN].k == K_BWD_ATTN_REF && ch.st[NSA_STAGE_BWD_WIN_ATTN].k == K_BWD_ATTN_REF,
               "class %s, f32: a tensor-core kernel was chosen", class_name(cls));
         CHECK(!offers_scores_topn(class_limits(cls), cfg, none), "f32 offers the fused stage");
+        CHECK(!offers_win_combine(class_limits(cls), cfg, none), "f32 offers win_combine");
         CHECK(!ch.tiles && !ch.kc16, "f32 plans a tile list or packed rows");
         /* heads wider than 256: reference too */
         const nsa_config wide = config(16, 4, 320, 128, NSA_DTYPE_BF16);
@@ -364,6 +369,8 @@ static void check_parsing()
     CHECK(choose(class_limits(CLS_SM90), g4, 64, f, &ch, msg, sizeof msg) == NSA_SUCCESS &&
               ch.st[NSA_STAGE_COMBINE].k == K_COMBINE,
           "combine:combine: %s", msg);
+    CHECK(!offers_win_combine(class_limits(CLS_SM90), g4, f) && offers_win_combine(class_limits(CLS_SM90), g4, {}),
+          "combine:combine must turn win_combine off, and only it");
     /* LINEAR compression wider than its kernel */
     nsa_config lin = config(16, 4, 2048, 128, NSA_DTYPE_F32);
     lin.compress = NSA_COMPRESS_LINEAR;

@@ -372,6 +372,8 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
             cfg.window > 0 ? "on a reference kernel" : "off");
         return NSA_ERR_UNSUPPORTED;
     }
+    /* the core's WIN_COMBINE stage (offers_win_combine) runs the window kernel */
+    if (cb.k == K_COMBINE_IN_WIN) out->st[NSA_STAGE_WIN_COMBINE] = out->st[NSA_STAGE_WIN_ATTN];
 
     /* backward (training plans): bwd_sm80's tensor-core kernels where the dtype, the dims and the class's
      * shared memory allow (every class at the padded dims it takes), with the compressed and window keys
@@ -428,6 +430,15 @@ bool offers_scores_topn(const Limits &lim, const nsa_config &cfg, const Force &f
      * sm90 kernel's fit, and any tensor-core kernel runs the stage */
     if (choose(lim, cfg, 1, force, &c, msg, sizeof msg) != NSA_SUCCESS) return false;
     return c.st[NSA_STAGE_SCORES_TOPN].k != K_SCORES_REF && c.st[NSA_STAGE_SCORES_TOPN].k != K_NONE;
+}
+
+bool offers_win_combine(const Limits &lim, const nsa_config &cfg, const Force &force)
+{
+    Choice c;
+    char msg[8];
+    /* the window kernel and the fusion depend on the class, dims and dtype, not on the row lengths */
+    if (cfg.window <= 0 || choose(lim, cfg, 1, force, &c, msg, sizeof msg) != NSA_SUCCESS) return false;
+    return c.st[NSA_STAGE_COMBINE].k == K_COMBINE_IN_WIN;
 }
 
 void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size)

@@ -128,6 +128,9 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
 
 /* Will SCORES_TOPN be offered for this config (a tensor-core scores kernel is chosen)? */
 bool offers_scores_topn(const Limits &lim, const nsa_config &cfg, const Force &force);
+/* Would a plan for cfg fold COMBINE into the window kernel (combine_in_win)? Then the
+ * core's fused WIN_COMBINE stage runs that kernel, and the workspace has no o_b[WIN]. */
+bool offers_win_combine(const Limits &lim, const nsa_config &cfg, const Force &force);
 
 /* "attn_sm90 (128-key tiles, 1 CTA/SM)": the kernel and its tile, for plan info and the profile. */
 void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size);

@@ -257,23 +257,41 @@ bool win_combines(const CudaPlan *p, const nsa_bk_args *a)
     return true;
 }
 
+/* WIN_ATTN, and WIN_COMBINE (the plan's combine_in_win as its own stage: no
+ * o_b[WIN] exists, so the window kernel must write o) */
 nsa_status run_win(const Run &r)
 {
     const nsa_bk_args *a = r.a;
+    const bool fused = r.stage == NSA_STAGE_WIN_COMBINE;
     NEED(a->q, "q");
     NEED(a->k[NSA_BRANCH_WIN], "k[win]");
     NEED(a->v[NSA_BRANCH_WIN], "v[win]");
-    NEED(a->o_b[NSA_BRANCH_WIN], "o_b[win]");
+    if (!fused) NEED(a->o_b[NSA_BRANCH_WIN], "o_b[win]");
     const View none = {NULL, 0, 0};
     const View q = view(a->q), k = view(a->k[NSA_BRANCH_WIN]), v = view(a->v[NSA_BRANCH_WIN]);
     const MView o = mview(a->o_b[NSA_BRANCH_WIN]), lse = mview(a->lse[NSA_BRANCH_WIN]);
     const Kern kern = r.ch().k;
+    if (fused && (!is_tc_attn(kern) || r.p->ch.st[NSA_STAGE_COMBINE].k != K_COMBINE_IN_WIN))
+        return FAIL(NSA_ERR_INTERNAL, "cuda backend: win_combine planned, but the plan's window kernel (%s) does not "
+                    "combine", kern_name(kern));
     if (!is_tc_attn(kern)) {
         LAUNCH(attn_ref(r.g, 2, q, k, v, none, o, lse, r.s));
         return NSA_SUCCESS;
     }
     FuseCombine fz = {};
-    if (win_combines(r.p, a)) {
+    if (fused) {
+        NEED(a->o, "o");
+        for (int b = 0; b < 3; b++) {
+            const bool on = b == NSA_BRANCH_WIN || a->o_b[b].buf;
+            if (on && !a->gate[b].buf)
+                return FAIL(NSA_ERR_MISSING_TENSOR, "cuda backend: stage win_combine: branch %d is on but its gate is "
+                            "absent", b);
+            fz.gate[b] = on ? view(a->gate[b]) : none;
+        }
+        fz.ob[0] = view(a->o_b[NSA_BRANCH_CMP]);
+        fz.ob[1] = view(a->o_b[NSA_BRANCH_SLC]);
+        fz.out = mview(a->o);
+    } else if (win_combines(r.p, a)) {
         for (int b = 0; b < 3; b++) fz.gate[b] = a->o_b[b].buf ? view(a->gate[b]) : none;
         fz.ob[0] = view(a->o_b[NSA_BRANCH_CMP]);
         fz.ob[1] = view(a->o_b[NSA_BRANCH_SLC]);
@@ -430,7 +448,8 @@ nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     case NSA_STAGE_SCORES_TOPN: s = run_scores(r, true); break;
     case NSA_STAGE_SELECT_TOPN: s = run_topn(r); break;
     case NSA_STAGE_SLC_ATTN: s = run_slc(r, ran, sizeof c->ran[stage]); break;
-    case NSA_STAGE_WIN_ATTN: s = run_win(r); break;
+    case NSA_STAGE_WIN_ATTN:
+    case NSA_STAGE_WIN_COMBINE: s = run_win(r); break;
     case NSA_STAGE_COMBINE: s = run_combine(r); break;
     case NSA_STAGE_BWD_CMP_ATTN: s = run_bwd_attn(r, NSA_BRANCH_CMP); break;
     case NSA_STAGE_BWD_COMPRESS: s = run_bwd_compress(r); break;
@@ -442,7 +461,8 @@ nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     if (s != NSA_SUCCESS || !ran) return s;
     cudaEventRecord(c->ev[2 * stage + 1], r.s);
     c->ev_used[stage] = true;
-    if (stage == NSA_STAGE_COMBINE || stage == NSA_STAGE_BWD_STORE) print_profile(c, pl, stage);
+    if (stage == NSA_STAGE_COMBINE || stage == NSA_STAGE_WIN_COMBINE || stage == NSA_STAGE_BWD_STORE)
+        print_profile(c, pl, stage);
     return NSA_SUCCESS;
 }
 
