@@ -39,6 +39,8 @@
 #   slcpass  slc_sm80_blk in passes (NSA_CUDA_SLC_PASS_MAX): small corpus; T = 8192, G = 4 bitwise as one pass
 #   gpucorpus the gpu corpus (model sizes, G 1..16, T up to 8192) per class in GPU_CLASSES (sm90 sm80), GPU_MODES
 #   slcncu   ncu: slc_sm80_blk's kernels (map build, sort, attention, reduce) at 64k, G = 4, time per kernel name
+#   bwdncu   ncu: the backward's rows / keys kernels (BWDNCU_REGEX) at 64k per Dqk (BWDNCU_DQK), default and under
+#            each NSA_CUDA_FORCE of BWDNCU_FORCES, time per kernel name (not in the default)
 #   groups   nsa bench per GQA shape (GROUP_SHAPES "hq hkv dqk;..."; GROUP_T) with the 64k profile, also with
 #            each NSA_CUDA_FORCE of GROUP_FORCES (default "none slc_attn:slc_sm80"), beside
 #            .bench/sdpa_baseline.py's cuDNN forward (issue 14's table)
@@ -319,6 +321,18 @@ if has slcncu; then # slc_sm80_blk's kernels at 64k, G = 4 (Hq 32, Hkv 8): time 
   awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^  (void )?/, "", k); sub(/[<(].*/, "", k)}
        /gpu__time_duration.sum/ {u=$(NF-1); v=$NF; gsub(",", "", v); if (u=="msecond") v*=1000; if (u=="nsecond") v/=1000; t[k]+=v; c[k]++}
        END {for (k in t) printf "  %-40s %4d launches %10.1f us\n", substr(k,1,40), c[k], t[k]}' "$OUT/slcncu.log" | tee -a "$SUM"
+fi
+if has bwdncu; then # the backward's attention kernels under ncu at 64k: time per kernel name, per Dqk in BWDNCU_DQK,
+  # default and under each NSA_CUDA_FORCE of BWDNCU_FORCES (only the forced kernels differ, so no old tree is needed)
+  for dqk in ${BWDNCU_DQK:-128 192}; do for fo in none ${BWDNCU_FORCES:-bwd_cmp_attn:bwd_attn_sm80,bwd_win_attn:bwd_attn_sm80}; do
+    env $([ $fo = none ] && echo X_UNUSED=1 || echo NSA_CUDA_FORCE=$fo) timeout 200 ncu --clock-control none \
+      --metrics gpu__time_duration.sum -k regex:"${BWDNCU_REGEX:-bwd_(rows|keys)_}" $NSA run --backend cuda --T 65536 \
+      --dqk $dqk --dv 128 --backward --iters 1 --warmup 0 --check-tokens 0 > /tmp/bwdncu.log 2>&1
+    note "[$(el)] bwdncu Dqk=$dqk force $fo rc=$?:"
+    awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^  (void )?/, "", k); sub(/[<(].*/, "", k)}
+         /gpu__time_duration.sum/ {u=$(NF-1); v=$NF; gsub(",", "", v); if (u=="msecond") v*=1000; if (u=="nsecond") v/=1000; t[k]+=v; c[k]++}
+         END {for (k in t) printf "  %-40s %4d launches %10.1f us\n", substr(k,1,40), c[k], t[k]}' /tmp/bwdncu.log | tee -a "$SUM"
+  done; done
 fi
 if has groups; then # issue 14's table: nsa bench per GQA shape at GROUP_T beside cuDNN (.bench/sdpa_baseline.py)
   # in the same call, the 64k per-stage profile, and the same with slc_attn forced to slc_sm80 (the earlier kernel)
