@@ -2,6 +2,11 @@
  * The gradient reference (tests/common/grad.c) against independent checks:
  *   - its forward equals the fp64 oracle's (oracle.c) on the corpus inputs,
  *     selection included (the oracle's top-n is passed back in);
+ *   - its backward of shards of the rows (section 11; P = 2, 4, 8 at random cuts,
+ *     empty shards allowed) gives each shard's dq, dg rows bitwise as the whole
+ *     backward's and 0 elsewhere, and the shards' partials summed in position
+ *     order equal the whole backward's gradients to 1e-12 of each tensor's scale
+ *     (its largest element, at least dq's);
  *   - its backward equals central finite differences of its forward in fp64,
  *     along a random direction in each input tensor alone and in all of them
  *     at once, the selection held fixed: |AD - FD| <= 1e-6 * sum |grad * u|
@@ -19,8 +24,8 @@
 
 #include "testkit.h"
 
-static double g_worst_fd, g_worst_fwd;
-static int g_dirs, g_cases, g_tiny;
+static double g_worst_fd, g_worst_fwd, g_worst_shard;
+static int g_dirs, g_cases, g_tiny, g_shardings;
 
 /* L(x) = sum dO . o(x) */
 static double loss(const tk_case *c, const tk_ref64 *x, const int32_t *sel, const double *dO, double *o, int64_t no)
@@ -37,6 +42,71 @@ static void axpy(tk_ref64 *x, double a, double *const u[TK_G_COUNT], unsigned ma
     for (int i = 0; i < TK_G_COUNT; i++)
         if ((mask >> i) & 1u)
             for (int64_t e = 0; e < x->n[i]; e++) x->t[i][e] += a * u[i][e];
+}
+
+/* Section 11 on the reference: the backward of P shards of the packed rows */
+static void check_shards(const tk_case *c, const tk_ref64 *x, const int32_t *sel, const double *dO,
+                         const tk_ref64 *full)
+{
+    const int64_t T = tk_case_tokens(c), Hq = c->cfg.num_q_heads, Dk = c->cfg.head_dim_qk;
+    static const int parts[] = {2, 4, 8};
+    for (int pi = 0; pi < 3; pi++) {
+        const int P = parts[pi];
+        if (T < 2) continue;
+        int64_t cut[9];
+        cut[0] = 0;
+        cut[P] = T;
+        for (int s = 1; s < P; s++) cut[s] = 1 + (int64_t)(nsa_random_u64(c->seed, 910 + (uint64_t)P, (uint64_t)s) %
+                                                           (uint64_t)(T - 1));
+        for (int s = 1; s < P; s++) /* sort the cuts (equal cuts: an empty shard) */
+            for (int u = s + 1; u < P; u++)
+                if (cut[u] < cut[s]) {
+                    const int64_t tmp = cut[s];
+                    cut[s] = cut[u];
+                    cut[u] = tmp;
+                }
+        tk_ref64 sum, part;
+        ck_assert_int_eq(tk_ref64_alloc(c, &sum), NSA_SUCCESS);
+        ck_assert_int_eq(tk_ref64_alloc(c, &part), NSA_SUCCESS);
+        for (int s = 0; s < P; s++) {
+            for (int i = 0; i < TK_G_COUNT; i++)
+                if (part.n[i]) memset(part.t[i], 0, (size_t)part.n[i] * sizeof(double));
+            ck_assert_int_eq(tk_ref64_backward_rows(c, x, sel, 0, dO, cut[s], cut[s + 1], &part), NSA_SUCCESS);
+            for (int i = 0; i < TK_G_COUNT; i++) {
+                /* dq [T, Hq, Dk] and dg_b [T, Hq]: the shard's rows complete, the others 0 */
+                const int64_t per = i == TK_G_Q ? Hq * Dk : (i >= TK_G_GATE && i < TK_G_GATE + 3) ? Hq : 0;
+                for (int64_t e = 0; e < part.n[i]; e++) {
+                    if (per) {
+                        const int64_t row = e / per;
+                        const double want = row >= cut[s] && row < cut[s + 1] ? full->t[i][e] : 0.0;
+                        if (part.t[i][e] != want) /* (not ck_assert per element: each one writes to check's pipe) */
+                            ck_abort_msg("%s: shard [%lld, %lld) of %d: d%s[%lld] = %.17g, want %.17g",
+                                         c->label, (long long)cut[s], (long long)cut[s + 1], P, tk_ref64_name(i),
+                                         (long long)e, part.t[i][e], want);
+                    }
+                    sum.t[i][e] += part.t[i][e];
+                }
+            }
+        }
+        tk_ref64_free(&part);
+        /* a tensor's scale: its largest element, or dq's where it is smaller (a gradient near 0,
+         * such as dpe where the blocks' terms cancel, keeps the rounding of its terms) */
+        double qscale = 0.0;
+        for (int64_t e = 0; e < full->n[TK_G_Q]; e++) qscale = fmax(qscale, fabs(full->t[TK_G_Q][e]));
+        for (int i = 0; i < TK_G_COUNT; i++) {
+            double scale = qscale;
+            for (int64_t e = 0; e < full->n[i]; e++) scale = fmax(scale, fabs(full->t[i][e]));
+            for (int64_t e = 0; e < full->n[i]; e++) {
+                const double err = fabs(sum.t[i][e] - full->t[i][e]) / (1e-300 + scale);
+                if (err > g_worst_shard) g_worst_shard = err;
+                if (!(fabs(sum.t[i][e] - full->t[i][e]) <= 1e-12 * scale))
+                    ck_abort_msg("%s: %d shards: sum of d%s[%lld] = %.17g, whole backward %.17g", c->label, P,
+                                 tk_ref64_name(i), (long long)e, sum.t[i][e], full->t[i][e]);
+            }
+        }
+        tk_ref64_free(&sum);
+        g_shardings++;
+    }
 }
 
 static void check_case(const tk_case *c0)
@@ -79,6 +149,7 @@ static void check_case(const tk_case *c0)
     for (int64_t e = 0; e < no; e++) dO[e] = tmp[e];
     free(tmp);
     ck_assert_int_eq(tk_ref64_backward(&c, &x, orc.sel, 0, dO, &grad), NSA_SUCCESS);
+    check_shards(&c, &x, orc.sel, dO, &grad);
     double *u[TK_G_COUNT] = {NULL};
     unsigned all = 0;
     for (int i = 0; i < TK_G_COUNT; i++) {
@@ -175,7 +246,8 @@ int main(void)
     const int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     printf("grad: %d cases, %d directions; worst |AD - FD| / sum|grad u| = %.3g (%d directions with a "
-           "derivative near 0 held to the floor only); worst forward vs oracle %.3g\n",
-           g_cases, g_dirs, g_worst_fd, g_tiny, g_worst_fwd);
+           "derivative near 0 held to the floor only); worst forward vs oracle %.3g; %d shardings, worst sum of "
+           "shards vs whole %.3g of the tensor's scale\n",
+           g_cases, g_dirs, g_worst_fd, g_tiny, g_worst_fwd, g_shardings, g_worst_shard);
     return failed ? 1 : 0;
 }

@@ -157,8 +157,10 @@ static int64_t key_list(const tk_case *c, int b, int64_t t, const int32_t *sel_r
 
 /* One pass over every (token, head, branch): the forward (o, lse) when grad is
  * NULL, else the backward into grad (dO given). */
+/* The forward (grad NULL) or the backward of the packed rows [r0, r1) (section 11's
+ * shard: the other rows' dO taken as absent). */
 static nsa_status run64(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round, double *o, double *lse[3],
-                        const double *dO, tk_ref64 *grad)
+                        const double *dO, tk_ref64 *grad, int64_t r0, int64_t r1)
 {
     const nsa_config *g = &c->cfg;
     const int64_t Hq = g->num_q_heads, Hkv = g->num_kv_heads, G = Hq / Hkv;
@@ -196,6 +198,7 @@ static nsa_status run64(const tk_case *c, const tk_ref64 *x, const int32_t *sel,
         }
         for (int64_t t = 0; t < len; t++) {
             const int64_t tg = base + t;
+            if (grad && (tg < r0 || tg >= r1)) continue;
             for (int64_t h = 0; h < Hq; h++) {
                 const int64_t kh = h / G;
                 const double *qv = x->t[TK_G_Q] + IDX3(tg, h, 0, Hq, Dk);
@@ -308,7 +311,7 @@ nsa_status tk_ref64_forward(const tk_case *c, const tk_ref64 *x, const int32_t *
                             double *lse[3])
 {
     if (!c || !x || !o || (c->cfg.num_selected > 0 && !sel)) return NSA_ERR_NULL_POINTER;
-    return run64(c, x, sel, round, o, lse, NULL, NULL);
+    return run64(c, x, sel, round, o, lse, NULL, NULL, 0, 0);
 }
 
 nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round, const double *dO,
@@ -317,10 +320,18 @@ nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t 
     if (!c || !x || !dO || !grad || (c->cfg.num_selected > 0 && !sel)) return NSA_ERR_NULL_POINTER;
     nsa_status s = tk_ref64_alloc(c, grad);
     if (s != NSA_SUCCESS) return s;
-    double *lse[3] = {NULL, NULL, NULL};
-    s = run64(c, x, sel, round, NULL, lse, dO, grad);
+    s = tk_ref64_backward_rows(c, x, sel, round, dO, 0, tk_case_tokens(c), grad);
     if (s != NSA_SUCCESS) tk_ref64_free(grad);
     return s;
+}
+
+nsa_status tk_ref64_backward_rows(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round,
+                                  const double *dO, int64_t r0, int64_t r1, tk_ref64 *grad)
+{
+    if (!c || !x || !dO || !grad || (c->cfg.num_selected > 0 && !sel)) return NSA_ERR_NULL_POINTER;
+    if (r0 < 0 || r1 < r0 || r1 > tk_case_tokens(c)) return NSA_ERR_INVALID_VALUE;
+    double *lse[3] = {NULL, NULL, NULL};
+    return run64(c, x, sel, round, NULL, lse, dO, grad, r0, r1);
 }
 
 const char *tk_ref64_name(int i)

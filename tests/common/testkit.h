@@ -287,6 +287,11 @@ nsa_status tk_ref64_forward(const tk_case *c, const tk_ref64 *x, const int32_t *
  * the library computes them); 0 for finite differences. */
 nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round, const double *dO,
                              tk_ref64 *grad);
+/* Section 11: the backward of the shard of packed rows [r0, r1) alone, added into
+ * grad (tk_ref64_alloc'd by the caller): dq and dg of those rows (nothing elsewhere)
+ * and the partial key-side gradients of their sums. */
+nsa_status tk_ref64_backward_rows(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round,
+                                  const double *dO, int64_t r0, int64_t r1, tk_ref64 *grad);
 
 /* ------------------------------------------------------------------ backward (backward.c) */
 
