@@ -50,9 +50,9 @@ static void check_shards(const tk_case *c, const tk_ref64 *x, const int32_t *sel
 {
     const int64_t T = tk_case_tokens(c), Hq = c->cfg.num_q_heads, Dk = c->cfg.head_dim_qk;
     static const int parts[] = {2, 4, 8};
+    if (T < 2) return;
     for (int pi = 0; pi < 3; pi++) {
         const int P = parts[pi];
-        if (T < 2) continue;
         int64_t cut[9];
         cut[0] = 0;
         cut[P] = T;

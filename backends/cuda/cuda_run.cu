@@ -279,20 +279,15 @@ nsa_status run_win(const Run &r)
         return NSA_SUCCESS;
     }
     FuseCombine fz = {};
-    if (fused) {
-        NEED(a->o, "o");
+    if (fused || win_combines(r.p, a)) {
+        if (fused) NEED(a->o, "o");
         for (int b = 0; b < 3; b++) {
             const bool on = b == NSA_BRANCH_WIN || a->o_b[b].buf;
-            if (on && !a->gate[b].buf)
+            if (fused && on && !a->gate[b].buf)
                 return FAIL(NSA_ERR_MISSING_TENSOR, "cuda backend: stage win_combine: branch %d is on but its gate is "
                             "absent", b);
             fz.gate[b] = on ? view(a->gate[b]) : none;
         }
-        fz.ob[0] = view(a->o_b[NSA_BRANCH_CMP]);
-        fz.ob[1] = view(a->o_b[NSA_BRANCH_SLC]);
-        fz.out = mview(a->o);
-    } else if (win_combines(r.p, a)) {
-        for (int b = 0; b < 3; b++) fz.gate[b] = a->o_b[b].buf ? view(a->gate[b]) : none;
         fz.ob[0] = view(a->o_b[NSA_BRANCH_CMP]);
         fz.ob[1] = view(a->o_b[NSA_BRANCH_SLC]);
         fz.out = mview(a->o);

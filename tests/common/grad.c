@@ -156,9 +156,8 @@ static int64_t key_list(const tk_case *c, int b, int64_t t, const int32_t *sel_r
 }
 
 /* One pass over every (token, head, branch): the forward (o, lse) when grad is
- * NULL, else the backward into grad (dO given). */
-/* The forward (grad NULL) or the backward of the packed rows [r0, r1) (section 11's
- * shard: the other rows' dO taken as absent). */
+ * NULL, else the backward of the packed rows [r0, r1) into grad (dO given; section
+ * 11's shard: the other rows' dO taken as absent). */
 static nsa_status run64(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round, double *o, double *lse[3],
                         const double *dO, tk_ref64 *grad, int64_t r0, int64_t r1)
 {
