@@ -95,9 +95,8 @@ static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &
     case K_SLC_SM80_G16: return slc_sm80_g16_smem(ch.dqkp, ch.dvp, c.slc.panel, c.slc.ns);
     case K_SLC_SM80_BLK: return slc_sm80_blk_smem(ch.dqkp, ch.dvp);
     case K_BWD_ATTN_SM80: return bwd_sm80_smem(ch.dqkp, ch.dvp);
-    case K_BWD_ATTN_SM90: return bwd_keys90_smem(ch.dqkp, ch.dvp) > bwd_sm80_smem(ch.dqkp, ch.dvp)
-                                     ? bwd_keys90_smem(ch.dqkp, ch.dvp)
-                                     : bwd_sm80_smem(ch.dqkp, ch.dvp);
+    case K_BWD_ATTN_SM90:
+        return std::max({bwd_keys90_smem(ch.dqkp, ch.dvp), bwd_rows90_smem(ch.dqkp, ch.dvp), bwd_sm80_smem(ch.dqkp, ch.dvp)});
     default: return 0;
     }
 }

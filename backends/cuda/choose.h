@@ -73,7 +73,7 @@ enum Kern {
     K_COMBINE_IN_WIN, /* COMBINE done by the window kernel's epilogue */
     K_BWD_ATTN_REF,   /* backward of a branch: rows (dq) and keys (dk, dv) kernels, fp32 */
     K_BWD_ATTN_SM80,  /* the same two kernels on mma.sync (every class) */
-    K_BWD_ATTN_SM90,  /* compressed / window: bwd_attn_sm80's rows kernel, the keys kernel on wgmma (sm90) */
+    K_BWD_ATTN_SM90,  /* compressed / window: the rows and keys kernels on wgmma (sm90) */
     K_BWD_COMPRESS_MEAN,
     K_BWD_COMPRESS_LINEAR,
     K_BWD_STORE,

@@ -1,7 +1,8 @@
 /*
  * bwd_common.cuh -- device helpers of the backward's tensor-core kernels
- * (bwd_sm80.cu on mma.sync, bwd_keys_sm90.cu on wgmma): the row values in
- * the log2 domain and the C-fragment stores, and the keys kernels' shared
+ * (bwd_sm80.cu on mma.sync, bwd_keys_sm90.cu and bwd_rows_sm90.cu on wgmma):
+ * the row values in the log2 domain, the C-fragment stores, the rows
+ * kernels' sweep step and dg, delta writes, and the keys kernels' shared
  * steps: their compressed / window items, which queries read a key, a step's
  * loads (rows split into reader and head), its probabilities and the final
  * store of dk, dv. Fragments follow the mma.sync m16n8 C layout
@@ -48,6 +49,41 @@ template <int NJ> NSA_DEV void zero_frag(float (&s)[NJ][4])
 {
 #pragma unroll
     for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+}
+
+/* One key tile of a rows kernel's sweep, for the warp's 16 rows (this thread's
+ * rows i = 0, 1: L = lse in log2 (+inf: none), gt = gate): s holds the masked
+ * logits and e = dO . v. Sweep 0 adds p e to dgp; sweep 1 turns s into
+ * dS scale = g p (e - dg) scale, ready for dq += dS K. */
+template <int NJ>
+NSA_DEV void rows_sweep_step(int pass, float (&s)[NJ][4], const float (&e)[NJ][4], const float (&L)[2],
+                             const float (&gt)[2], const float (&dg)[2], float (&dgp)[2], float sl, float scale)
+{
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int i = x >> 1;
+            const float p = fast_ex2(fmaf(s[j][x], sl, -L[i]));
+            if (pass == 0) dgp[i] += p * e[j][x];
+            else s[j][x] = gt[i] * p * (e[j][x] - dg[i]) * scale;
+        }
+}
+
+/* After sweep 0: dg of this thread's rows (the quad's sum), and for the rows
+ * that exist (head(i) >= 0; token t(i)) dgate = dg and delta = g dg. */
+template <typename TokFn, typename HeadFn>
+NSA_DEV void rows_write_dg(const BwdIn &in, const float (&dgp)[2], const float (&gt)[2], const bool (&rv)[2],
+                           float (&dg)[2], int lane, TokFn tok, HeadFn head)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        dg[i] = quad_sum(dgp[i]);
+        if (!rv[i] || (lane & 3) != 0) continue;
+        const int64_t t = tok(i), h = head(i);
+        if (in.dgate.p) ((float *)in.dgate.p)[t * in.dgate.st + h * in.dgate.sh] = dg[i];
+        ((float *)in.delta.p)[t * in.delta.st + h * in.delta.sh] = gt[i] * dg[i];
+    }
 }
 
 /* The local query positions that may read local key kk (a compressed row, a

@@ -23,8 +23,7 @@
  * their A operand, the keys, from shared memory once per 32 rows instead of
  * 64: twice that traffic per MMA).
  */
-#include "bwd_common.cuh"
-#include "wgmma.cuh"
+#include "bwd_sm90.cuh"
 
 namespace nsa_cuda {
 
@@ -33,42 +32,6 @@ namespace {
 constexpr int KEYS90_KN = BWD_KEYS_BN; /* keys per CTA: one warpgroup's m64 */
 
 template <int DQK> constexpr int keys90_km() { return DQK > 128 ? 32 : 64; } /* tiles.h: bwd_keys90_smem */
-
-/* acc (m64 x N) += A B for the A fragment of k-step kk formed from the
- * accumulator p (columns 16 kk .. 16 kk + 15), B at descriptor db; in bf16 p
- * is split into hi + lo, two products, as if p were fp32 (warp_pv_exact) */
-template <typename T, int N, int NJ>
-NSA_DEV void wg_rs_exact(float (&acc)[N / 8][4], const float (&p)[NJ][4], int kk, uint64_t db)
-{
-    uint32_t a[4];
-    a[0] = Mma<T>::pack(p[2 * kk][0], p[2 * kk][1]);
-    a[1] = Mma<T>::pack(p[2 * kk][2], p[2 * kk][3]);
-    a[2] = Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-    a[3] = Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
-    wg_rs<T, N>(acc, a, db);
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        auto lo = [&](int j, int x) { return p[j][x] - to_f(from_f<T>(p[j][x])); };
-        uint32_t b[4];
-        b[0] = Mma<T>::pack(lo(2 * kk, 0), lo(2 * kk, 1));
-        b[1] = Mma<T>::pack(lo(2 * kk, 2), lo(2 * kk, 3));
-        b[2] = Mma<T>::pack(lo(2 * kk + 1, 0), lo(2 * kk + 1, 1));
-        b[3] = Mma<T>::pack(lo(2 * kk + 1, 2), lo(2 * kk + 1, 3));
-        wg_rs<T, N>(acc, b, db);
-    }
-}
-
-/* dk (m64 x DQK) += dS^T Q for k-step kk: N = DQK where a wgmma width
- * matches, else 128 + 64 columns (Dqk 192: the third 64-column panel) */
-template <typename T, int DQK, int NJ>
-NSA_DEV void wg_rs_dk(float (&dka)[DQK / 8][4], const float (&ds)[NJ][4], int kk, uint64_t db, uint32_t panel)
-{
-    if constexpr (DQK == 192) {
-        wg_rs_exact<T, 128>(*reinterpret_cast<float(*)[16][4]>(&dka[0]), ds, kk, db);
-        wg_rs_exact<T, 64>(*reinterpret_cast<float(*)[8][4]>(&dka[16]), ds, kk, desc_at(db, 2 * panel));
-    } else {
-        wg_rs_exact<T, DQK>(dka, ds, kk, db);
-    }
-}
 
 template <typename T, int DQK, int DV, int MODE, int KM>
 __global__ void __launch_bounds__(BWD_THREADS, 2)
@@ -163,7 +126,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
 #pragma unroll
             for (int c = 0; c < KM / 16; c++) {
                 wg_rs_exact<T, DV>(dva, s, c, desc_at(ot, c * 16 * 128));
-                wg_rs_dk<T, DQK>(dka, e, c, desc_at(qt, c * 16 * 128), KM * 128);
+                wg_rs_wide<T, DQK>(dka, e, c, desc_at(qt, c * 16 * 128), KM * 128);
             }
             wg_commit();
             wg_wait<0>();

@@ -65,41 +65,6 @@ NSA_DEV void warp_pv_exact(float (&acc)[D / 8][4], float (&p)[2 * KS][4], const 
     warp_pv<T, D, KS, SX>(acc, p, sX, 0, lane);
 }
 
-/* One key tile of a rows kernel's sweep, for the warp's 16 rows (this thread's
- * rows i = 0, 1: L = lse in log2 (+inf: none), gt = gate): s holds the masked
- * logits and e = dO . v. Sweep 0 adds p e to dgp; sweep 1 turns s into
- * dS scale = g p (e - dg) scale, ready for dq += dS K. */
-template <int NJ>
-NSA_DEV void rows_sweep_step(int pass, float (&s)[NJ][4], const float (&e)[NJ][4], const float (&L)[2],
-                             const float (&gt)[2], const float (&dg)[2], float (&dgp)[2], float sl, float scale)
-{
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-        for (int x = 0; x < 4; x++) {
-            const int i = x >> 1;
-            const float p = fast_ex2(fmaf(s[j][x], sl, -L[i]));
-            if (pass == 0) dgp[i] += p * e[j][x];
-            else s[j][x] = gt[i] * p * (e[j][x] - dg[i]) * scale;
-        }
-}
-
-/* After sweep 0: dg of this thread's rows (the quad's sum), and for the rows
- * that exist (head(i) >= 0; token t(i)) dgate = dg and delta = g dg. */
-template <typename TokFn, typename HeadFn>
-NSA_DEV void rows_write_dg(const BwdIn &in, const float (&dgp)[2], const float (&gt)[2], const bool (&rv)[2],
-                           float (&dg)[2], int lane, TokFn tok, HeadFn head)
-{
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        dg[i] = quad_sum(dgp[i]);
-        if (!rv[i] || (lane & 3) != 0) continue;
-        const int64_t t = tok(i), h = head(i);
-        if (in.dgate.p) ((float *)in.dgate.p)[t * in.dgate.st + h * in.dgate.sh] = dg[i];
-        ((float *)in.delta.p)[t * in.delta.st + h * in.delta.sh] = gt[i] * dg[i];
-    }
-}
-
 /* ------------------------------------------------------------ rows: compressed, window */
 
 template <typename T, int DQK, int DV, int MODE>
@@ -494,6 +459,8 @@ static cudaError_t bwd_sm80_t(const Geom &g, const Dev &dev, int mode, const Bwd
         const dim3 grid((unsigned)((g.T + BWD_THREADS / 32 - 1) / (BWD_THREADS / 32)), (unsigned)(g.Hkv * nch));
         kern<<<grid, BWD_THREADS, smem, s>>>(g, in, kp, k.st, k.sh, vp, v.st, v.sh, qvec, ovec, kvvec, (float *)dq.p,
                                              dq.st, dq.sh, nch);
+    } else if (keys90) { /* the same tiles on wgmma */
+        if ((e = bwd_rows_sm90(g, dev, mode, DQK, DV, bt, in, k, v, dq, s)) != cudaSuccess) return e;
     } else if (bt.rows.count > 0) {
         auto kern = mode == 0 ? bwd_rows_sm80_kernel<T, DQK, DV, 0> : bwd_rows_sm80_kernel<T, DQK, DV, 2>;
         if ((e = launch_smem(kern, dev, smem)) != cudaSuccess) return e;

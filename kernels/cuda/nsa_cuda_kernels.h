@@ -210,6 +210,9 @@ cudaError_t bwd_attn_sm80(const Geom &g, const Dev &dev, int mode, int dqkp, int
  * split items' partial sums go to bt.scratch for bwd_attn_sm80's reduce */
 cudaError_t bwd_keys_sm90(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
                           const BwdIn &in, View k, View v, MView dk, MView dv, cudaStream_t s);
+/* bwd_rows_sm90.cu: dq, dgate, delta of the compressed (mode 0) or window (2) branch on bt.rows' tiles */
+cudaError_t bwd_rows_sm90(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
+                          const BwdIn &in, View k, View v, MView dq, cudaStream_t s);
 /* dc (f32 [total_cmp, Hkv, D]) back through the compression: adds to dx (f32
  * [T, Hkv, D], optional) and, LINEAR, to dW [Hkv, l, D, D] and dpe [Hkv, l, D]
  * (f32, optional); x, W, pe of the cfg dtype (pe may be absent). */

@@ -448,10 +448,15 @@ constexpr size_t bwd_keys90_smem(int dqkp, int dvp)
     return 1024 + 2 * (size_t)BWD_KEYS_BN * (size_t)(dqkp + dvp) +
            2 * 2 * (size_t)(dqkp > 128 ? 32 : 64) * (size_t)(dqkp + dvp) + 2 * (size_t)(dqkp > 128 ? 32 : 64) * 20;
 }
+/* bwd_rows_sm90.cu: Q and dO of the 64-row tile, two K/V tiles of 64 keys (32 at Dqk 192) */
+constexpr size_t bwd_rows90_smem(int dqkp, int dvp)
+{
+    return 1024 + 2 * (size_t)BWD_ROWS_BM * (size_t)(dqkp + dvp) + 2 * 2 * (size_t)(dqkp > 128 ? 32 : 64) * (size_t)(dqkp + dvp);
+}
 inline bool bwd_sm90_takes(int dqkp, int dvp, int64_t limit)
 {
     return keys90_dims(dqkp, dvp) && (int64_t)bwd_keys90_smem(dqkp, dvp) <= limit &&
-           bwd_sm80_takes(dqkp, dvp, limit);
+           (int64_t)bwd_rows90_smem(dqkp, dvp) <= limit && bwd_sm80_takes(dqkp, dvp, limit);
 }
 
 } // namespace nsa_cuda
