@@ -84,6 +84,16 @@ fi
   ninja -C $B -j16; } > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 note "[$(el)] build ok"
 
+# ncu's gpu__time_duration.sum lines summed per kernel name, in us. ncu picks each value's unit
+# (second, msecond, usecond, nsecond, or s, ms, us, ns in newer versions): every one is converted.
+ncu_times() {
+  awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^  (void )?/, "", k); sub(/[<(].*/, "", k)}
+       /gpu__time_duration.sum/ {u=$(NF-1); v=$NF; gsub(",", "", v)
+         if (u=="second" || u=="s") v*=1e6; else if (u=="msecond" || u=="ms") v*=1e3
+         else if (u=="nsecond" || u=="ns") v/=1e3; else if (u!="usecond" && u!="us") {print "  unknown unit " u; next}
+         t[k]+=v; c[k]++}
+       END {for (k in t) printf "  %-40s %4d launches %12.1f us\n", substr(k,1,40), c[k], t[k]}' "$1" | tee -a "$SUM"
+}
 # NSA_CUDA_TARGET for a class name ("sm90": the device's own choice, no variable)
 target() { [ "$1" = sm90 ] && echo "X_UNUSED=1" || echo "NSA_CUDA_TARGET=$1"; }
 
@@ -318,9 +328,7 @@ if has slcncu; then # slc_sm80_blk's kernels at 64k, G = 4 (Hq 32, Hkv 8): time 
     $NSA run --backend cuda --T 65536 --hq 32 --hkv 8 --dqk 128 --dv 128 --iters 1 --warmup 0 --check-tokens 0 \
     > "$OUT/slcncu.log" 2>&1
   note "[$(el)] slcncu rc=$?:"
-  awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^  (void )?/, "", k); sub(/[<(].*/, "", k)}
-       /gpu__time_duration.sum/ {u=$(NF-1); v=$NF; gsub(",", "", v); if (u=="msecond") v*=1000; if (u=="nsecond") v/=1000; t[k]+=v; c[k]++}
-       END {for (k in t) printf "  %-40s %4d launches %10.1f us\n", substr(k,1,40), c[k], t[k]}' "$OUT/slcncu.log" | tee -a "$SUM"
+  ncu_times "$OUT/slcncu.log"
 fi
 if has bwdncu; then # the backward's attention kernels under ncu at 64k: time per kernel name, per Dqk in BWDNCU_DQK,
   # default and under each NSA_CUDA_FORCE of BWDNCU_FORCES (only the forced kernels differ, so no old tree is needed)
@@ -329,9 +337,7 @@ if has bwdncu; then # the backward's attention kernels under ncu at 64k: time pe
       --metrics gpu__time_duration.sum -k regex:"${BWDNCU_REGEX:-bwd_(rows|keys)_}" $NSA run --backend cuda --T 65536 \
       --dqk $dqk --dv 128 --backward --iters 1 --warmup 0 --check-tokens 0 > /tmp/bwdncu.log 2>&1
     note "[$(el)] bwdncu Dqk=$dqk force $fo rc=$?:"
-    awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^  (void )?/, "", k); sub(/[<(].*/, "", k)}
-         /gpu__time_duration.sum/ {u=$(NF-1); v=$NF; gsub(",", "", v); if (u=="msecond") v*=1000; if (u=="nsecond") v/=1000; t[k]+=v; c[k]++}
-         END {for (k in t) printf "  %-40s %4d launches %10.1f us\n", substr(k,1,40), c[k], t[k]}' /tmp/bwdncu.log | tee -a "$SUM"
+    ncu_times /tmp/bwdncu.log
   done; done
 fi
 if has groups; then # issue 14's table: nsa bench per GQA shape at GROUP_T beside cuDNN (.bench/sdpa_baseline.py)
