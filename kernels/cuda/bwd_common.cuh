@@ -20,6 +20,22 @@ namespace nsa_cuda {
  * every p = 2^(s sl - L) of that row is 0 */
 NSA_DEV float lse2_of(float lse) { return lse == -INFINITY ? INFINITY : lse * NSA_LOG2E; }
 
+/* A rows kernel's two fragment rows per lane (warp * 16 + lane / 4 + 8 i of the tile c): valid,
+ * token, head, the row's lse in the log2 domain (+inf for a padding row) and its gate. */
+NSA_DEV void frag_rows(const BwdIn &in, const TileCtx &c, int warp, int lane, float (&L)[2], float (&gt)[2],
+                       int64_t (&rt)[2], int64_t (&rh)[2], bool (&rv)[2])
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        rv[i] = r < c.nrows;
+        rt[i] = c.t0 + r / c.hca;
+        rh[i] = c.h0 + r % c.hca;
+        L[i] = rv[i] ? lse2_of(((const float *)in.lse.p)[rt[i] * in.lse.st + rh[i] * in.lse.sh]) : INFINITY;
+        gt[i] = rv[i] ? ((const float *)in.gate.p)[rt[i] * in.gate.st + rh[i] * in.gate.sh] : 0.f;
+    }
+}
+
 /* dg of a quad's row (the 4 lanes that hold it), the same in every lane */
 NSA_DEV float quad_sum(float x)
 {

@@ -74,15 +74,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     float L[2], gt[2];
     int64_t rt[2], rh[2];
     bool rv[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int r = warp * 16 + (lane >> 2) + 8 * i;
-        rv[i] = r < c.nrows;
-        rt[i] = c.t0 + r / c.hca;
-        rh[i] = c.h0 + r % c.hca;
-        L[i] = rv[i] ? lse2_of(((const float *)in.lse.p)[rt[i] * in.lse.st + rh[i] * in.lse.sh]) : INFINITY;
-        gt[i] = rv[i] ? ((const float *)in.gate.p)[rt[i] * in.gate.st + rh[i] * in.gate.sh] : 0.f;
-    }
+    frag_rows(in, c, warp, lane, L, gt, rt, rh, rv);
     const float sl = g.scale * NSA_LOG2E;
     const uint64_t qd = sw128_desc(smem_u32(sQ), 16), od = sw128_desc(smem_u32(sO), 16);
     float dgp[2] = {0.f, 0.f}, dg[2] = {0.f, 0.f};
