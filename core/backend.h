@@ -36,8 +36,11 @@ extern "C" {
  * asynchronously reports its device-side checks through it; a module of
  * version 8 has a shorter vtable).
  * 10: NSA_STAGE_WIN_COMBINE (a module of version 9 whose supports() answers by
- * range might take it without running it). */
-#define NSA_BACKEND_API_VERSION 10
+ * range might take it without running it).
+ * 11: the keys' side of a plan (nsa_bk_plan.cu_seqlens_k, total_keys,
+ * dev_cu_seqlens_k) and nsa_backend.shards (a module of version 10 reads a
+ * shorter plan and would run a shard's queries at the wrong positions). */
+#define NSA_BACKEND_API_VERSION 11
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -165,7 +168,21 @@ typedef struct nsa_bk_tensor {
     nsa_dtype dtype;
 } nsa_bk_tensor;
 
-/* What the planner hands every backend. All counts are computed by the core. */
+/* What the planner hands every backend. All counts are computed by the core.
+ *
+ * Queries and keys. Sequence b has Tq_b = cu_seqlens[b+1] - cu_seqlens[b] query
+ * rows and Tk_b = cu_seqlens_k[b+1] - cu_seqlens_k[b] >= Tq_b key rows; query row
+ * t (cu_seqlens[b] <= t < cu_seqlens[b+1]) sits at position
+ *   pos(t) = t - cu_seqlens[b] + Tk_b - Tq_b
+ * of its sequence, whose position x is key row cu_seqlens_k[b] + x of k, v and
+ * their gradients (semantics section 11: the queries are the last Tq_b positions
+ * of the keys, a shard or a chunked prefill). Every visibility rule of the
+ * semantics is taken at pos(t). A plan of nsa_plan_create has Tq_b = Tk_b
+ * (cu_seqlens_k == cu_seqlens, the same array, and total_keys == total_tokens),
+ * so pos(t) = t - cu_seqlens[b]; only a backend with nsa_backend.shards = 1 is
+ * given any other. The counts max_len, max_nc, max_ns, total_cmp and cu_cmp are
+ * the keys' (Nc and Ns of Tk_b). Rows of q, o, gates, LSEs, indices, scores,
+ * o_b, dout, dq and dgate are query rows; rows of k, v, dk, dv are key rows. */
 typedef struct nsa_bk_plan {
     nsa_config cfg;          /* validated; cfg.scale resolved (never 0) */
     int64_t batch;           /* B */
@@ -200,6 +217,12 @@ typedef struct nsa_bk_plan {
      * sequence; the host tables above are absent (NULL, no tiles) */
     int decode;
     nsa_decode_limits lim;
+
+    /* (API version 11) the keys' side (see above). total_tokens counts query rows.
+     * Decode plans: cu_seqlens_k NULL, total_keys = total_tokens. */
+    const int64_t *cu_seqlens_k; /* [B + 1] key-row offsets */
+    int64_t total_keys;          /* cu_seqlens_k[B] */
+    int64_t dev_cu_seqlens_k;    /* element offset of cu_seqlens_k in dev_tables (-1: none) */
 } nsa_bk_plan;
 
 /* One gradient BWD_STORE rounds to the dtype: rows x heads x dim elements of
@@ -342,6 +365,13 @@ typedef struct nsa_backend {
      * entry, as a synchronous backend's run() would); NSA_SUCCESS before the first
      * step. NULL: run() returns a step's checks itself (cpu). */
     nsa_status (*decode_status)(void *bctx, const nsa_bk_plan *plan);
+
+    /* (added in API version 11) 1: every stage the backend runs takes query rows
+     * at an offset of their keys (nsa_bk_plan's pos(t) with Tq_b < Tk_b, the plans
+     * of nsa_plan_create_varlen), and its BWD_STORE writes outputs of the float
+     * type (NSA_BACKWARD_FLOAT_KEY_GRADS). 0: the core refuses both with
+     * NSA_ERR_UNSUPPORTED. */
+    int shards;
 } nsa_backend;
 
 /* A module's entry: returns its vtable, or NULL (after host->set_error) if it

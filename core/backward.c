@@ -66,7 +66,8 @@ static nsa_status share_slots(const nsa_tensor in[3], const nsa_tensor out[3], c
 static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_buffer *workspace)
 {
     const nsa_config *c = &plan->bk.cfg;
-    const int64_t T = plan->bk.total_tokens, hq = c->num_q_heads, hkv = c->num_kv_heads, nc = plan->bk.total_cmp;
+    const int64_t T = plan->bk.total_tokens, TK = plan->bk.total_keys, hq = c->num_q_heads, hkv = c->num_kv_heads;
+    const int64_t nc = plan->bk.total_cmp;
     const int64_t dk = c->head_dim_qk, dv = c->head_dim_v, l = c->cmp_block, nsel = c->num_selected;
     const nsa_dtype dt = c->dtype, fdt = nsa_bk_float_dtype(dt); /* gates, LSEs, dgate, workspace */
     const int on[3] = {1, nsel > 0, c->window > 0};
@@ -76,6 +77,15 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
     if (!(c->flags & NSA_CONFIG_TRAINING))
         return nsa_set_error(NSA_ERR_INVALID_VALUE, FN ": the plan was made without NSA_CONFIG_TRAINING in "
                              "cfg->flags, so it has no backward stages or workspace");
+
+    if (args->flags & ~(unsigned)(NSA_BACKWARD_TRUST_INDICES | NSA_BACKWARD_FLOAT_KEY_GRADS))
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, FN ": args->flags = 0x%x has unknown bits", args->flags);
+    const int float_keys = (args->flags & NSA_BACKWARD_FLOAT_KEY_GRADS) != 0;
+    if (float_keys && !plan->ctx->be->shards)
+        return nsa_set_error(NSA_ERR_UNSUPPORTED, FN ": args->flags has NSA_BACKWARD_FLOAT_KEY_GRADS, but backend %s "
+                             "stores gradients in cfg.dtype only (the cpu backend has it)", plan->ctx->backend_name);
+    /* the key-side gradients' dtype: cfg.dtype, or the float type unrounded */
+    const nsa_dtype gdt = float_keys ? fdt : dt;
 
     nsa_bk_args a;
     memset(&a, 0, sizeof a);
@@ -105,9 +115,9 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
                                               : "cfg.window = 0 turns the window branch off";
         used_k[b] = need_kv;
         snprintf(nm, sizeof nm, "args->k[%s]", nsa_branch_name[b]);
-        if (need_kv) CHECK(args->k[b], a.k[b], nm, T, hkv, dk, dt, 1, 0, 0);
+        if (need_kv) CHECK(args->k[b], a.k[b], nm, TK, hkv, dk, dt, 1, 0, 0);
         snprintf(nm, sizeof nm, "args->v[%s]", nsa_branch_name[b]);
-        if (need_kv) CHECK(args->v[b], a.v[b], nm, T, hkv, dv, dt, 1, 0, 0);
+        if (need_kv) CHECK(args->v[b], a.v[b], nm, TK, hkv, dv, dt, 1, 0, 0);
         snprintf(nm, sizeof nm, "args->gate[%s]", nsa_branch_name[b]);
         if (on[b]) CHECK(args->gate[b], a.gate[b], nm, T, hq, 1, fdt, 1, 0, 0);
         snprintf(nm, sizeof nm, "args->lse[%s]", nsa_branch_name[b]);
@@ -162,9 +172,9 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
     CHECK(args->dq, dq, "args->dq", T, hq, dk, dt, 0, 1, 0);
     for (int b = 0; b < 3; b++) {
         snprintf(nm, sizeof nm, "args->dk[%s]", nsa_branch_name[b]);
-        if (want_dk[b] && kslot[b] == b) CHECK(args->dk[b], dkb[b], nm, T, hkv, dk, dt, 0, 1, 0);
+        if (want_dk[b] && kslot[b] == b) CHECK(args->dk[b], dkb[b], nm, TK, hkv, dk, gdt, 0, 1, 0);
         snprintf(nm, sizeof nm, "args->dv[%s]", nsa_branch_name[b]);
-        if (want_dv[b] && vslot[b] == b) CHECK(args->dv[b], dvb[b], nm, T, hkv, dv, dt, 0, 1, 0);
+        if (want_dv[b] && vslot[b] == b) CHECK(args->dv[b], dvb[b], nm, TK, hkv, dv, gdt, 0, 1, 0);
         snprintf(nm, sizeof nm, "args->dgate[%s]", nsa_branch_name[b]);
         if (on[b]) CHECK(args->dgate[b], a.dgate[b], nm, T, hq, 1, fdt, 0, 1, 0);
     }
@@ -183,23 +193,30 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
     memset(&dwk, 0, sizeof dwk);
     dwv = dpek = dpev = dkc = dvc = dwk;
     if (linear) {
-        CHECK(args->dw_k, dwk, "args->dw_k", hkv, l, dk * dk, dt, 0, 1, 1);
-        CHECK(args->dw_v, dwv, "args->dw_v", hkv, l, dv * dv, dt, 0, 1, 1);
-        CHECK(args->dpe_k, dpek, "args->dpe_k", hkv, l, dk, dt, 0, 1, 1);
-        CHECK(args->dpe_v, dpev, "args->dpe_v", hkv, l, dv, dt, 0, 1, 1);
+        CHECK(args->dw_k, dwk, "args->dw_k", hkv, l, dk * dk, gdt, 0, 1, 1);
+        CHECK(args->dw_v, dwv, "args->dw_v", hkv, l, dv * dv, gdt, 0, 1, 1);
+        CHECK(args->dpe_k, dpek, "args->dpe_k", hkv, l, dk, gdt, 0, 1, 1);
+        CHECK(args->dpe_v, dpev, "args->dpe_v", hkv, l, dv, gdt, 0, 1, 1);
     }
     if (external) {
-        CHECK(args->dkc, dkc, "args->dkc", nc, hkv, dk, dt, 0, 1, 0);
-        CHECK(args->dvc, dvc, "args->dvc", nc, hkv, dv, dt, 0, 1, 0);
+        CHECK(args->dkc, dkc, "args->dkc", nc, hkv, dk, gdt, 0, 1, 0);
+        CHECK(args->dvc, dvc, "args->dvc", nc, hkv, dv, gdt, 0, 1, 0);
     }
 #undef CHECK
 #undef REFUSE
-    if (args->flags & ~(unsigned)NSA_BACKWARD_TRUST_INDICES)
-        return nsa_set_error(NSA_ERR_INVALID_VALUE, FN ": args->flags = 0x%x has unknown bits", args->flags);
 
     if ((s = nsa_workspace_check(plan, workspace, FN)) != NSA_SUCCESS) return s;
     if ((s = nsa_alias_check(&al, workspace, (int64_t)plan->ws.bytes, FN)) != NSA_SUCCESS) return s;
-    if (T == 0) return NSA_SUCCESS;
+    if (plan->num_bwd_stages == 0) { /* no token: the gradients that have elements (LINEAR's) are 0 */
+        const nsa_tensor *zero[4] = {&args->dw_k, &args->dw_v, &args->dpe_k, &args->dpe_v};
+        const int64_t cnt[4] = {hkv * l * dk * dk, hkv * l * dv * dv, hkv * l * dk, hkv * l * dv};
+        for (int i = 0; i < 4 && linear; i++)
+            if (zero[i]->buffer &&
+                (s = nsa_buffer_fill(zero[i]->buffer, (size_t)zero[i]->offset * nsa_dtype_size(gdt), 0,
+                                     (size_t)cnt[i] * nsa_dtype_size(gdt))) != NSA_SUCCESS)
+                return s;
+        return NSA_SUCCESS;
+    }
     if (nsel > 0 && !(args->flags & NSA_BACKWARD_TRUST_INDICES) &&
         (s = nsa_check_indices(plan, &args->block_indices, FN, "args->block_indices")))
         return s;
@@ -229,8 +246,8 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
     } while (0)
     STORE(a.dq_acc, dq, T, hq, dk);
     for (int b = 0; b < 3; b++) {
-        STORE(a.dk_acc[b], dkb[b], T, hkv, dk);
-        STORE(a.dv_acc[b], dvb[b], T, hkv, dv);
+        STORE(a.dk_acc[b], dkb[b], TK, hkv, dk);
+        STORE(a.dv_acc[b], dvb[b], TK, hkv, dv);
     }
     STORE(a.dkc_acc, dkc, nc, hkv, dk);
     STORE(a.dvc_acc, dvc, nc, hkv, dv);

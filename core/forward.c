@@ -37,7 +37,7 @@ nsa_status nsa_forward_sized(nsa_plan *plan, const nsa_forward_args *args_in, si
 static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buffer *workspace)
 {
     const nsa_config *c = &plan->bk.cfg;
-    const int64_t T = plan->bk.total_tokens, hq = c->num_q_heads, hkv = c->num_kv_heads;
+    const int64_t T = plan->bk.total_tokens, TK = plan->bk.total_keys, hq = c->num_q_heads, hkv = c->num_kv_heads;
     const int64_t dk = c->head_dim_qk, dv = c->head_dim_v, l = c->cmp_block, nsel = c->num_selected;
     const nsa_dtype dt = c->dtype, fdt = nsa_bk_float_dtype(dt); /* gates, LSEs, dgate, workspace */
     const int on[3] = {1, nsel > 0, c->window > 0};
@@ -70,9 +70,9 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
         nsa_tensor kb = args->k[b], vb = args->v[b], gb = args->gate[b], lb = args->lse[b];
         nsa_bk_tensor kb_out, vb_out, gb_out, lb_out;
         snprintf(nm, sizeof nm, "args->k[%s]", nsa_branch_name[b]);
-        CHECK(kb, nm, T, hkv, dk, dt, need_kv, 0, 0);
+        CHECK(kb, nm, TK, hkv, dk, dt, need_kv, 0, 0);
         snprintf(nm, sizeof nm, "args->v[%s]", nsa_branch_name[b]);
-        CHECK(vb, nm, T, hkv, dv, dt, need_kv, 0, 0);
+        CHECK(vb, nm, TK, hkv, dv, dt, need_kv, 0, 0);
         snprintf(nm, sizeof nm, "args->gate[%s]", nsa_branch_name[b]);
         CHECK(gb, nm, T, hq, 1, fdt, on[b], 0, 0);
         snprintf(nm, sizeof nm, "args->lse[%s]", nsa_branch_name[b]);
@@ -81,9 +81,9 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
             a.k[b] = kb_out;
             a.v[b] = vb_out;
             snprintf(nm, sizeof nm, "args->k[%s]", nsa_branch_name[b]);
-            nsa_alias_add(&al, nm, &kb, &kb_out, T, hkv, dk, 0);
+            nsa_alias_add(&al, nm, &kb, &kb_out, TK, hkv, dk, 0);
             snprintf(nm, sizeof nm, "args->v[%s]", nsa_branch_name[b]);
-            nsa_alias_add(&al, nm, &vb, &vb_out, T, hkv, dv, 0);
+            nsa_alias_add(&al, nm, &vb, &vb_out, TK, hkv, dv, 0);
         }
         snprintf(nm, sizeof nm, "args->lse[%s]", nsa_branch_name[b]);
         if (on[b]) {

@@ -145,7 +145,8 @@ typedef struct nsa_ws_layout {
 struct nsa_plan {
     nsa_context *ctx;
     nsa_bk_plan bk;            /* what backends see; points into the arrays below */
-    int64_t *cu_seqlens;       /* [B + 1] */
+    int64_t *cu_seqlens;       /* [B + 1] the queries' offsets */
+    int64_t *cu_seqlens_k;     /* [B + 1] the keys' offsets where they differ (nsa_plan_create_varlen), else NULL */
     int64_t *cu_cmp;           /* [B + 1] */
     int64_t *tok_seq;          /* [T] */
     int64_t *tiles;            /* [num_tiles * 2] */

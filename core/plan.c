@@ -52,7 +52,7 @@ static nsa_status plan_stages(nsa_plan *p)
         return nsa_set_error(NSA_ERR_UNSUPPORTED, "nsa_plan_create: backend %s does not support dtype %s%s",
                              p->ctx->backend_name, nsa_dtype_name(c->dtype),
                              c->dtype == NSA_DTYPE_F64 ? " (f64 runs on the cpu backend only)" : "");
-    if (p->bk.total_tokens == 0) {
+    if (p->bk.total_tokens == 0 && p->bk.total_keys == 0) { /* a shard without queries has key gradients */
         p->num_stages = 0;
         return NSA_SUCCESS;
     }
@@ -126,13 +126,14 @@ static nsa_status plan_workspace(nsa_plan *p)
                           .dq_acc = -1, .dk_acc = {-1, -1, -1}, .dv_acc = {-1, -1, -1}, .dkc_acc = -1,
                           .dvc_acc = -1, .dw_k_acc = -1, .dw_v_acc = -1, .dpe_k_acc = -1, .dpe_v_acc = -1,
                           .delta = -1};
-    if (T == 0) return NSA_SUCCESS;
+    if (T == 0 && p->bk.total_keys == 0) return NSA_SUCCESS;
     /* the float type's elements (4 bytes, 8 in an f64 call: nsa_bk_float_dtype);
      * scores and indices are 4 bytes in every call */
     const size_t fe = nsa_dtype_size(nsa_bk_float_dtype(c->dtype));
-    int64_t nk, nv, nt, ns, ni, no, ck, tk;
+    int64_t nk, nv, nt, ns, ni, no, ck, tk, kk;
     if (nsa_ck_mul(p->bk.total_cmp, hkv, &ck) || nsa_ck_mul(ck, c->head_dim_qk, &nk) ||
         nsa_ck_mul(ck, c->head_dim_v, &nv) || nsa_ck_mul(T, hq, &nt) || nsa_ck_mul(T, hkv, &tk) ||
+        nsa_ck_mul(p->bk.total_keys, hkv, &kk) ||
         nsa_ck_mul(tk, p->bk.max_ns, &ns) || nsa_ck_mul(tk, c->num_selected, &ni) ||
         nsa_ck_mul(nt, c->head_dim_v, &no))
         return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the workspace size overflows 64 bits");
@@ -152,7 +153,7 @@ static nsa_status plan_workspace(nsa_plan *p)
     /* hkv * l (< 2^36) and dk * dk, dv * dv (< 2^28) cannot overflow: config.c
      * bounds heads by 2^16, l by 2^20 and head dims by 2^14 */
     int64_t nq, tkk, tkv, wk, wv, pk, pv;
-    if (nsa_ck_mul(nt, dk, &nq) || nsa_ck_mul(tk, dk, &tkk) || nsa_ck_mul(tk, dv, &tkv) ||
+    if (nsa_ck_mul(nt, dk, &nq) || nsa_ck_mul(kk, dk, &tkk) || nsa_ck_mul(kk, dv, &tkv) ||
         nsa_ck_mul(hkv * l, dk * dk, &wk) || nsa_ck_mul(hkv * l, dv * dv, &wv) || nsa_ck_mul(hkv * l, dk, &pk) ||
         nsa_ck_mul(hkv * l, dv, &pv))
         return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the backward workspace size overflows 64 bits");
@@ -175,18 +176,20 @@ static nsa_status plan_workspace(nsa_plan *p)
     return reserve(ws, nt, fe, &ws->delta);
 }
 
-/* Every count the plan needs, from cu_seqlens alone: allocates nothing, so that
- * the stage list and the workspace are validated before any host table exists. */
-static nsa_status plan_shape(nsa_plan *p, const int64_t *cu, int64_t B)
+/* Every count the plan needs, from the offsets alone (cu: the queries', ck: the
+ * keys'): allocates nothing, so that the stage list and the workspace are
+ * validated before any host table exists. Block counts are the keys'; query
+ * tiles cover the query rows. */
+static nsa_status plan_shape(nsa_plan *p, const int64_t *cu, const int64_t *ck, int64_t B)
 {
     const nsa_config *c = &p->bk.cfg;
     const int64_t tile = p->ctx->be->query_tile;
     int64_t total_cmp = 0, ntiles = 0;
     for (int64_t b = 0; b < B; b++) {
-        int64_t len = cu[b + 1] - cu[b]; /* 0 <= len <= 2^40: checked by the caller */
+        int64_t len = ck[b + 1] - ck[b], tq = cu[b + 1] - cu[b]; /* 0 <= tq <= len <= 2^40: checked by the caller */
         int64_t nc = nsa_num_cmp_blocks(len, c->cmp_block, c->cmp_stride);
         int64_t ns = nsa_num_slc_blocks(len, c->slc_block);
-        if (nsa_ck_add(total_cmp, nc, &total_cmp) || (tile > 0 && nsa_ck_add(ntiles, len / tile + (len % tile != 0), &ntiles)))
+        if (nsa_ck_add(total_cmp, nc, &total_cmp) || (tile > 0 && nsa_ck_add(ntiles, tq / tile + (tq % tile != 0), &ntiles)))
             return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: the block counts of cu_seqlens overflow 64 bits");
         if (len > p->bk.max_len) p->bk.max_len = len;
         if (nc > p->bk.max_nc) p->bk.max_nc = nc;
@@ -194,6 +197,7 @@ static nsa_status plan_shape(nsa_plan *p, const int64_t *cu, int64_t B)
     }
     p->bk.batch = B;
     p->bk.total_tokens = cu[B];
+    p->bk.total_keys = ck[B];
     p->bk.total_cmp = total_cmp;
     p->bk.query_tile = tile > 0 ? tile : 0;
     p->bk.num_tiles = tile > 0 ? ntiles : 0;
@@ -202,11 +206,13 @@ static nsa_status plan_shape(nsa_plan *p, const int64_t *cu, int64_t B)
 
 /* Host tables, and their device copy when the backend wants one. Sizes are
  * checked here before the first allocation. */
-static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
+static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, const int64_t *ck, int64_t B)
 {
     const nsa_config *c = &p->bk.cfg;
     const int64_t T = p->bk.total_tokens, tile = p->bk.query_tile, ntiles = p->bk.num_tiles;
-    const int64_t n = 2 * (B + 1) + T + 2 * ntiles; /* B <= 2^32, T <= 2^40, ntiles <= T: no overflow */
+    const int split = ck != cu; /* the keys' offsets differ from the queries' */
+    /* B <= 2^32, T <= 2^40, ntiles <= T: no overflow */
+    const int64_t n = (2 + split) * (B + 1) + T + 2 * ntiles;
     size_t cu_bytes, tok_bytes, tile_bytes, dev_bytes = 0;
     if (nsa_ck_bytes(B + 1, sizeof(int64_t), &cu_bytes) || nsa_ck_bytes(T > 0 ? T : 1, sizeof(int64_t), &tok_bytes) ||
         nsa_ck_bytes(ntiles > 0 ? 2 * ntiles : 2, sizeof(int64_t), &tile_bytes) ||
@@ -216,16 +222,19 @@ static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
     p->cu_seqlens = malloc(cu_bytes);
     p->cu_cmp = malloc(cu_bytes);
     p->tok_seq = malloc(tok_bytes);
-    if (!p->cu_seqlens || !p->cu_cmp || !p->tok_seq)
+    if (split) p->cu_seqlens_k = malloc(cu_bytes);
+    if (!p->cu_seqlens || !p->cu_cmp || !p->tok_seq || (split && !p->cu_seqlens_k))
         return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory for %lld tokens",
                              (long long)T);
     p->cu_cmp[0] = 0;
     for (int64_t b = 0; b < B; b++) {
         p->cu_seqlens[b] = cu[b];
-        p->cu_cmp[b + 1] = p->cu_cmp[b] + nsa_num_cmp_blocks(cu[b + 1] - cu[b], c->cmp_block, c->cmp_stride);
+        if (split) p->cu_seqlens_k[b] = ck[b];
+        p->cu_cmp[b + 1] = p->cu_cmp[b] + nsa_num_cmp_blocks(ck[b + 1] - ck[b], c->cmp_block, c->cmp_stride);
         for (int64_t t = cu[b]; t < cu[b + 1]; t++) p->tok_seq[t] = b;
     }
     p->cu_seqlens[B] = T;
+    if (split) p->cu_seqlens_k[B] = ck[B];
     if (tile > 0) {
         p->tiles = malloc(tile_bytes);
         if (!p->tiles) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory for tiles");
@@ -238,11 +247,12 @@ static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
             }
     }
     p->bk.cu_seqlens = p->cu_seqlens;
+    p->bk.cu_seqlens_k = split ? p->cu_seqlens_k : p->cu_seqlens;
     p->bk.cu_cmp = p->cu_cmp;
     p->bk.tok_seq = p->tok_seq;
     p->bk.tiles = p->tiles;
     p->bk.dev_tables = NULL;
-    p->bk.dev_cu_seqlens = p->bk.dev_cu_cmp = p->bk.dev_tok_seq = p->bk.dev_tiles = -1;
+    p->bk.dev_cu_seqlens = p->bk.dev_cu_cmp = p->bk.dev_tok_seq = p->bk.dev_tiles = p->bk.dev_cu_seqlens_k = -1;
 
     if (!p->ctx->be->wants_device_tables) return NSA_SUCCESS;
     nsa_status s = nsa_buffer_alloc(p->ctx, dev_bytes, &p->tables);
@@ -255,6 +265,8 @@ static nsa_status plan_tables(nsa_plan *p, const int64_t *cu, int64_t B)
     p->bk.dev_cu_cmp = B + 1;
     p->bk.dev_tok_seq = 2 * (B + 1);
     p->bk.dev_tiles = 2 * (B + 1) + T;
+    p->bk.dev_cu_seqlens_k = split ? 2 * (B + 1) + T + 2 * ntiles : p->bk.dev_cu_seqlens;
+    if (split) memcpy(img + p->bk.dev_cu_seqlens_k, p->cu_seqlens_k, cu_bytes);
     memcpy(img + p->bk.dev_cu_seqlens, p->cu_seqlens, cu_bytes);
     memcpy(img + p->bk.dev_cu_cmp, p->cu_cmp, cu_bytes);
     if (T > 0) memcpy(img + p->bk.dev_tok_seq, p->tok_seq, (size_t)T * sizeof(int64_t));
@@ -272,6 +284,7 @@ static void plan_free(nsa_plan *p)
     nsa_buffer_release(p->tables);
     nsa_buffer_release(p->own_ws);
     free(p->cu_seqlens);
+    free(p->cu_seqlens_k);
     free(p->cu_cmp);
     free(p->tok_seq);
     free(p->tiles);
@@ -299,47 +312,75 @@ static void stage_names(const nsa_stage *st, int count, char *buf, size_t size)
 
 static void stage_list(const nsa_plan *p, char *buf, size_t size) { stage_names(p->stages, p->num_stages, buf, size); }
 
-nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, size_t cfg_size,
-                                 const int64_t *cu_seqlens, int64_t batch, nsa_plan **out)
+/* cu_seqlens-style offsets: [0] == 0, non-decreasing, at most MAX_TOKENS in all */
+static nsa_status check_offsets(const int64_t *cu, int64_t batch, const char *fn, const char *name)
 {
+    if (cu[0] != 0)
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "%s: %s[0] = %lld, but it must be 0", fn, name, (long long)cu[0]);
+    for (int64_t b = 0; b < batch; b++)
+        if (cu[b + 1] < cu[b])
+            return nsa_set_error(NSA_ERR_INVALID_SHAPE,
+                                 "%s: %s decreases at index %lld (%lld -> %lld); offsets must be non-decreasing", fn,
+                                 name, (long long)(b + 1), (long long)cu[b], (long long)cu[b + 1]);
+    if (cu[batch] > MAX_TOKENS)
+        return nsa_set_error(NSA_ERR_INVALID_SHAPE,
+                             "%s: %s[%lld] = %lld: the batch's total token count exceeds the limit of 2^40", fn, name,
+                             (long long)batch, (long long)cu[batch]);
+    return NSA_SUCCESS;
+}
+
+/* nsa_plan_create and nsa_plan_create_varlen; ck == cu for the former */
+static nsa_status plan_create(nsa_context *ctx, const nsa_config *cfg_in, size_t cfg_size, const int64_t *cu,
+                              const int64_t *ck, int64_t batch, nsa_plan **out, int varlen)
+{
+    const char *fn = varlen ? "nsa_plan_create_varlen" : "nsa_plan_create";
     nsa_clear_error();
-    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: out is NULL");
+    if (!out) return nsa_set_error(NSA_ERR_NULL_POINTER, "%s: out is NULL", fn);
     *out = NULL;
-    if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: ctx is NULL");
-    if (!cfg_in) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: cfg is NULL");
-    if (!cu_seqlens) return nsa_set_error(NSA_ERR_NULL_POINTER, "nsa_plan_create: cu_seqlens is NULL");
+    if (!ctx) return nsa_set_error(NSA_ERR_NULL_POINTER, "%s: ctx is NULL", fn);
+    if (!cfg_in) return nsa_set_error(NSA_ERR_NULL_POINTER, "%s: cfg is NULL", fn);
+    const char *qname = varlen ? "cu_seqlens_q" : "cu_seqlens";
+    if (!cu) return nsa_set_error(NSA_ERR_NULL_POINTER, "%s: %s is NULL", fn, qname);
+    if (!ck) ck = cu;
     nsa_config cfg_full;
     const nsa_config *cfg = &cfg_full;
-    nsa_status s = nsa_config_take(cfg_in, cfg_size, &cfg_full, "nsa_plan_create");
+    nsa_status s = nsa_config_take(cfg_in, cfg_size, &cfg_full, fn);
     if (s != NSA_SUCCESS) return s;
-    s = nsa_config_check(cfg, "nsa_plan_create");
+    s = nsa_config_check(cfg, fn);
     if (s != NSA_SUCCESS) return s;
     if (batch < 0 || batch > (INT64_C(1) << 32))
-        return nsa_set_error(NSA_ERR_INVALID_VALUE, "nsa_plan_create: batch = %lld must be in [0, 2^32]",
-                             (long long)batch);
-    if (cu_seqlens[0] != 0)
-        return nsa_set_error(NSA_ERR_INVALID_SHAPE, "nsa_plan_create: cu_seqlens[0] = %lld, but it must be 0",
-                             (long long)cu_seqlens[0]);
-    for (int64_t b = 0; b < batch; b++)
-        if (cu_seqlens[b + 1] < cu_seqlens[b])
-            return nsa_set_error(NSA_ERR_INVALID_SHAPE,
-                                 "nsa_plan_create: cu_seqlens decreases at index %lld (%lld -> %lld); offsets must be "
-                                 "non-decreasing",
-                                 (long long)(b + 1), (long long)cu_seqlens[b], (long long)cu_seqlens[b + 1]);
-    if (cu_seqlens[batch] > MAX_TOKENS)
-        return nsa_set_error(NSA_ERR_INVALID_SHAPE,
-                             "nsa_plan_create: cu_seqlens[%lld] = %lld: the batch's total token count exceeds the "
-                             "limit of 2^40",
-                             (long long)batch, (long long)cu_seqlens[batch]);
+        return nsa_set_error(NSA_ERR_INVALID_VALUE, "%s: batch = %lld must be in [0, 2^32]", fn, (long long)batch);
+    if ((s = check_offsets(cu, batch, fn, qname)) != NSA_SUCCESS) return s;
+    int shard = 0; /* some sequence has fewer queries than keys */
+    if (ck != cu) {
+        if ((s = check_offsets(ck, batch, fn, "cu_seqlens_k")) != NSA_SUCCESS) return s;
+        for (int64_t b = 0; b < batch; b++) {
+            const int64_t tq = cu[b + 1] - cu[b], tk = ck[b + 1] - ck[b];
+            if (tq > tk)
+                return nsa_set_error(NSA_ERR_INVALID_SHAPE,
+                                     "%s: sequence %lld has %lld queries (cu_seqlens_q) but %lld keys (cu_seqlens_k); "
+                                     "its queries are the last positions of its keys, so it needs at least as many "
+                                     "keys as queries",
+                                     fn, (long long)b, (long long)tq, (long long)tk);
+            shard |= tq < tk;
+        }
+        if (!shard) ck = cu; /* the same shape as nsa_plan_create's */
+    }
+    if (shard && !ctx->be->shards)
+        return nsa_set_error(NSA_ERR_UNSUPPORTED,
+                             "%s: backend %s does not run plans whose queries sit at an offset of their keys (a "
+                             "sequence with fewer queries in cu_seqlens_q than keys in cu_seqlens_k); the cpu backend "
+                             "does",
+                             fn, ctx->backend_name);
 
     nsa_plan *p = calloc(1, sizeof *p);
-    if (!p) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "nsa_plan_create: out of host memory");
+    if (!p) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     p->ctx = ctx;
     p->bk.cfg = *cfg;
     if (p->bk.cfg.scale == 0.0f) p->bk.cfg.scale = (float)(1.0 / sqrt((double)cfg->head_dim_qk));
     /* counts, stages and workspace first (no allocation), host tables last */
-    if ((s = plan_shape(p, cu_seqlens, batch)) || (s = plan_stages(p)) || (s = plan_workspace(p)) ||
-        (s = plan_tables(p, cu_seqlens, batch))) {
+    if ((s = plan_shape(p, cu, ck, batch)) || (s = plan_stages(p)) || (s = plan_workspace(p)) ||
+        (s = plan_tables(p, cu, ck, batch))) {
         plan_free(p);
         return s;
     }
@@ -356,6 +397,19 @@ nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, siz
     nsa_clear_error();
     *out = p;
     return NSA_SUCCESS;
+}
+
+nsa_status nsa_plan_create_sized(nsa_context *ctx, const nsa_config *cfg_in, size_t cfg_size,
+                                 const int64_t *cu_seqlens, int64_t batch, nsa_plan **out)
+{
+    return plan_create(ctx, cfg_in, cfg_size, cu_seqlens, cu_seqlens, batch, out, 0);
+}
+
+nsa_status nsa_plan_create_varlen_sized(nsa_context *ctx, const nsa_config *cfg, size_t cfg_size,
+                                        const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k, int64_t batch,
+                                        nsa_plan **out)
+{
+    return plan_create(ctx, cfg, cfg_size, cu_seqlens_q, cu_seqlens_k, batch, out, 1);
 }
 
 /* INFO: the plan's size, stages and workspace; DEBUG: each stage's kernel */
@@ -409,6 +463,7 @@ nsa_status nsa_plan_get_info_sized(const nsa_plan *plan, nsa_plan_info *out, siz
     stage_list(plan, info->stages, sizeof info->stages);
     info->num_bwd_stages = plan->num_bwd_stages;
     stage_names(plan->bwd_stages, plan->num_bwd_stages, info->bwd_stages, sizeof info->bwd_stages);
+    info->total_keys = plan->bk.total_keys;
     return nsa_struct_out(out, info_size, NSA_PLAN_INFO_SIZE_FIRST, info, sizeof *info, "nsa_plan_get_info", "info");
 }
 
@@ -471,7 +526,8 @@ static nsa_status decode_plan_shape(nsa_plan *p)
     p->bk.total_cmp = 0;
     p->bk.query_tile = 0;
     p->bk.num_tiles = 0;
-    p->bk.dev_cu_seqlens = p->bk.dev_cu_cmp = p->bk.dev_tok_seq = p->bk.dev_tiles = -1;
+    p->bk.dev_cu_seqlens = p->bk.dev_cu_cmp = p->bk.dev_tok_seq = p->bk.dev_tiles = p->bk.dev_cu_seqlens_k = -1;
+    p->bk.total_keys = MT;
     /* the caches' and tables' element counts must fit 64 bits (the views are
      * checked against their buffers at each step) */
     int64_t x;

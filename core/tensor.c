@@ -97,7 +97,11 @@ nsa_status nsa_check_indices(const nsa_plan *p, const nsa_tensor *t, const char 
     int32_t *row = malloc((size_t)n * sizeof *row);
     if (!row) return nsa_set_error(NSA_ERR_OUT_OF_MEMORY, "%s: out of host memory checking %s", fn, name);
     for (int64_t t0 = 0; t0 < T && s == NSA_SUCCESS; t0++) {
-        int64_t seq = p->tok_seq[t0], tl = t0 - p->cu_seqlens[seq], last = tl / c->slc_block;
+        /* the row's position: its sequence's queries are the last positions of its keys */
+        int64_t seq = p->tok_seq[t0];
+        int64_t tl = t0 - p->cu_seqlens[seq] + (p->bk.cu_seqlens_k[seq + 1] - p->bk.cu_seqlens_k[seq]) -
+                     (p->cu_seqlens[seq + 1] - p->cu_seqlens[seq]);
+        int64_t last = tl / c->slc_block;
         for (int64_t g = 0; g < hkv && s == NSA_SUCCESS; g++) {
             size_t off = (size_t)(t->offset + t0 * t->stride_token + g * t->stride_head) * 4;
             if ((s = t->buffer->ctx->be->buffer_read(p->ctx->bctx, t->buffer->bbuf, off, row, (size_t)n * 4))) {
@@ -111,7 +115,7 @@ nsa_status nsa_check_indices(const nsa_plan *p, const nsa_tensor *t, const char 
                 const char *why = NULL;
                 if (j == -1) padded = 1;
                 else if (padded) why = "a block index follows -1 padding";
-                else if (j < 0 || j > last) why = "the block is not eligible (it must satisfy 0 <= j <= t / l_s)";
+                else if (j < 0 || j > last) why = "the block is not eligible (it must satisfy 0 <= j <= t / l_s at the row's position t)";
                 else if (j <= prev) why = "indices must be strictly ascending";
                 if (why) {
                     s = nsa_set_error(NSA_ERR_INVALID_VALUE,

@@ -10,6 +10,8 @@
  *   nsa_plan_create()         validate a config and a packed batch shape once; the core
  *                             computes every block count, the work decomposition and
  *                             the workspace size
+ *   nsa_plan_create_varlen()  (0.6) the same with fewer queries than keys per sequence:
+ *                             chunked prefill, a context-parallel shard
  *   nsa_buffer_alloc/wrap()   device memory: owned by the library or by the caller
  *   nsa_forward()             run the three branches and the gated sum
  *   nsa_decode_plan_create()  (0.5) a decode plan: capacities of paged caches and steps
@@ -80,7 +82,7 @@ extern "C" {
 #endif
 
 #define NSA_VERSION_MAJOR 0
-#define NSA_VERSION_MINOR 5
+#define NSA_VERSION_MINOR 6
 #define NSA_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------ status */
@@ -115,7 +117,7 @@ NSA_API const char *nsa_status_string(nsa_status status);
  * recent call succeeded. Valid until the thread's next libnsa call. */
 NSA_API const char *nsa_last_error(void);
 
-/* "0.5.0" */
+/* "0.6.0" */
 NSA_API const char *nsa_version_string(void);
 
 /* ------------------------------------------------------------------ types */
@@ -296,6 +298,32 @@ NSA_API nsa_status nsa_plan_create(nsa_context *ctx, const nsa_config *cfg, cons
                                    int64_t batch, nsa_plan **out);
 #define nsa_plan_create(ctx, cfg, cu_seqlens, batch, out) \
     nsa_plan_create_sized((ctx), (cfg), sizeof(nsa_config), (cu_seqlens), (batch), (out))
+
+/* (added in 0.6) A plan whose sequences have fewer queries than keys
+ * (docs/nsa-semantics.md section 11; FlashAttention's varlen convention with
+ * cu_seqlens_q beside cu_seqlens_k and the causal mask aligned bottom-right):
+ * sequence b has Tq_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] queries and Tk_b =
+ * cu_seqlens_k[b+1] - cu_seqlens_k[b] >= Tq_b keys, and its queries are the last
+ * Tq_b positions of its keys: row i of sequence b in q, gates, o, LSEs, selected,
+ * block_indices, dout, dq and dgate is position Tk_b - Tq_b + i. k, v, dk and dv
+ * have cu_seqlens_k[B] rows (nsa_plan_info.total_keys), kc, vc, dkc and dvc the
+ * compressed rows of the keys (total_cmp_blocks). Each output row is the same row
+ * of nsa_forward over the sequence's Tk_b tokens: the last Tq_b tokens of a
+ * chunked prefill, or a context-parallel shard of rows [a, b) of a longer
+ * sequence (Tk = b, Tq = b - a; the shard needs only the keys below b). Its
+ * nsa_backward returns the shard's complete dq and dgate rows and its part of
+ * the key-side gradients (dk, dv, dkc, dvc, dw_k, dw_v, dpe_k, dpe_v), which
+ * summed over the shards of a sequence are the sequence's; with
+ * NSA_BACKWARD_FLOAT_KEY_GRADS the parts come unrounded in the float type, for
+ * that sum. cu_seqlens_k NULL means cu_seqlens_q (nsa_plan_create). Both arrays
+ * are checked as nsa_plan_create checks cu_seqlens; Tq_b > Tk_b is
+ * NSA_ERR_INVALID_SHAPE naming the sequence. Backends: cpu; cuda, hip and
+ * opencl refuse a plan with some Tq_b < Tk_b (NSA_ERR_UNSUPPORTED). */
+NSA_API nsa_status nsa_plan_create_varlen_sized(nsa_context *ctx, const nsa_config *cfg, size_t cfg_size,
+                                                const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k,
+                                                int64_t batch, nsa_plan **out);
+#define nsa_plan_create_varlen(ctx, cfg, cu_seqlens_q, cu_seqlens_k, batch, out) \
+    nsa_plan_create_varlen_sized((ctx), (cfg), sizeof(nsa_config), (cu_seqlens_q), (cu_seqlens_k), (batch), (out))
 NSA_API nsa_status nsa_plan_destroy(nsa_plan *plan);
 
 /* Shape facts computed by the planner. */
@@ -321,6 +349,9 @@ typedef struct nsa_plan_info {
     int num_bwd_stages;      /* stages nsa_backward runs (0 unless the plan was made with
                               * NSA_CONFIG_TRAINING) */
     char bwd_stages[128];    /* their names, space separated ("bwd_cmp_attn ... bwd_store") */
+    /* added in 0.6: */
+    int64_t total_keys;      /* rows of k, v, dk, dv: cu_seqlens_k[B] (nsa_plan_create_varlen),
+                              * else total_tokens */
 } nsa_plan_info;
 
 NSA_API nsa_status nsa_plan_get_info_sized(const nsa_plan *plan, nsa_plan_info *info, size_t info_size);
@@ -436,7 +467,8 @@ NSA_API nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa
  *
  * Every gradient is optional: a NULL buffer means "not wanted" and its work is
  * skipped where it is not needed by another. Gradients have the dtype of their
- * input (cfg.dtype; dgate fp32, f64 in an F64 call) and the shape and layout rules of the input's
+ * input (cfg.dtype; dgate fp32, f64 in an F64 call; the key-side ones the float
+ * type under NSA_BACKWARD_FLOAT_KEY_GRADS) and the shape and layout rules of the input's
  * view (dw_k ... dpe_v contiguous).
  *
  * Shared inputs: when one k (or v) tensor serves several branches, pass the same
@@ -475,7 +507,13 @@ typedef struct nsa_backward_args {
 enum {
     /* Skip the host-side check of block_indices (as NSA_FORWARD_TRUST_INDICES):
      * nsa_backward then never reads device memory. */
-    NSA_BACKWARD_TRUST_INDICES = 1u << 0
+    NSA_BACKWARD_TRUST_INDICES = 1u << 0,
+    /* (added in 0.6) dk, dv, dkc, dvc, dw_k, dw_v, dpe_k and dpe_v are of the float
+     * type (fp32; f64 in an F64 call) instead of cfg.dtype: the accumulated
+     * gradients unrounded, for a caller that adds the parts of several shards
+     * (nsa_plan_create_varlen) before rounding once. Backends: those that run
+     * shard plans (cpu); the others refuse it (NSA_ERR_UNSUPPORTED). */
+    NSA_BACKWARD_FLOAT_KEY_GRADS = 1u << 1
 };
 
 /* Runs the backward pass on a plan made with NSA_CONFIG_TRAINING. workspace as

@@ -200,7 +200,7 @@ static void slc_tokens(void *user, int64_t begin, int64_t end, void *mem)
     for (int64_t t = job->first + begin; t < job->first + end; t++) {
         int64_t b;
         int64_t tl = nsa_cpu_local(p, t, &b);
-        int64_t start = p->cu_seqlens[b];
+        int64_t start = p->cu_seqlens_k[b]; /* key row of position 0 */
         for (int64_t g = 0; g < cfg->num_kv_heads; g++) {
             /* tokens of the selected blocks, causally cut at t; -1 slots are empty */
             const int32_t *idx = nsa_cpu_i32_at(&a->indices, t, g);
@@ -241,7 +241,7 @@ static void win_tokens(void *user, int64_t begin, int64_t end, void *mem)
         int64_t b;
         int64_t tl = nsa_cpu_local(p, t, &b);
         int64_t first = tl - w + 1 > 0 ? tl - w + 1 : 0; /* max(0, t - w + 1) */
-        key_range r = {p->cu_seqlens[b] + first, t + 1};
+        key_range r = {p->cu_seqlens_k[b] + first, p->cu_seqlens_k[b] + tl + 1};
         for (int64_t g = 0; g < cfg->num_kv_heads; g++)
             attend_group(a, NSA_BRANCH_WIN, &a->k[NSA_BRANCH_WIN], &a->v[NSA_BRANCH_WIN], t, g, &r, 1, job, &s);
     }

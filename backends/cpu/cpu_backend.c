@@ -261,6 +261,7 @@ static const nsa_backend cpu_backend = {
     .plan_prepare = nsa_cpu_plan_prepare, /* decode plans: the step's gather scratch */
     .plan_release = nsa_cpu_plan_release,
     .run = cpu_run,
+    .shards = 1,              /* queries at an offset of their keys, float key gradients */
 };
 
 const nsa_backend *nsa_cpu_backend(const nsa_host_api *host)

@@ -70,12 +70,48 @@ static inline int32_t *nsa_cpu_i32_at(const nsa_bk_tensor *t, int64_t token, int
     return (int32_t *)nsa_cpu_base(t) + nsa_cpu_at(t, token, head);
 }
 
-/* Local position of global token t within its sequence, and that sequence. */
+/* Sequence b's queries are the last positions of its keys (nsa_bk_plan): query
+ * row cu_seqlens[b] + i is position shift + i, with shift = Tk_b - Tq_b (0 but
+ * for the plans of nsa_plan_create_varlen); position x is key row
+ * cu_seqlens_k[b] + x. */
+static inline int64_t nsa_cpu_shift(const nsa_bk_plan *p, int64_t b)
+{
+    return (p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b]) - (p->cu_seqlens[b + 1] - p->cu_seqlens[b]);
+}
+
+/* Position of query row t within its sequence, and that sequence. */
 static inline int64_t nsa_cpu_local(const nsa_bk_plan *p, int64_t t, int64_t *seq)
 {
     int64_t b = p->tok_seq[t];
     *seq = b;
-    return t - p->cu_seqlens[b];
+    return t - p->cu_seqlens[b] + nsa_cpu_shift(p, b);
+}
+
+/* The query row at position x of sequence b, for x >= nsa_cpu_shift(p, b). */
+static inline int64_t nsa_cpu_query_row(const nsa_bk_plan *p, int64_t b, int64_t x)
+{
+    return p->cu_seqlens[b] + x - nsa_cpu_shift(p, b);
+}
+
+/* Position of key row r within its sequence, and that sequence. */
+static inline int64_t nsa_cpu_key_local(const nsa_bk_plan *p, int64_t r, int64_t *seq)
+{
+    int64_t b;
+    if (p->cu_seqlens_k == p->cu_seqlens) {
+        b = p->tok_seq[r];
+    } else { /* the last b with cu_seqlens_k[b] <= r < cu_seqlens_k[b + 1] */
+        int64_t lo = 0, hi = p->batch - 1;
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo + 1) / 2;
+            if (p->cu_seqlens_k[mid] <= r)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        b = lo;
+    }
+    *seq = b;
+    return r - p->cu_seqlens_k[b];
 }
 
 /* G = Hq / Hkv, and max(Dqk, Dv) (scratch rows hold either). */

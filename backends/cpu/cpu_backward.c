@@ -57,7 +57,7 @@ static int64_t key_ranges(const nsa_bk_args *a, int b, int64_t t, int64_t g, ran
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
     int64_t seq;
-    const int64_t tl = nsa_cpu_local(p, t, &seq), start = p->cu_seqlens[seq];
+    const int64_t tl = nsa_cpu_local(p, t, &seq), start = p->cu_seqlens_k[seq]; /* key row of position 0 */
     if (b == NSA_BRANCH_CMP) {
         const int64_t l = cfg->cmp_block, d = cfg->cmp_stride;
         const int64_t nc = tl + 1 >= l ? (tl + 1 - l) / d + 1 : 0;
@@ -66,7 +66,7 @@ static int64_t key_ranges(const nsa_bk_args *a, int b, int64_t t, int64_t g, ran
     }
     if (b == NSA_BRANCH_WIN) {
         const int64_t first = tl - cfg->window + 1 > 0 ? tl - cfg->window + 1 : 0;
-        r[0] = (range64){start + first, t + 1};
+        r[0] = (range64){start + first, start + tl + 1};
         return 1;
     }
     const int64_t ls = cfg->slc_block, n = cfg->num_selected;
@@ -255,26 +255,33 @@ static void pass2_items(void *user, int64_t begin, int64_t end, void *mem)
     const nsa_bk_plan *p = a->plan;
     const nsa_config *cfg = &p->cfg;
     const int b = job->branch;
+    /* Each item's readers are the queries at positions x0 .. x1 - 1 of its
+     * sequence; only those at positions >= shift (the plan's queries) are rows. */
     for (int64_t it = begin; it < end; it++) {
-        if (b == NSA_BRANCH_CMP) { /* item: compressed row it, read by local t >= i*d + l - 1 */
-            const int64_t seq = nsa_cpu_cmp_row_sequence(p, it), i = it - p->cu_cmp[seq];
-            const int64_t s0 = p->cu_seqlens[seq], s1 = p->cu_seqlens[seq + 1];
-            for (int64_t g = 0; g < cfg->num_kv_heads; g++)
-                key_set(a, b, g, it, 1, s0 + i * cfg->cmp_stride + cfg->cmp_block - 1, s1, 0, mem);
-            continue;
+        int64_t seq, x0, x1, r0 = it, nk = 1, blk = 0;
+        if (b == NSA_BRANCH_CMP) { /* item: compressed row it, read by positions >= i*d + l - 1 */
+            seq = nsa_cpu_cmp_row_sequence(p, it);
+            x0 = (it - p->cu_cmp[seq]) * cfg->cmp_stride + cfg->cmp_block - 1;
+            x1 = p->cu_seqlens_k[seq + 1] - p->cu_seqlens_k[seq];
+        } else {
+            const int64_t rl = nsa_cpu_key_local(p, it, &seq), tk = p->cu_seqlens_k[seq + 1] - p->cu_seqlens_k[seq];
+            if (b == NSA_BRANCH_WIN) { /* item: key rl, read by positions rl .. rl + w - 1 */
+                x0 = rl;
+                x1 = rl + cfg->window < tk ? rl + cfg->window : tk;
+            } else { /* selected: the item that starts a block handles the block */
+                const int64_t ls = cfg->slc_block;
+                if (rl % ls != 0) continue;
+                nk = rl + ls < tk ? ls : tk - rl;
+                blk = rl / ls;
+                x0 = rl;
+                x1 = tk;
+            }
         }
-        int64_t seq;
-        const int64_t rl = nsa_cpu_local(p, it, &seq), s1 = p->cu_seqlens[seq + 1];
-        if (b == NSA_BRANCH_WIN) { /* item: token it, read by t in [it, it + w - 1] */
-            const int64_t last = it + cfg->window < s1 ? it + cfg->window : s1;
-            for (int64_t g = 0; g < cfg->num_kv_heads; g++) key_set(a, b, g, it, 1, it, last, 0, mem);
-            continue;
-        }
-        /* selected: the item that starts a block handles the block */
-        const int64_t ls = cfg->slc_block;
-        if (rl % ls != 0) continue;
-        const int64_t nk = it + ls < s1 ? ls : s1 - it;
-        for (int64_t g = 0; g < cfg->num_kv_heads; g++) key_set(a, b, g, it, nk, it, s1, rl / ls, mem);
+        const int64_t shift = nsa_cpu_shift(p, seq);
+        if (x0 < shift) x0 = shift;
+        if (x1 <= x0) continue; /* no query of the plan reads it */
+        const int64_t tq0 = nsa_cpu_query_row(p, seq, x0), tq1 = nsa_cpu_query_row(p, seq, x1);
+        for (int64_t g = 0; g < cfg->num_kv_heads; g++) key_set(a, b, g, r0, nk, tq0, tq1, blk, mem);
     }
 }
 
@@ -297,7 +304,7 @@ static nsa_status attn_backward(const nsa_cpu_context *ctx, const nsa_bk_args *a
         (st = need_f32(a, &a->gate[b], stage, "gate")) || (st = need_f32(a, &a->delta, stage, "delta")) ||
         (b == NSA_BRANCH_SLC && (st = nsa_cpu_need(&a->indices, stage, "indices", 0, 1))))
         return st;
-    int64_t keys1, ranges1 = 1, keys2 = 1, items = p->total_tokens;
+    int64_t keys1, ranges1 = 1, keys2 = 1, items = p->total_keys;
     if (b == NSA_BRANCH_CMP) {
         keys1 = p->max_nc;
         items = p->total_cmp;
@@ -339,7 +346,7 @@ typedef struct cbwd_job {
     const nsa_bk_args *a;
 } cbwd_job;
 
-/* Rows: item = token t; its gradient from every block i that holds it (i*d <=
+/* Rows: item = key row t; its gradient from every block i that holds it (i*d <=
  * t_local <= i*d + l - 1), blocks ascending. */
 static void compress_rows_bwd(void *user, int64_t begin, int64_t end, void *mem)
 {
@@ -352,7 +359,7 @@ static void compress_rows_bwd(void *user, int64_t begin, int64_t end, void *mem)
     double *wrow = row + nsa_cpu_doubles(nsa_cpu_dmax(cfg)) / sizeof(double);
     for (int64_t t = begin; t < end; t++) {
         int64_t seq;
-        const int64_t tl = nsa_cpu_local(p, t, &seq), nc = p->cu_cmp[seq + 1] - p->cu_cmp[seq];
+        const int64_t tl = nsa_cpu_key_local(p, t, &seq), nc = p->cu_cmp[seq + 1] - p->cu_cmp[seq];
         int64_t i0 = tl - l + 1 > 0 ? (tl - l + 1 + d - 1) / d : 0, i1 = tl / d; /* blocks i0 .. i1 */
         if (i1 > nc - 1) i1 = nc - 1;
         for (int side = 0; side < 2; side++) {
@@ -405,7 +412,7 @@ static void compress_weights_bwd(void *user, int64_t begin, int64_t end, void *m
                     for (int64_t c = 0; c < D; c++) acc[c] = 0.0;
                     for (int64_t seq = 0; seq < p->batch; seq++)
                         for (int64_t row = p->cu_cmp[seq]; row < p->cu_cmp[seq + 1]; row++) {
-                            const int64_t tok = p->cu_seqlens[seq] + (row - p->cu_cmp[seq]) * d + j;
+                            const int64_t tok = p->cu_seqlens_k[seq] + (row - p->cu_cmp[seq]) * d + j;
                             nsa_cpu_load_row(nsa_cpu_base(xin), xin->dtype, nsa_cpu_at(xin, tok, g) + r, 1, x);
                             const double ar = x[0] + (pin->buf ? pe[r] : 0.0);
                             nsa_cpu_axpy_row(ar, nsa_cpu_base(dc), dc->dtype, nsa_cpu_at(dc, row, g), D, acc);
@@ -444,7 +451,7 @@ nsa_status nsa_cpu_bwd_compress(const nsa_cpu_context *ctx, const nsa_bk_args *a
         return st;
     cbwd_job job = {a};
     if ((a->dk_acc[NSA_BRANCH_CMP].buf || a->dv_acc[NSA_BRANCH_CMP].buf) &&
-        (st = nsa_cpu_parallel_for(ctx->threads, p->total_tokens, 0, 3 * nsa_cpu_doubles(nsa_cpu_dmax(cfg)),
+        (st = nsa_cpu_parallel_for(ctx->threads, p->total_keys, 0, 3 * nsa_cpu_doubles(nsa_cpu_dmax(cfg)),
                                    compress_rows_bwd, &job)))
         return st;
     if (linear && (a->dw_k_acc.buf || a->dw_v_acc.buf || a->dpe_k_acc.buf || a->dpe_v_acc.buf))

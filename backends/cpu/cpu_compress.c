@@ -125,7 +125,7 @@ static void compress_rows(void *user, int64_t begin, int64_t end, void *scratch)
     for (int64_t row = begin; row < end; row++) {
         int64_t b = nsa_cpu_cmp_row_sequence(p, row);
         int64_t i = row - p->cu_cmp[b];
-        int64_t tok0 = p->cu_seqlens[b] + i * d; /* global index of the block's first token */
+        int64_t tok0 = p->cu_seqlens_k[b] + i * d; /* key row of the block's first token */
         for (int64_t g = 0; g < cfg->num_kv_heads; g++) {
             switch (cfg->compress) {
             case NSA_COMPRESS_MEAN:

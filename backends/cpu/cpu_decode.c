@@ -390,6 +390,8 @@ nsa_status nsa_cpu_decode_attn(const nsa_cpu_context *ctx, const nsa_bk_args *a)
         fp.max_nc = nc;
         fp.max_ns = (tk + c->slc_block - 1) / c->slc_block;
         fp.cu_seqlens = cu2;
+        fp.cu_seqlens_k = cu2;
+        fp.total_keys = tk;
         fp.cu_cmp = cc2;
         fp.tok_seq = d->tok_seq;
         fp.tiles = NULL;

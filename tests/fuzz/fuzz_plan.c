@@ -1,7 +1,9 @@
 /*
- * libFuzzer target: nsa_plan_create on a config and cu_seqlens decoded from
- * the input, then, when the plan is small, a cpu forward with dense tensors
- * one of which gets fuzzed offsets and strides. Through the public API only.
+ * libFuzzer target: nsa_plan_create (or nsa_plan_create_varlen, with key
+ * offsets mostly at least the query lengths) on a config and cu_seqlens decoded
+ * from the input, then, when the plan is small, a cpu forward with dense
+ * tensors one of which gets fuzzed offsets and strides. Through the public API
+ * only.
  *
  * Each input byte of a field picks a value: most are small (0..39) so that
  * valid configs are common, some are extremes (-1, INT64_MAX, INT64_MIN,
@@ -80,7 +82,7 @@ static void check_status(nsa_status s)
 
 static void forward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *info, bytes_in *in)
 {
-    const int64_t T = info->total_tokens, total_cmp = info->total_cmp_blocks;
+    const int64_t T = info->total_tokens, TK = info->total_keys, total_cmp = info->total_cmp_blocks;
     const int64_t hq = c->num_q_heads, hkv = c->num_kv_heads, dk = c->head_dim_qk, dv = c->head_dim_v;
     const int64_t l = c->cmp_block, n = c->num_selected;
     nsa_buffer *bufs[MAX_BUFS];
@@ -103,8 +105,8 @@ static void forward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *in
     a.q = nsa_tensor_dense(BUF(T * hq * dk, es), 0, hq, dk);
     a.o = nsa_tensor_dense(BUF(T * hq * dv, es), 0, hq, dv);
     for (int b = 0; b < 3; b++) {
-        a.k[b] = nsa_tensor_dense(BUF(T * hkv * dk, es), 0, hkv, dk);
-        a.v[b] = nsa_tensor_dense(BUF(T * hkv * dv, es), 0, hkv, dv);
+        a.k[b] = nsa_tensor_dense(BUF(TK * hkv * dk, es), 0, hkv, dk);
+        a.v[b] = nsa_tensor_dense(BUF(TK * hkv * dv, es), 0, hkv, dv);
         a.gate[b] = nsa_tensor_dense(BUF(T * hq, fs), 0, hq, 1);
     }
     if (byte(in) & 1) a.lse[0] = nsa_tensor_dense(BUF(T * hq, fs), 0, hq, 1);
@@ -170,8 +172,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (batch >= 0 && cu[batch] > (INT64_C(1) << 24) && cu[batch] <= (INT64_C(1) << 40))
         return 0; /* maybe a valid plan too large for the fuzzer's memory (see the top) */
+    /* a varlen plan: each sequence's keys its queries plus a few more, or (rarely) any value */
+    const uint8_t vk = byte(&in);
+    int64_t ck[9] = {0};
+    if (vk & 1) {
+        for (int64_t b = 0; b < batch && b < 8; b++) {
+            int64_t len, more = byte(&in) % 40;
+            if (byte(&in) == 0xEE || __builtin_sub_overflow(cu[b + 1], cu[b], &len) ||
+                __builtin_add_overflow(len, more, &more) ||
+                __builtin_add_overflow(ck[b], more, &ck[b + 1]))
+                ck[b + 1] = value(&in);
+        }
+        if (vk == 0xEF) ck[0] = value(&in);
+    }
     nsa_plan *plan = NULL;
-    nsa_status s = nsa_plan_create(ctx, &c, cu, batch, &plan);
+    nsa_status s = vk & 1 ? nsa_plan_create_varlen(ctx, &c, cu, vk == 0xFD ? NULL : ck, batch, &plan)
+                          : nsa_plan_create(ctx, &c, cu, batch, &plan);
     check_status(s);
     if (s != NSA_SUCCESS) {
         if (plan) abort();
@@ -183,7 +199,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < info.num_stages; i++) check_status(nsa_plan_stage_kernel(plan, i, name, sizeof name));
     const int64_t T = info.total_tokens;
     /* forwards only for small problems: the point is the checks, not the arithmetic */
-    if (T <= 256 && c.num_q_heads <= 16 && c.head_dim_qk <= 32 && c.head_dim_v <= 32 && c.cmp_block <= 64 &&
+    if (T <= 256 && info.total_keys <= 512 && c.num_q_heads <= 16 && c.head_dim_qk <= 32 && c.head_dim_v <= 32 && c.cmp_block <= 64 &&
         info.total_cmp_blocks <= 256 && c.num_selected <= 64 && info.workspace_bytes <= (64u << 20))
         forward(plan, &c, &info, &in);
     check_status(nsa_plan_destroy(plan));
