@@ -93,23 +93,26 @@ static inline int64_t nsa_cpu_query_row(const nsa_bk_plan *p, int64_t b, int64_t
     return p->cu_seqlens[b] + x - nsa_cpu_shift(p, b);
 }
 
+/* The last b in [0, B) with offs[b] <= r: the sequence that owns row r of a
+ * table of B + 1 offsets (a sequence with no rows shares its offset with the
+ * next one, which then owns the row). */
+static inline int64_t nsa_cpu_owner(const int64_t *offs, int64_t B, int64_t r)
+{
+    int64_t lo = 0, hi = B - 1; /* answer in [lo, hi] */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (offs[mid] <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 /* Position of key row r within its sequence, and that sequence. */
 static inline int64_t nsa_cpu_key_local(const nsa_bk_plan *p, int64_t r, int64_t *seq)
 {
-    int64_t b;
-    if (p->cu_seqlens_k == p->cu_seqlens) {
-        b = p->tok_seq[r];
-    } else { /* the last b with cu_seqlens_k[b] <= r < cu_seqlens_k[b + 1] */
-        int64_t lo = 0, hi = p->batch - 1;
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo + 1) / 2;
-            if (p->cu_seqlens_k[mid] <= r)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        b = lo;
-    }
+    const int64_t b = p->cu_seqlens_k == p->cu_seqlens ? p->tok_seq[r] : nsa_cpu_owner(p->cu_seqlens_k, p->batch, r);
     *seq = b;
     return r - p->cu_seqlens_k[b];
 }
@@ -121,19 +124,10 @@ static inline int64_t nsa_cpu_dmax(const nsa_config *cfg)
     return cfg->head_dim_qk > cfg->head_dim_v ? cfg->head_dim_qk : cfg->head_dim_v;
 }
 
-/* The sequence that owns compressed row r: cu_cmp[b] <= r < cu_cmp[b + 1]
- * (sequences with no compressed block share their cu_cmp with the next one). */
+/* The sequence that owns compressed row r: cu_cmp[b] <= r < cu_cmp[b + 1]. */
 static inline int64_t nsa_cpu_cmp_row_sequence(const nsa_bk_plan *p, int64_t r)
 {
-    int64_t lo = 0, hi = p->batch - 1; /* answer in [lo, hi] */
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo + 1) / 2;
-        if (p->cu_cmp[mid] <= r)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
+    return nsa_cpu_owner(p->cu_cmp, p->batch, r);
 }
 
 /* Checks that a tensor a stage needs is present and of an allowed dtype;
