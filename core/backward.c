@@ -83,7 +83,7 @@ static nsa_status backward(nsa_plan *plan, const nsa_backward_args *args, nsa_bu
     const int float_keys = (args->flags & NSA_BACKWARD_FLOAT_KEY_GRADS) != 0;
     if (float_keys && !plan->ctx->be->shards)
         return nsa_set_error(NSA_ERR_UNSUPPORTED, FN ": args->flags has NSA_BACKWARD_FLOAT_KEY_GRADS, but backend %s "
-                             "stores gradients in cfg.dtype only (the cpu backend has it)", plan->ctx->backend_name);
+                             "stores gradients in cfg.dtype only (the cpu and opencl backends have it)", plan->ctx->backend_name);
     /* the key-side gradients' dtype: cfg.dtype, or the float type unrounded */
     const nsa_dtype gdt = float_keys ? fdt : dt;
 

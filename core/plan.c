@@ -369,8 +369,8 @@ static nsa_status plan_create(nsa_context *ctx, const nsa_config *cfg_in, size_t
     if (shard && !ctx->be->shards)
         return nsa_set_error(NSA_ERR_UNSUPPORTED,
                              "%s: backend %s does not run plans whose queries sit at an offset of their keys (a "
-                             "sequence with fewer queries in cu_seqlens_q than keys in cu_seqlens_k); the cpu backend "
-                             "does",
+                             "sequence with fewer queries in cu_seqlens_q than keys in cu_seqlens_k); the cpu and "
+                             "opencl backends do",
                              fn, ctx->backend_name);
 
     nsa_plan *p = calloc(1, sizeof *p);

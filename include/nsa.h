@@ -317,8 +317,10 @@ NSA_API nsa_status nsa_plan_create(nsa_context *ctx, const nsa_config *cfg, cons
  * NSA_BACKWARD_FLOAT_KEY_GRADS the parts come unrounded in the float type, for
  * that sum. cu_seqlens_k NULL means cu_seqlens_q (nsa_plan_create). Both arrays
  * are checked as nsa_plan_create checks cu_seqlens; Tq_b > Tk_b is
- * NSA_ERR_INVALID_SHAPE naming the sequence. Backends: cpu; cuda, hip and
- * opencl refuse a plan with some Tq_b < Tk_b (NSA_ERR_UNSUPPORTED). */
+ * NSA_ERR_INVALID_SHAPE naming the sequence. Backends: cpu (each row bitwise
+ * the whole forward's row) and opencl (within the parity tolerance of it: its
+ * kernels tile rows together); cuda and hip refuse a plan with some Tq_b < Tk_b
+ * (NSA_ERR_UNSUPPORTED). */
 NSA_API nsa_status nsa_plan_create_varlen_sized(nsa_context *ctx, const nsa_config *cfg, size_t cfg_size,
                                                 const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k,
                                                 int64_t batch, nsa_plan **out);
@@ -512,7 +514,7 @@ enum {
      * type (fp32; f64 in an F64 call) instead of cfg.dtype: the accumulated
      * gradients unrounded, for a caller that adds the parts of several shards
      * (nsa_plan_create_varlen) before rounding once. Backends: those that run
-     * shard plans (cpu); the others refuse it (NSA_ERR_UNSUPPORTED). */
+     * shard plans (cpu, opencl); the others refuse it (NSA_ERR_UNSUPPORTED). */
     NSA_BACKWARD_FLOAT_KEY_GRADS = 1u << 1
 };
 

@@ -10,7 +10,7 @@
  * it is one small GEMM per head into `bias`. For the second, the l tokens of block i
  * are l/d sub-blocks of d tokens, sub-block p starting at token (i + p) * d. With the
  * keys copied head-major into stage_x[g][t][:] (f32), sub-block p of rows i = 0..Nc-1
- * is a plain row-major matrix: first element (cu_seqlens[b] + p*d) * D, leading
+ * is a plain row-major matrix: first element (cu_seqlens_k[b] + p*d) * D, leading
  * dimension d*D, d*D columns. So
  *     kc[rows of b, g, :] = bias[g] + sum_{p < l/d} A_p(Nc x d*D) @ W_g[p*d*D .. , :]
  * = l/d GEMMs per (sequence, head), accumulated into kc in a fixed order (beta = 1):
@@ -80,7 +80,7 @@ nsa_status ocl_linear_prepare(ocl_context *c, const nsa_bk_plan *plan, ocl_plan 
     const nsa_config *cfg = &plan->cfg;
     const size_t H = (size_t)cfg->num_kv_heads, l = (size_t)cfg->cmp_block, d = (size_t)cfg->cmp_stride;
     const size_t D = (size_t)(cfg->head_dim_qk > cfg->head_dim_v ? cfg->head_dim_qk : cfg->head_dim_v);
-    const size_t T = (size_t)plan->total_tokens;
+    const size_t T = (size_t)plan->total_keys; /* rows of k, v */
     nsa_status s = NSA_SUCCESS;
     c->used_clblast = 1;
     if (!(op->stage_x = alloc_f32(c, H * T * D, &s, "stage_x"))) return s;
@@ -157,7 +157,7 @@ static nsa_status linear_one(ocl_context *c, const nsa_bk_args *args, ocl_plan *
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
     const size_t es = dtype_size(cfg->dtype);
-    const int64_t H = cfg->num_kv_heads, l = cfg->cmp_block, d = cfg->cmp_stride, T = plan->total_tokens;
+    const int64_t H = cfg->num_kv_heads, l = cfg->cmp_block, d = cfg->cmp_stride, T = plan->total_keys;
     const int64_t D = kv ? cfg->head_dim_v : cfg->head_dim_qk;
     const nsa_bk_tensor *x = kv ? &args->v[NSA_BRANCH_CMP] : &args->k[NSA_BRANCH_CMP];
     const nsa_bk_tensor *w = kv ? &args->w_v : &args->w_k;
@@ -218,7 +218,7 @@ static nsa_status linear_one(ocl_context *c, const nsa_bk_args *args, ocl_plan *
         if (nc <= 0) continue;
         for (int64_t p = 0; p < l / d; ++p)
             for (int64_t g = 0; g < H; ++g) {
-                const size_t a_off = (size_t)((g * T + plan->cu_seqlens[b] + p * d) * D);
+                const size_t a_off = (size_t)((g * T + plan->cu_seqlens_k[b] + p * d) * D);
                 const size_t b_off = (size_t)((g * l + p * d) * D * D);
                 const size_t c_off = (size_t)(out_off + plan->cu_cmp[b] * out->stride_token + g * out->stride_head);
                 s = gemm(c, op, (size_t)nc, (size_t)D, (size_t)(d * D), op->stage_x, a_off, (size_t)(d * D),

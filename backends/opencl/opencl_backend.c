@@ -390,6 +390,7 @@ static const nsa_backend ocl_backend = {
     .run = ocl_run,
     .stage_kernel = ocl_stage_kernel,
     .decode_status = ocl_decode_status,
+    .shards = 1, /* every stage takes query rows at an offset of their keys; bwd_store_f32 */
 };
 
 NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION;

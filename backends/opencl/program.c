@@ -62,6 +62,7 @@ static const char *const kernel_names[OCL_K_COUNT] = {
     [OCL_K_BWD_COMPRESS_ROWS] = "bwd_compress_rows",
     [OCL_K_BWD_COMPRESS_W] = "bwd_compress_w",
     [OCL_K_BWD_STORE] = "bwd_store",
+    [OCL_K_BWD_STORE_F32] = "bwd_store_f32",
     [OCL_K_DECODE_CHECK] = "decode_check",
     [OCL_K_DECODE_STORE] = "decode_store",
     [OCL_K_DECODE_COMPRESS] = "decode_compress",

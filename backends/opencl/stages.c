@@ -481,10 +481,11 @@ void ocl_plan_release(void *bctx, nsa_bk_plan *plan)
 
 static size_t dtype_size(nsa_dtype d) { return d == NSA_DTYPE_F32 || d == NSA_DTYPE_I32 ? 4 : 2; }
 
-/* The plan's device tables: (cl_mem, element offsets of cu_seqlens, cu_cmp, tok_seq). */
+/* The plan's device tables: (cl_mem, element offsets of cu_seqlens (queries),
+ * cu_seqlens_k (keys: the same offset but for shard plans), cu_cmp, tok_seq). */
 typedef struct tables {
     cl_mem mem;
-    int64_t cu_seq, cu_cmp, tok_seq;
+    int64_t cu_seq, cu_k, cu_cmp, tok_seq;
 } tables;
 
 static nsa_status get_tables(const nsa_bk_plan *plan, tables *t)
@@ -495,6 +496,7 @@ static nsa_status get_tables(const nsa_bk_plan *plan, tables *t)
     const int64_t base = (int64_t)(b->offset / 8);
     t->mem = b->mem;
     t->cu_seq = base + plan->dev_cu_seqlens;
+    t->cu_k = base + plan->dev_cu_seqlens_k;
     t->cu_cmp = base + plan->dev_cu_cmp;
     t->tok_seq = base + plan->dev_tok_seq;
     return NSA_SUCCESS;
@@ -509,7 +511,7 @@ static void block_args(ocl_args *a, const nsa_bk_tensor *out, const tables *tb, 
     const nsa_config *cfg = &plan->cfg;
     ocl_arg_tensor(a, out, 4, 1);
     ocl_arg_mem(a, tb->mem);
-    ocl_arg_long(a, tb->cu_seq);
+    ocl_arg_long(a, tb->cu_k); /* the kernels' cu_seq_at: the blocks are of key rows */
     ocl_arg_long(a, tb->cu_cmp);
     ocl_arg_long(a, plan->batch);
     ocl_arg_long(a, cfg->num_kv_heads);
@@ -660,6 +662,7 @@ static nsa_status run_cmp_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *
     ocl_arg_tensor(&a, &args->lse[NSA_BRANCH_CMP], 4, 1);
     ocl_arg_mem(&a, tb->mem);
     ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->cu_k);
     ocl_arg_long(&a, tb->cu_cmp);
     ocl_arg_long(&a, tb->tok_seq);
     if (v3) ocl_arg_long(&a, plan->total_tokens);
@@ -693,6 +696,7 @@ static void scores_args(ocl_args *a, const nsa_bk_args *args, const nsa_bk_tenso
     ocl_arg_tensor(a, out, 4, 1);
     ocl_arg_mem(a, tb->mem);
     ocl_arg_long(a, tb->cu_seq);
+    ocl_arg_long(a, tb->cu_k);
     ocl_arg_long(a, tb->cu_cmp);
     ocl_arg_long(a, tb->tok_seq);
     ocl_arg_long(a, cfg->num_q_heads);
@@ -768,6 +772,7 @@ static nsa_status run_select_topn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     ocl_arg_tensor(&a, &args->indices, 4, 1);
     ocl_arg_mem(&a, tb->mem);
     ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->cu_k);
     ocl_arg_long(&a, tb->tok_seq);
     ocl_arg_long(&a, cfg->num_kv_heads);
     ocl_arg_long(&a, cfg->slc_block);
@@ -826,6 +831,7 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     ocl_arg_int(&a, args->lse[branch].buf != NULL);
     ocl_arg_mem(&a, tb->mem);
     ocl_arg_long(&a, tb->cu_seq);
+    ocl_arg_long(&a, tb->cu_k);
     ocl_arg_long(&a, tb->tok_seq);
     if (v3 && !slc) ocl_arg_long(&a, plan->total_tokens);
     ocl_arg_long(&a, cfg->num_q_heads);
@@ -946,6 +952,7 @@ static void bwd_shape(ocl_args *a, const tables *tb, const nsa_bk_plan *plan)
     const nsa_config *cfg = &plan->cfg;
     ocl_arg_mem(a, tb->mem);
     ocl_arg_long(a, tb->cu_seq);
+    ocl_arg_long(a, tb->cu_k);
     ocl_arg_long(a, tb->cu_cmp);
     ocl_arg_long(a, tb->tok_seq);
     ocl_arg_long(a, plan->batch);
@@ -992,7 +999,7 @@ static nsa_status run_bwd_attn(ocl_context *c, ocl_plan *op, const nsa_bk_args *
         s = ocl_launch(c, a.kernel, a.kname, first, plan->total_tokens * cfg->num_q_heads, wg, 1);
     const nsa_bk_tensor *dk = b == NSA_BRANCH_CMP ? &args->dkc_acc : &args->dk_acc[b];
     const nsa_bk_tensor *dv = b == NSA_BRANCH_CMP ? &args->dvc_acc : &args->dv_acc[b];
-    const int64_t nrows = b == NSA_BRANCH_CMP ? plan->total_cmp : plan->total_tokens;
+    const int64_t nrows = b == NSA_BRANCH_CMP ? plan->total_cmp : plan->total_keys;
     if (s != NSA_SUCCESS || (!dk->buf && !dv->buf) || nrows == 0) return s;
     ocl_args_begin(&a, op->prog->kernel[keys_k[b]], keys_n[b]);
     bwd_inputs(&a, args, b, es);
@@ -1038,7 +1045,7 @@ static nsa_status run_bwd_compress(ocl_context *c, ocl_plan *op, const nsa_bk_ar
         const nsa_bk_tensor *dw = side ? &args->dw_v_acc : &args->dw_k_acc, *dpe = side ? &args->dpe_v_acc : &args->dpe_k_acc;
         ocl_args a;
         if (dx->buf) {
-            const int64_t total = plan->total_tokens * cfg->num_kv_heads * D;
+            const int64_t total = plan->total_keys * cfg->num_kv_heads * D;
             ocl_args_begin(&a, op->prog->kernel[OCL_K_BWD_COMPRESS_ROWS], "bwd_compress_rows");
             ocl_arg_tensor(&a, dc, 4, 1);
             ocl_arg_tensor(&a, linear ? w : dc, linear ? es : 4, 0); /* MEAN: W is not read */
@@ -1046,8 +1053,10 @@ static nsa_status run_bwd_compress(ocl_context *c, ocl_plan *op, const nsa_bk_ar
             ocl_arg_int(&a, linear);
             ocl_arg_mem(&a, tb->mem);
             ocl_arg_long(&a, tb->cu_seq);
+            ocl_arg_long(&a, tb->cu_k);
             ocl_arg_long(&a, tb->cu_cmp);
             ocl_arg_long(&a, tb->tok_seq);
+            ocl_arg_long(&a, plan->batch);
             ocl_arg_long(&a, cfg->num_kv_heads);
             ocl_arg_long(&a, D);
             ocl_arg_long(&a, cfg->cmp_block);
@@ -1067,7 +1076,7 @@ static nsa_status run_bwd_compress(ocl_context *c, ocl_plan *op, const nsa_bk_ar
         ocl_arg_tensor(&a, dpe->buf ? dpe : dc, 4, 0);
         ocl_arg_int(&a, dpe->buf != NULL);
         ocl_arg_mem(&a, tb->mem);
-        ocl_arg_long(&a, tb->cu_seq);
+        ocl_arg_long(&a, tb->cu_k); /* the kernel's cu_seq: compressed rows are of key rows */
         ocl_arg_long(&a, tb->cu_cmp);
         ocl_arg_long(&a, plan->batch);
         ocl_arg_long(&a, plan->total_cmp);
@@ -1087,7 +1096,10 @@ static nsa_status run_bwd_store(ocl_context *c, ocl_plan *op, const nsa_bk_args 
         const int64_t total = st->rows * st->heads * st->dim;
         if (total == 0) continue;
         ocl_args a;
-        ocl_args_begin(&a, op->prog->kernel[OCL_K_BWD_STORE], "bwd_store");
+        /* f32 outputs of a non-f32 call: NSA_BACKWARD_FLOAT_KEY_GRADS */
+        const int f32 = st->out.dtype == NSA_DTYPE_F32 && args->plan->cfg.dtype != NSA_DTYPE_F32;
+        ocl_args_begin(&a, op->prog->kernel[f32 ? OCL_K_BWD_STORE_F32 : OCL_K_BWD_STORE],
+                       f32 ? "bwd_store_f32" : "bwd_store");
         ocl_arg_tensor(&a, &st->acc, 4, 1);
         ocl_arg_tensor(&a, &st->out, dtype_size(st->out.dtype), 1);
         ocl_arg_long(&a, st->heads);
@@ -1129,7 +1141,8 @@ static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const
     /* the decode stages read their lengths and page tables on the device (no plan tables) */
     if (stage == NSA_STAGE_DECODE_APPEND) return ocl_decode_append(c, op, args);
     if (stage == NSA_STAGE_DECODE_ATTN) return ocl_decode_attn(c, op, args);
-    if (args->plan->total_tokens == 0) return NSA_SUCCESS;
+    /* (a shard plan without queries still has its keys' zero gradients to store) */
+    if (args->plan->total_tokens == 0 && args->plan->total_keys == 0) return NSA_SUCCESS;
     tables tb;
     nsa_status s = get_tables(args->plan, &tb);
     if (s != NSA_SUCCESS) return s;

@@ -59,14 +59,16 @@ inline void bwd_segment(int mode, long sgi, long tl, long s0, long cmp0, const _
                        long k_st, long k_sh, const __global KV *v, long v_off, long v_st, long v_sh,             \
                        __global float *dq, long dq_off, long dq_st, long dq_sh, int has_dq, __global float *dg,   \
                        long dg_off, long dg_st, long dg_sh, int has_dg, __global float *delta, long de_off,       \
-                       long de_st, long de_sh, const __global long *tab, long cu_seq, long cu_cmp, long tok_seq,  \
+                       long de_st, long de_sh, const __global long *tab, long cu_seq, long cu_k, long cu_cmp,        \
+                       long tok_seq,                                                                     \
                        long B, long Hq, long Hkv, long Dqk, long Dv, long l, long d, long ls, long n, long w,      \
                        float scale, long first, __local float *red, __local float *sds, __local long *skey)      \
     {                                                                                                            \
         const long row = first + (long)get_group_id(0);                                                          \
         const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);                                       \
         const long t = row / Hq, h = row % Hq, G = Hq / Hkv, gi = h / G;                                         \
-        const long seq = tab[tok_seq + t], s0 = tab[cu_seq + seq], tl = t - s0, cmp0 = tab[cu_cmp + seq];        \
+        const long seq = tab[tok_seq + t], s0 = tab[cu_k + seq], cmp0 = tab[cu_cmp + seq];                      \
+        const long tl = q_pos(tab, cu_seq, cu_k, seq, t); /* s0: the key row of position 0 */                    \
         const float lv = lse[l_off + t * l_st + h * l_sh], gt = gate[g_off + t * g_st + h * g_sh];              \
         const int none = BWD_NEG_INF(lv);                                                                        \
         const __global nsa_t *qr = q + q_off + t * q_st + h * q_sh;                                              \
@@ -136,14 +138,15 @@ inline void bwd_segment(int mode, long sgi, long tl, long s0, long cmp0, const _
                        long k_st, long k_sh, const __global KV *v, long v_off, long v_st, long v_sh,             \
                        __global float *dk, long dk_off, long dk_st, long dk_sh, int has_dk, __global float *dv,   \
                        long dv_off, long dv_st, long dv_sh, int has_dv, const __global float *delta, long de_off, \
-                       long de_st, long de_sh, const __global long *tab, long cu_seq, long cu_cmp, long tok_seq,  \
+                       long de_st, long de_sh, const __global long *tab, long cu_seq, long cu_k, long cu_cmp,        \
+                       long tok_seq,                                                                     \
                        long B, long Hq, long Hkv, long Dqk, long Dv, long l, long d, long ls, long n, long w,      \
                        float scale, long first, __local float *sds, __local float *spg)                          \
     {                                                                                                            \
         const long it = first + (long)get_group_id(0);                                                           \
         const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);                                       \
         const long r = it / Hkv, gi = it % Hkv, G = Hq / Hkv;                                                    \
-        long t0, t1, j = -1;                                                                                     \
+        long t0, t1, x0, x1, sq, j = -1;                                                                         \
         if (MODE == 0) {                                                                                         \
             long lo = 0, hi = B - 1; /* the sequence of compressed row r */                                      \
             while (lo < hi) {                                                                                    \
@@ -151,14 +154,21 @@ inline void bwd_segment(int mode, long sgi, long tl, long s0, long cmp0, const _
                 if (tab[cu_cmp + mid] <= r) lo = mid;                                                            \
                 else hi = mid - 1;                                                                               \
             }                                                                                                    \
-            t0 = tab[cu_seq + lo] + (r - tab[cu_cmp + lo]) * d + l - 1;                                          \
-            t1 = tab[cu_seq + lo + 1];                                                                           \
+            sq = lo;                                                                                             \
+            x0 = (r - tab[cu_cmp + lo]) * d + l - 1;                                                             \
+            x1 = tab[cu_k + lo + 1] - tab[cu_k + lo];                                                            \
         } else {                                                                                                 \
-            const long b = tab[tok_seq + r], s0 = tab[cu_seq + b], s1 = tab[cu_seq + b + 1];                     \
-            t0 = r;                                                                                              \
-            t1 = MODE == 2 ? (r + w < s1 ? r + w : s1) : s1;                                                     \
-            j = (r - s0) / ls;                                                                                   \
+            sq = key_seq(tab, cu_seq, cu_k, tok_seq, B, r);                                                      \
+            const long rl = r - tab[cu_k + sq], tk = tab[cu_k + sq + 1] - tab[cu_k + sq];                        \
+            x0 = rl;                                                                                             \
+            x1 = MODE == 2 ? (rl + w < tk ? rl + w : tk) : tk;                                                   \
+            j = rl / ls;                                                                                         \
         }                                                                                                        \
+        /* the readers at positions [x0, x1) that are rows of the plan: positions >= shift */                   \
+        const long q0 = tab[cu_seq + sq];                                                                        \
+        const long shift = (tab[cu_k + sq + 1] - tab[cu_k + sq]) - (tab[cu_seq + sq + 1] - q0);                  \
+        t0 = q0 + (x0 > shift ? x0 : shift) - shift;                                                             \
+        t1 = q0 + x1 - shift;                                                                                    \
         const __global KV *kr = k + k_off + r * k_st + gi * k_sh;                                                \
         const __global KV *vr = v + v_off + r * v_st + gi * v_sh;                                                \
         const long pairs = (t1 > t0 ? t1 - t0 : 0) * G;                                                          \
@@ -224,13 +234,14 @@ BWD_KEYS(bwd_keys_win, nsa_t, BWD_LD_T, 2)
  * LINEAR sum_c W[g][t_local - i d][e][c] dc[i, g, c]; one work-item per element. */
 __kernel void bwd_compress_rows(const __global float *dc, long dc_off, long dc_st, long dc_sh, const __global nsa_t *W,
                                 long W_off, __global float *dx, long dx_off, long dx_st, long dx_sh, int linear,
-                                const __global long *tab, long cu_seq, long cu_cmp, long tok_seq, long Hkv, long D,
-                                long l, long d, long total, long first)
+                                const __global long *tab, long cu_seq, long cu_k, long cu_cmp, long tok_seq, long B,
+                                long Hkv, long D, long l, long d, long total, long first)
 {
     const long id = first + (long)get_global_id(0);
     if (id >= total) return;
     const long e = id % D, gi = (id / D) % Hkv, t = id / (D * Hkv);
-    const long b = tab[tok_seq + t], tl = t - tab[cu_seq + b], c0 = tab[cu_cmp + b], nc = tab[cu_cmp + b + 1] - c0;
+    const long b = key_seq(tab, cu_seq, cu_k, tok_seq, B, t); /* t: a key row */
+    const long tl = t - tab[cu_k + b], c0 = tab[cu_cmp + b], nc = tab[cu_cmp + b + 1] - c0;
     const long i0 = tl - l + 1 > 0 ? (tl - l + 1 + d - 1) / d : 0, i1 = tl / d < nc - 1 ? tl / d : nc - 1;
     float acc = 0.0f;
     for (long i = i0; i <= i1; i++) {
@@ -279,6 +290,16 @@ __kernel void bwd_compress_w(const __global nsa_t *x, long x_off, long x_st, lon
         }
         dpe[dpe_off + (gi * l + j) * D + r] += s;
     }
+}
+
+/* out (f32) = acc (f32): NSA_BACKWARD_FLOAT_KEY_GRADS's unrounded gradients */
+__kernel void bwd_store_f32(const __global float *acc, long a_off, long a_st, long a_sh, __global float *out,
+                            long o_off, long o_st, long o_sh, long heads, long dim, long total, long first)
+{
+    const long id = first + (long)get_global_id(0);
+    if (id >= total) return;
+    const long e = id % dim, h = (id / dim) % heads, rr = id / (dim * heads);
+    out[o_off + rr * o_st + h * o_sh + e] = acc[a_off + rr * a_st + h * a_sh + e];
 }
 
 /* out (storage type) = acc (f32), rows x heads x dim elements; one work-item per element */

@@ -13,7 +13,7 @@ __kernel void cmp_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
                        const __global float *vc, long vc_off, long vc_st, long vc_sh,
                        __global float *o, long o_off, long o_st, long o_sh,
                        __global float *lse, long lse_off, long lse_st, long lse_sh,
-                       const __global long *tab, long cu_seq_at, long cu_cmp_at, long tok_seq_at,
+                       const __global long *tab, long cu_seq_at, long cu_k_at, long cu_cmp_at, long tok_seq_at,
                        long Hq, long Hkv, long Dqk, long Dv, long l, long d, float scale,
                        long first,
                        __local float *qs, __local float *acc, __local float *p,
@@ -24,7 +24,7 @@ __kernel void cmp_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
     const int lid = get_local_id(0), nl = get_local_size(0);
 
     const long b = tab[tok_seq_at + t];
-    const long tl = t - tab[cu_seq_at + b];
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long nc = (tl + 1 >= l) ? (tl + 1 - l) / d + 1 : 0;
     const long r0 = tab[cu_cmp_at + b];
 
@@ -57,7 +57,7 @@ __kernel void cmp_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q
                           const __global float *vc, long vc_off, long vc_st, long vc_sh,
                           __global float *o, long o_off, long o_st, long o_sh,
                           __global float *lse, long lse_off, long lse_st, long lse_sh,
-                          const __global long *tab, long cu_seq_at, long cu_cmp_at, long tok_seq_at,
+                          const __global long *tab, long cu_seq_at, long cu_k_at, long cu_cmp_at, long tok_seq_at,
                           long Hq, long Hkv, long Dqk, long Dv, long l, long d, float scale,
                           long first, long KT, __local float *lm, __local long *rows)
 {
@@ -68,7 +68,7 @@ __kernel void cmp_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q
     __local long *krow = rows, *vrow = rows + KT;
 
     const long b = tab[tok_seq_at + t];
-    const long tl = t - tab[cu_seq_at + b];
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long nc = (tl + 1 >= l) ? (tl + 1 - l) / d + 1 : 0;
     const long r0 = tab[cu_cmp_at + b];
 

@@ -66,3 +66,26 @@ inline void st(__global nsa_t *p, long i, float x)
     p[i] = f32_to_bf16(x);
 #endif
 }
+
+/* Rows and positions (core/backend.h, nsa_bk_plan): sequence b's query rows
+ * tab[cu_seq + b] .. tab[cu_seq + b + 1] - 1 are the last positions of its key rows
+ * tab[cu_k + b] .. tab[cu_k + b + 1] - 1 (cu_k == cu_seq but for the plans of
+ * nsa_plan_create_varlen with fewer queries than keys). The position of query row t: */
+inline long q_pos(const __global long *tab, long cu_seq, long cu_k, long b, long t)
+{
+    return t - tab[cu_seq + b + 1] + (tab[cu_k + b + 1] - tab[cu_k + b]);
+}
+
+/* The sequence of key row r (tok_seq maps query rows, which are the key rows when
+ * cu_k == cu_seq): the last b < B with tab[cu_k + b] <= r. */
+inline long key_seq(const __global long *tab, long cu_seq, long cu_k, long tok_seq, long B, long r)
+{
+    if (cu_k == cu_seq) return tab[tok_seq + r];
+    long lo = 0, hi = B - 1;
+    while (lo < hi) {
+        const long mid = lo + (hi - lo + 1) / 2;
+        if (tab[cu_k + mid] <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}

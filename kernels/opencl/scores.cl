@@ -19,7 +19,7 @@ __kernel void block_scores(const __global nsa_t *q, long q_off, long q_st, long 
                            const __global float *kc, long kc_off, long kc_st, long kc_sh,
                            const __global float *lse, long lse_off, long lse_st, long lse_sh,
                            __global float *sc, long sc_off, long sc_st, long sc_sh,
-                           const __global long *tab, long cu_seq_at, long cu_cmp_at, long tok_seq_at,
+                           const __global long *tab, long cu_seq_at, long cu_k_at, long cu_cmp_at, long tok_seq_at,
                            long Hq, long Hkv, long Dqk, long l, long d, long ls, float scale,
                            long first, int q_local,
                            __local float *qs, __local float *lsel)
@@ -29,7 +29,7 @@ __kernel void block_scores(const __global nsa_t *q, long q_off, long q_st, long 
     const int lid = get_local_id(0), nl = get_local_size(0);
 
     const long b = tab[tok_seq_at + t];
-    const long tl = t - tab[cu_seq_at + b];
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long nc = (tl + 1 >= l) ? (tl + 1 - l) / d + 1 : 0;
     const long r0 = tab[cu_cmp_at + b];
     const long jmax = tl / ls;
@@ -183,7 +183,7 @@ __kernel void block_scores_v2(const __global nsa_t *q, long q_off, long q_st, lo
                               const __global float *kc, long kc_off, long kc_st, long kc_sh,
                               const __global float *lse, long lse_off, long lse_st, long lse_sh,
                               __global float *sc, long sc_off, long sc_st, long sc_sh,
-                              const __global long *tab, long cu_seq_at, long cu_cmp_at, long tok_seq_at,
+                              const __global long *tab, long cu_seq_at, long cu_k_at, long cu_cmp_at, long tok_seq_at,
                               long Hq, long Hkv, long Dqk, long l, long d, long ls, float scale,
                               long first, long KT, long JC, __local float *lm)
 {
@@ -198,7 +198,7 @@ __kernel void block_scores_v2(const __global nsa_t *q, long q_off, long q_st, lo
     __local float *P = pe + G * KT;
 
     const long b = tab[tok_seq_at + t];
-    const long tl = t - tab[cu_seq_at + b];
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long nc = (tl + 1 >= l) ? (tl + 1 - l) / d + 1 : 0;
     const long r0 = tab[cu_cmp_at + b];
     const long jmax = tl / ls;
@@ -258,7 +258,7 @@ __kernel void scores_topn(const __global nsa_t *q, long q_off, long q_st, long q
                           const __global float *kc, long kc_off, long kc_st, long kc_sh,
                           const __global float *lse, long lse_off, long lse_st, long lse_sh,
                           __global int *idx, long ix_off, long ix_st, long ix_sh,
-                          const __global long *tab, long cu_seq_at, long cu_cmp_at, long tok_seq_at,
+                          const __global long *tab, long cu_seq_at, long cu_k_at, long cu_cmp_at, long tok_seq_at,
                           long Hq, long Hkv, long Dqk, long l, long d, long ls, float scale,
                           long n, long n_init, long n_local,
                           long first, long KT, long JC, long pc, __local float *lm)
@@ -277,7 +277,7 @@ __kernel void scores_topn(const __global nsa_t *q, long q_off, long q_st, long q
     __local int *cand_j = (__local int *)(cand_s + n);
 
     const long b = tab[tok_seq_at + t];
-    const long tl = t - tab[cu_seq_at + b];
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long nc = (tl + 1 >= l) ? (tl + 1 - l) / d + 1 : 0;
     const long r0 = tab[cu_cmp_at + b];
     const long jmax = tl / ls;

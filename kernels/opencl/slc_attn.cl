@@ -28,7 +28,7 @@ __kernel void slc_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
                        const __global int *idx, long ix_off, long ix_st, long ix_sh,
                        __global float *o, long o_off, long o_st, long o_sh,
                        __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
-                       const __global long *tab, long cu_seq_at, long tok_seq_at,
+                       const __global long *tab, long cu_seq_at, long cu_k_at, long tok_seq_at,
                        long Hq, long Hkv, long Dqk, long Dv, long ls, long n, float scale,
                        long first,
                        __local float *qs, __local float *acc, __local float *p,
@@ -39,8 +39,8 @@ __kernel void slc_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
     const int lid = get_local_id(0), nl = get_local_size(0);
 
     const long b = tab[tok_seq_at + t];
-    const long t0 = tab[cu_seq_at + b]; /* first token of the sequence */
-    const long tl = t - t0;
+    const long t0 = tab[cu_k_at + b]; /* key row of the sequence's position 0 */
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long ix_row = ix_off + t * ix_st + g * ix_sh;
 
     if (lid == 0) slc_usable_blocks(idx, ix_row, n, ls, tl, blk);
@@ -70,7 +70,7 @@ __kernel void slc_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q
                           const __global int *idx, long ix_off, long ix_st, long ix_sh,
                           __global float *o, long o_off, long o_st, long o_sh,
                           __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
-                          const __global long *tab, long cu_seq_at, long tok_seq_at,
+                          const __global long *tab, long cu_seq_at, long cu_k_at, long tok_seq_at,
                           long Hq, long Hkv, long Dqk, long Dv, long ls, long n, float scale,
                           long first, long KT, __local float *lm, __local long *rows, __local int *blk)
 {
@@ -81,8 +81,8 @@ __kernel void slc_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q
     __local long *krow = rows, *vrow = rows + KT;
 
     const long b = tab[tok_seq_at + t];
-    const long t0 = tab[cu_seq_at + b];
-    const long tl = t - t0;
+    const long t0 = tab[cu_k_at + b];
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long ix_row = ix_off + t * ix_st + g * ix_sh;
     if (get_local_id(0) == 0) slc_usable_blocks(idx, ix_row, n, ls, tl, blk);
 

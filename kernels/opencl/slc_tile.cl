@@ -55,7 +55,7 @@ __kernel void slc_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q
                           const __global int *idx, long ix_off, long ix_st, long ix_sh,
                           __global float *o, long o_off, long o_st, long o_sh,
                           __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
-                          const __global long *tab, long cu_seq_at, long tok_seq_at,
+                          const __global long *tab, long cu_seq_at, long cu_k_at, long tok_seq_at,
                           long Hq, long Hkv, long Dqk, long Dv, long ls, long n, float scale,
                           long first, __local float4 *lm4, __local long *rows, __local int *blk)
 {
@@ -75,8 +75,8 @@ __kernel void slc_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q
     __local long *krow = rows, *vrow = rows + ST_BK;
 
     const long b = tab[tok_seq_at + t];
-    const long t0 = tab[cu_seq_at + b];
-    const long tl = t - t0;
+    const long t0 = tab[cu_k_at + b]; /* key row of the sequence's position 0 */
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long h0 = g * G + (long)hc * ST_R; /* the chunk's first head */
     const long q_row0 = q_off + t * q_st + h0 * q_sh;
     if (lid == 0) slc_usable_blocks(idx, ix_off + t * ix_st + g * ix_sh, n, ls, tl, blk);

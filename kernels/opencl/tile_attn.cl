@@ -190,7 +190,7 @@ __kernel void cmp_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q
                           const __global float *vc, long vc_off, long vc_st, long vc_sh,
                           __global float *o, long o_off, long o_st, long o_sh,
                           __global float *lse, long lse_off, long lse_st, long lse_sh,
-                          const __global long *tab, long cu_seq_at, long cu_cmp_at, long tok_seq_at, long T,
+                          const __global long *tab, long cu_seq_at, long cu_k_at, long cu_cmp_at, long tok_seq_at, long T,
                           long Hq, long Hkv, long Dqk, long Dv, long l, long d, float scale,
                           long first, __local float *lm, __local long *rows)
 {
@@ -203,7 +203,7 @@ __kernel void cmp_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q
         long a = 0, z = 0;
         if (r < nrows) {
             const long t = t1 + r / G, b = tab[tok_seq_at + t];
-            const long tl = t - tab[cu_seq_at + b];
+            const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
             a = tab[cu_cmp_at + b];
             z = a + ((tl + 1 >= l) ? (tl + 1 - l) / d + 1 : 0);
         }
@@ -219,15 +219,15 @@ __kernel void cmp_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q
 }
 
 /*
- * Window branch (section 5): token t at local position tl of the sequence starting at
- * packed token t0 attends packed tokens t0 + max(0, tl - w + 1) .. t.
+ * Window branch (section 5): token t at position tl of the sequence whose keys start at
+ * key row t0 attends key rows t0 + max(0, tl - w + 1) .. t0 + tl.
  */
 __kernel void win_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q_sh,
                           const __global nsa_t *k, long k_off, long k_st, long k_sh,
                           const __global nsa_t *v, long v_off, long v_st, long v_sh,
                           __global float *o, long o_off, long o_st, long o_sh,
                           __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
-                          const __global long *tab, long cu_seq_at, long tok_seq_at, long T,
+                          const __global long *tab, long cu_seq_at, long cu_k_at, long tok_seq_at, long T,
                           long Hq, long Hkv, long Dqk, long Dv, long w, float scale,
                           long first, __local float *lm, __local long *rows)
 {
@@ -239,9 +239,10 @@ __kernel void win_attn_v3(const __global nsa_t *q, long q_off, long q_st, long q
     for (int r = get_local_id(0); r < TA_R; r += TA_WG) {
         long a = 0, z = 0;
         if (r < nrows) {
-            const long t = t1 + r / G, t0 = tab[cu_seq_at + tab[tok_seq_at + t]];
-            a = t0 + max(0L, t - t0 - w + 1);
-            z = t + 1;
+            const long t = t1 + r / G, b = tab[tok_seq_at + t], t0 = tab[cu_k_at + b];
+            const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
+            a = t0 + max(0L, tl - w + 1);
+            z = t0 + tl + 1;
         }
         rlo[r] = a;
         rhi[r] = z;

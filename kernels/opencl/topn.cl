@@ -35,7 +35,7 @@ inline int topn_better(float sa, int ja, float sb, int jb)
 
 __kernel void select_topn(const __global float *sc, long sc_off, long sc_st, long sc_sh,
                           __global int *idx, long ix_off, long ix_st, long ix_sh,
-                          const __global long *tab, long cu_seq_at, long tok_seq_at,
+                          const __global long *tab, long cu_seq_at, long cu_k_at, long tok_seq_at,
                           long Hkv, long ls, long n, long n_init, long n_local,
                           long first,
                           __local float *rs, __local int *rj)
@@ -45,7 +45,7 @@ __kernel void select_topn(const __global float *sc, long sc_off, long sc_st, lon
     const int lid = get_local_id(0), nl = get_local_size(0);
 
     const long b = tab[tok_seq_at + t];
-    const long tl = t - tab[cu_seq_at + b];
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long jmax = tl / ls;
     const long take = min(n, jmax + 1);
     const long f1 = min(n_init, jmax + 1);          /* forced: [0, f1) */

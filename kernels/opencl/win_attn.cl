@@ -10,7 +10,7 @@ __kernel void win_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
                        const __global nsa_t *v, long v_off, long v_st, long v_sh,
                        __global float *o, long o_off, long o_st, long o_sh,
                        __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
-                       const __global long *tab, long cu_seq_at, long tok_seq_at,
+                       const __global long *tab, long cu_seq_at, long cu_k_at, long tok_seq_at,
                        long Hq, long Hkv, long Dqk, long Dv, long w, float scale,
                        long first,
                        __local float *qs, __local float *acc, __local float *p,
@@ -21,8 +21,8 @@ __kernel void win_attn(const __global nsa_t *q, long q_off, long q_st, long q_sh
     const int lid = get_local_id(0), nl = get_local_size(0);
 
     const long b = tab[tok_seq_at + t];
-    const long t0 = tab[cu_seq_at + b];
-    const long tl = t - t0;
+    const long t0 = tab[cu_k_at + b]; /* key row of the sequence's position 0 */
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long s0 = max(0L, tl - w + 1);
     const long nkeys = tl - s0 + 1;
 
@@ -49,7 +49,7 @@ __kernel void win_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q
                           const __global nsa_t *v, long v_off, long v_st, long v_sh,
                           __global float *o, long o_off, long o_st, long o_sh,
                           __global float *lse, long lse_off, long lse_st, long lse_sh, int has_lse,
-                          const __global long *tab, long cu_seq_at, long tok_seq_at,
+                          const __global long *tab, long cu_seq_at, long cu_k_at, long tok_seq_at,
                           long Hq, long Hkv, long Dqk, long Dv, long w, float scale,
                           long first, long KT, __local float *lm, __local long *rows)
 {
@@ -60,8 +60,8 @@ __kernel void win_attn_v2(const __global nsa_t *q, long q_off, long q_st, long q
     __local long *krow = rows, *vrow = rows + KT;
 
     const long b = tab[tok_seq_at + t];
-    const long t0 = tab[cu_seq_at + b];
-    const long tl = t - t0;
+    const long t0 = tab[cu_k_at + b]; /* key row of the sequence's position 0 */
+    const long tl = q_pos(tab, cu_seq_at, cu_k_at, b, t);
     const long s0 = max(0L, tl - w + 1);
     const long nkeys = tl - s0 + 1;
 

@@ -189,31 +189,45 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
         else if ((s = nsa_context_synchronize(ctx)) != NSA_SUCCESS) failed(r, "nsa_context_synchronize", s);
     }
 
-    /* read back in the reference's layout; a shared gradient once, under its first branch */
+    if (r->st == NSA_SUCCESS && (s = tk_grads_read(c, &a, T, T, Nc, dt, out)) != NSA_SUCCESS)
+        failed(r, "reading a gradient back", s);
+    for (int i = 0; i < r->n; i++) nsa_buffer_free(r->bufs[i]);
+    nsa_plan_destroy(plan);
+    if (r->st != NSA_SUCCESS) tk_grads_free(out);
+    return r->st;
+}
+
+nsa_status tk_grads_read(const tk_case *c, const nsa_backward_args *a, int64_t T, int64_t TK, int64_t Nc,
+                         nsa_dtype key_dt, tk_grads *out)
+{
+    const nsa_config *g = &c->cfg;
+    const nsa_dtype dt = g->dtype, fdt = tk_float_dtype(dt);
+    const int64_t Hq = g->num_q_heads, Hkv = g->num_kv_heads, Dk = g->head_dim_qk, Dv = g->head_dim_v,
+                  l = g->cmp_block;
     const struct {
         int id;
         const nsa_tensor *t;
         int64_t n;
         nsa_dtype dt;
     } want[] = {
-        {TK_G_Q, &a.dq, T * Hq * Dk, dt},
-        {TK_G_K + 0, &a.dk[0], T * Hkv * Dk, dt},
-        {TK_G_K + 1, &a.dk[1], T * Hkv * Dk, dt},
-        {TK_G_K + 2, &a.dk[2], T * Hkv * Dk, dt},
-        {TK_G_V + 0, &a.dv[0], T * Hkv * Dv, dt},
-        {TK_G_V + 1, &a.dv[1], T * Hkv * Dv, dt},
-        {TK_G_V + 2, &a.dv[2], T * Hkv * Dv, dt},
-        {TK_G_GATE + 0, &a.dgate[0], T * Hq, fdt},
-        {TK_G_GATE + 1, &a.dgate[1], T * Hq, fdt},
-        {TK_G_GATE + 2, &a.dgate[2], T * Hq, fdt},
-        {TK_G_WK, &a.dw_k, Hkv * l * Dk * Dk, dt},
-        {TK_G_WV, &a.dw_v, Hkv * l * Dv * Dv, dt},
-        {TK_G_PEK, &a.dpe_k, Hkv * l * Dk, dt},
-        {TK_G_PEV, &a.dpe_v, Hkv * l * Dv, dt},
-        {TK_G_KC, &a.dkc, Nc * Hkv * Dk, dt},
-        {TK_G_VC, &a.dvc, Nc * Hkv * Dv, dt},
+        {TK_G_Q, &a->dq, T * Hq * Dk, dt},
+        {TK_G_K + 0, &a->dk[0], TK * Hkv * Dk, key_dt},
+        {TK_G_K + 1, &a->dk[1], TK * Hkv * Dk, key_dt},
+        {TK_G_K + 2, &a->dk[2], TK * Hkv * Dk, key_dt},
+        {TK_G_V + 0, &a->dv[0], TK * Hkv * Dv, key_dt},
+        {TK_G_V + 1, &a->dv[1], TK * Hkv * Dv, key_dt},
+        {TK_G_V + 2, &a->dv[2], TK * Hkv * Dv, key_dt},
+        {TK_G_GATE + 0, &a->dgate[0], T * Hq, fdt},
+        {TK_G_GATE + 1, &a->dgate[1], T * Hq, fdt},
+        {TK_G_GATE + 2, &a->dgate[2], T * Hq, fdt},
+        {TK_G_WK, &a->dw_k, Hkv * l * Dk * Dk, key_dt},
+        {TK_G_WV, &a->dw_v, Hkv * l * Dv * Dv, key_dt},
+        {TK_G_PEK, &a->dpe_k, Hkv * l * Dk, key_dt},
+        {TK_G_PEV, &a->dpe_v, Hkv * l * Dv, key_dt},
+        {TK_G_KC, &a->dkc, Nc * Hkv * Dk, key_dt},
+        {TK_G_VC, &a->dvc, Nc * Hkv * Dv, key_dt},
     };
-    for (size_t i = 0; i < sizeof want / sizeof want[0] && r->st == NSA_SUCCESS; i++) {
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const int id = want[i].id;
         if (!want[i].t->buffer) continue;
         int dup = 0;
@@ -223,23 +237,16 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
         const size_t bytes = (size_t)cnt * nsa_dtype_size(want[i].dt);
         out->t[id] = malloc((size_t)(cnt > 0 ? cnt : 1) * sizeof(double));
         out->raw[id] = malloc(bytes ? bytes : 1);
-        if (!out->t[id] || !out->raw[id]) {
-            failed(r, "malloc", NSA_ERR_OUT_OF_MEMORY);
-            break;
-        }
+        if (!out->t[id] || !out->raw[id]) return NSA_ERR_OUT_OF_MEMORY;
         out->n[id] = cnt;
         out->raw_bytes[id] = bytes;
         /* as doubles: exact for every dtype */
+        nsa_status s;
         if (cnt > 0 && ((s = nsa_buffer_read(want[i].t->buffer, 0, out->raw[id], bytes)) != NSA_SUCCESS ||
-                        (s = nsa_convert(out->raw[id], want[i].dt, out->t[id], NSA_DTYPE_F64, cnt)) != NSA_SUCCESS)) {
-            failed(r, "reading a gradient back", s);
-            break;
-        }
+                        (s = nsa_convert(out->raw[id], want[i].dt, out->t[id], NSA_DTYPE_F64, cnt)) != NSA_SUCCESS))
+            return s;
     }
-    for (int i = 0; i < r->n; i++) nsa_buffer_free(r->bufs[i]);
-    nsa_plan_destroy(plan);
-    if (r->st != NSA_SUCCESS) tk_grads_free(out);
-    return r->st;
+    return NSA_SUCCESS;
 }
 
 void tk_grads_free(tk_grads *g)

@@ -19,6 +19,8 @@
  *              every row, or only the case's sampled tokens (tk_case_sample)
  *   runner.c   uploads a case through the public API (strided / packed / aliased
  *              layouts), poisons every output, runs nsa_forward, reads back
+ *   shard.c    a case computed in shards (nsa_plan_create_varlen, semantics 11):
+ *              forward rows and backward gradients put back together
  *   compare.c  backend vs oracle: dtype-aware tolerances, NaN never passes, every
  *              element of every row the oracle computed checked, the near-tie rule
  *              of semantics section 7
@@ -324,6 +326,15 @@ nsa_status tk_run_backward(nsa_context *ctx, const tk_case *c, const tk_inputs *
                            double *const lse[3], const int32_t *sel, tk_grads *out, char *msg, size_t msg_size);
 void tk_grads_free(tk_grads *g);
 
+/* Reads the gradients of an nsa_backward call back into out (zeroed by the
+ * caller; tk_grads_free it, also after a failure): every view is dense from
+ * element 0 of its buffer, as tk's runners make them; T query rows, TK key rows,
+ * Nc compressed rows; the key-side gradients (dk, dv, dW, dpe, dkc, dvc) of
+ * key_dt (cfg.dtype, or the float type under NSA_BACKWARD_FLOAT_KEY_GRADS). A
+ * view given for several branches is read once, under its first branch. */
+nsa_status tk_grads_read(const tk_case *c, const nsa_backward_args *a, int64_t T, int64_t TK, int64_t Nc,
+                         nsa_dtype key_dt, tk_grads *out);
+
 /* dO [T, Hq, Dv] for case c: uniform [-1, 1) from (seed, stream), rounded to the
  * case dtype (as floats); *out malloc'ed. */
 nsa_status tk_dout_make(const tk_case *c, uint64_t seed, uint64_t stream, float **out);
@@ -384,6 +395,36 @@ typedef struct tk_output {
 nsa_status tk_run(nsa_context *ctx, const tk_case *c, const tk_inputs *in, tk_output *out,
                   char *msg, size_t msg_size);
 void tk_output_free(tk_output *out);
+
+/* ------------------------------------------------------------------ shards (shard.c) */
+
+#define TK_MAX_SHARDS 64
+
+/* Cuts of every sequence of c into P shards: cut[b][0] = 0 <= cut[b][1] <= ... <=
+ * cut[b][P] = its length. rng NULL: even cuts (len * p / P); else drawn from the
+ * splitmix64 stream *rng (empty shards possible). 1 <= P <= TK_MAX_SHARDS. */
+void tk_shard_cuts(const tk_case *c, int P, uint64_t *rng, int64_t (*cut)[TK_MAX_SHARDS + 1]);
+
+/* Case c computed in P shards on ctx (docs/nsa-semantics.md section 11): shard p is
+ * one nsa_plan_create_varlen plan over the batch whose sequence b has the rows
+ * [cut[b][p], cut[b][p+1]) as queries and its rows [0, cut[b][p+1]) as keys
+ * (their k, v, gates and, for EXTERNAL, the compressed rows of that prefix);
+ * every output poisoned first. P = 1 with tk_shard_cuts is the whole problem as
+ * one varlen plan.
+ *   dO NULL: the forward. Fills fwd as tk_run does (o, o_d; lse, lse_d of the
+ *   enabled branches; sel when n > 0 and the indices are not the case's own), each
+ *   row from the shard that owns it.
+ *   dO [T, Hq, Dv] given: the backward, from the whole forward's LSEs lse[b]
+ *   [T, Hq] and selection sel [T, Hkv, n] (n > 0), each shard with
+ *   NSA_BACKWARD_FLOAT_KEY_GRADS. Fills grads->t, n (raw left NULL): dq and dgate
+ *   rows from the shard that owns them; the key-side gradients (dk, dv, dW, dpe,
+ *   dkc, dvc) the sums in fp64, in shard order, of the shards' float parts, not
+ *   rounded; grads->shared as tk_run_backward.
+ * On failure: the status, "shard p of P: <call>: <status>: <message>" in msg,
+ * nothing to free. */
+nsa_status tk_run_shards(nsa_context *ctx, const tk_case *c, const tk_inputs *in, int P,
+                         const int64_t (*cut)[TK_MAX_SHARDS + 1], const float *dO, double *const lse[3],
+                         const int32_t *sel, tk_output *fwd, tk_grads *grads, char *msg, size_t msg_size);
 
 /* ------------------------------------------------------------------ compare */
 
