@@ -118,6 +118,20 @@ expect "run --decode --json says it decoded" 0 '"mode": "decode", "decode": \{"t
   "$nsa" "${small[@]}" --decode 3 --prefill 10 --chunk 4 --page-size 8 --cmp-page-size 2 --json
 if python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); v = d["decode"]["vs_forward"]; sys.exit(0 if d["check"]["pass"] and v["pass"] and v["rows_bitwise_equal"] == 300 and d["exit_code"] == 0 else 1)' "$tmp/out"; then
   ok "run --decode --json parses, both checks pass"; else bad "run --decode --json parses, both checks pass"; fi
+# --shards P: the same problem as P shard plans per sequence (nsa_plan_create_varlen), forward
+# and backward; on cpu every row and the complete gradient rows are bitwise the whole run's
+expect "run --shards 3 --backward checks both passes" 0 "gradient elements.*PASS" -- \
+  "$nsa" "${small[@]}" --inputs "$tmp/in" --shards 3 --backward --outputs "$tmp/s3"
+if grep -q "3 shard backward plans" "$tmp/out" && grep -Eq "^ +PASS" "$tmp/out"; then
+  ok "run --shards: the forward's check ran and passed"; else bad "run --shards: the forward's check ran and passed"; fi
+"$nsa" "${small[@]}" --inputs "$tmp/in" --backward --outputs "$tmp/s1" >/dev/null 2>&1
+for f in o lse_cmp lse_slc lse_win selected dq dg_cmp dg_slc dg_win; do
+  if cmp -s "$tmp/s3/$f.npy" "$tmp/s1/$f.npy"; then ok "run --shards 3: $f.npy is the whole run's"; else bad "run --shards 3: $f.npy is the whole run's"; fi
+done
+expect "run --shards on packed sequences, EXTERNAL" 0 "gradient elements.*PASS" -- \
+  "$nsa" "${small[@]}" --seqlens 100,0,37,163 --compress external --shards 5 --backward
+expect "run --shards --json says it sharded" 0 '"mode": "shards", "shards": 2,' -- "$nsa" "${small[@]}" --shards 2 --json
+
 expect "parity --backends cpu"      0 "cpu"             -- "$nsa" parity --backends cpu --corpus small --dtypes f32,bf16
 expect "parity --save"              0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --save "$tmp/p.bin"
 expect "parity --compare"           0 ""                -- "$nsa" parity --backends cpu --corpus small --dtypes f32 --compare "$tmp/p.bin"
@@ -189,6 +203,10 @@ expect_bad "run --decode 4 --prefill -3"             "must be >= 1, --prefill >=
 expect_bad "run --page-size without --decode"        "need --decode TQ" -- "$nsa" "${tiny[@]}" --page-size 16
 expect_bad "run --decode --backward"                 "--decode does not take --backward" -- "$nsa" "${tiny[@]}" --decode 2 --backward
 expect_bad "run --decode --iters"                    "--decode does not take --iters or --warmup" -- "$nsa" "${tiny[@]}" --decode 2 --iters 5
+expect_bad "run --shards 0"                          "--shards P must be in \\[1, 64\\]" -- "$nsa" "${tiny[@]}" --shards 0
+expect_bad "run --shards 65"                         "--shards P must be in" -- "$nsa" "${tiny[@]}" --shards 65
+expect_bad "run --shards --decode"                   "--shards does not take --decode" -- "$nsa" "${tiny[@]}" --shards 2 --decode 2
+expect_bad "run --shards --iters"                    "--shards does not take --iters" -- "$nsa" "${tiny[@]}" --shards 2 --iters 3
 expect_bad "run --decode with block_indices.npy"     "block_indices.npy: a decode step has no block_indices" -- "$nsa" "${small[@]}" --decode 2 --inputs "$tmp/bidx"
 expect_bad "run --decode --page-size 2^62"           "nsa_decode_plan_create: .*lim->page_size = 4611686018427387904" -- "$nsa" "${tiny[@]}" --decode 2 --page-size 4611686018427387904
 expect_bad "run --decode 2^62 --T 2^60: sizes overflow" "would need more than 2\^63 bytes" -- "$nsa" run --backend cpu "${huge[@]}" --decode 4611686018427387904

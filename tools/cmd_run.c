@@ -105,7 +105,18 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  must be bitwise equal (exit 1 otherwise), elsewhere the differing rows and the\n"
             "  largest difference are reported. Not with --backward or block_indices.npy (a\n"
             "  decode step selects its blocks itself). A backend without a decode step is an\n"
-            "  error that names it.\n\n"
+            "  error that names it.\n"
+            "--shards P computes the same problem in P shards per sequence (plans of\n"
+            "  nsa_plan_create_varlen; docs/nsa-semantics.md section 11), as context-parallel\n"
+            "  ranks would: shard p holds the rows [len p / P, len (p + 1) / P) of each\n"
+            "  sequence as queries and the rows below their end as keys. The rows are put\n"
+            "  back together, so --outputs and the check apply as above; with --backward each\n"
+            "  shard's backward runs too (NSA_BACKWARD_FLOAT_KEY_GRADS), its dq and dgate rows\n"
+            "  kept and its parts of the key-side gradients summed in fp64 in shard order,\n"
+            "  then rounded once to the dtype, and the check is the one above. Each shard\n"
+            "  runs once (--iters and --warmup do not apply); the time is all shards' plans,\n"
+            "  uploads, calls and read-backs. 1 <= P <= 64; not with --decode. A backend\n"
+            "  without shard plans is an error that names it.\n\n"
             "%s\nflags:\n",
             RUN_T_CPU, RUN_T_GPU, RUN_CHECK_BUDGET, RUN_DECODE_CHUNK, config_flags_help);
     args_print_options(f, opts, n);
@@ -185,6 +196,32 @@ static int decode_vs_forward(nsa_context *ctx, const char *bname, const tk_case 
     return r->pass ? 0 : 1;
 }
 
+/* --shards P: the forward in P even shards per sequence (tk_run_shards), timed once;
+ * pinfo and the kernels are those of the last shard's plan (the most keys). */
+static nsa_status shards_forward(nsa_context *ctx, const tk_case *c, const tk_inputs *in, int P, tk_output *out,
+                                 nsa_plan_info *pinfo, char *kernels, size_t ksize, int json, double *seconds,
+                                 char *err, size_t err_size)
+{
+    int64_t cut[TK_MAX_BATCH][TK_MAX_SHARDS + 1], cuq[TK_MAX_BATCH + 1] = {0}, cuk[TK_MAX_BATCH + 1] = {0};
+    tk_shard_cuts(c, P, NULL, cut);
+    const double t0 = tool_now();
+    nsa_status s = tk_run_shards(ctx, c, in, P, cut, NULL, NULL, NULL, out, NULL, err, err_size);
+    *seconds = tool_now() - t0;
+    if (s != NSA_SUCCESS) return s;
+    for (int64_t b = 0; b < c->batch; b++) {
+        cuq[b + 1] = cuq[b] + cut[b][P] - cut[b][P - 1];
+        cuk[b + 1] = cuk[b] + cut[b][P];
+    }
+    nsa_plan *plan = NULL;
+    memset(pinfo, 0, sizeof *pinfo);
+    s = nsa_plan_create_varlen(ctx, &c->cfg, cuq, cuk, c->batch, &plan);
+    if (s == NSA_SUCCESS) s = nsa_plan_get_info(plan, pinfo);
+    if (s == NSA_SUCCESS) tool_format_kernels(kernels, ksize, plan, json);
+    else snprintf(err, err_size, "the last shard's plan: %s: %s", nsa_status_string(s), nsa_last_error());
+    nsa_plan_destroy(plan);
+    return s;
+}
+
 int cmd_run(int argc, char **argv)
 {
     config_flags cf;
@@ -193,9 +230,9 @@ int cmd_run(int argc, char **argv)
     double check_gflop = RUN_CHECK_BUDGET / 1e9;
     int json = 0, backward = 0;
     run_bwd bw;
-    args_opt opts[CONFIG_FLAGS_COUNT + 18];
+    args_opt opts[CONFIG_FLAGS_COUNT + 19];
     int64_t decode_tq = 0, prefill = -1, chunk = RUN_DECODE_CHUNK, page_size = DECODE_RUN_PAGE_SIZE,
-            cmp_page_size = DECODE_RUN_CMP_PAGE_SIZE;
+            cmp_page_size = DECODE_RUN_CMP_PAGE_SIZE, nshards = 0;
     decode_run dr;
     decode_stats dst;
     decode_cmp dcmp;
@@ -237,6 +274,7 @@ int cmd_run(int argc, char **argv)
     OPT("--chunk", ARGS_INT64, &chunk, "N", "--decode: prefill step size (default 64)");
     OPT("--page-size", ARGS_INT64, &page_size, "N", "--decode: positions per page of the K/V caches (default 64)");
     OPT("--cmp-page-size", ARGS_INT64, &cmp_page_size, "N", "--decode: rows per page of the compressed cache (16)");
+    OPT("--shards", ARGS_INT64, &nshards, "P", "compute the problem as P shards per sequence (see above)");
 #undef OPT
     rc = args_parse(CMD, opts, nopts, argc, argv, 1);
     if (rc == ARGS_HELP) {
@@ -268,6 +306,17 @@ int cmd_run(int argc, char **argv)
         return TOOL_EXIT_USAGE;
     }
 
+    const int shards = args_seen(opts, nopts, "--shards");
+    if (shards && (nshards < 1 || nshards > TK_MAX_SHARDS)) {
+        fprintf(stderr, CMD ": --shards P must be in [1, %d]\n", TK_MAX_SHARDS);
+        return TOOL_EXIT_USAGE;
+    }
+    if (shards && (decode || args_seen(opts, nopts, "--iters") || args_seen(opts, nopts, "--warmup"))) {
+        fprintf(stderr, CMD ": --shards does not take %s\n",
+                decode ? "--decode" : "--iters or --warmup (each shard runs once)");
+        return TOOL_EXIT_USAGE;
+    }
+
     s = nsa_context_create(backend, (int)device, &ctx);
     if (s != NSA_SUCCESS)
         return tool_report(CMD, "nsa_context_create", s);
@@ -276,9 +325,9 @@ int cmd_run(int argc, char **argv)
      * OpenCL CPU device such as PoCL) gets the small one */
     const int on_cpu = tool_on_cpu(ctx);
     if (iters < 0)
-        iters = on_cpu || decode ? 1 : 20;
+        iters = on_cpu || decode || shards ? 1 : 20;
     if (warmup < 0)
-        warmup = on_cpu || decode ? 0 : 3;
+        warmup = on_cpu || decode || shards ? 0 : 3;
 
     /* shapes: explicit flags, else the input files, else the defaults */
     if (inputs_dir) {
@@ -363,6 +412,19 @@ int cmd_run(int argc, char **argv)
         decode_run_free(&dr);
         goto computed;
     }
+    if (shards) {
+        s = shards_forward(ctx, &c, &in, (int)nshards, &out, &pinfo, kernels_text, sizeof kernels_text, json, &median,
+                           err, sizeof err);
+        if (s != NSA_SUCCESS) {
+            fprintf(stderr, CMD ": --shards %lld on backend %s: %s\n", (long long)nshards, bname, err);
+            problem_output_free(&out);
+            tk_inputs_free(&in);
+            nsa_context_destroy(ctx);
+            return TOOL_EXIT_FAIL;
+        }
+        fastest = median;
+        goto computed;
+    }
     s = problem_setup(ctx, &c, &in, c.fixed_indices ? in.given : NULL, &p, err, sizeof err);
     if (s != NSA_SUCCESS) {
         fprintf(stderr, CMD ": %s\n", err);
@@ -404,12 +466,13 @@ computed:
     /* the forward's plan, workspace and device inputs go before the training
      * plan is made (at T = 524288 the two do not fit on one GPU together); what
      * the report needs of them is kept */
-    if (!decode)
+    if (!decode && !shards)
         tool_format_kernels(kernels_text, sizeof kernels_text, p.plan, json);
     problem_free(&p);
     memset(&bw, 0, sizeof bw);
     if (backward) {
-        rc = run_backward_do(CMD, ctx, bname, &c, &in, &out, inputs_dir, check_tokens != 0, check_gflop * 1e9, &bw);
+        rc = run_backward_do(CMD, ctx, bname, &c, &in, &out, inputs_dir, check_tokens != 0, check_gflop * 1e9,
+                             (int)nshards, &bw);
         if (rc) {
             exit_code = rc;
             backward = 0;
@@ -428,7 +491,9 @@ computed:
         json_str(stdout, nsa_context_device(ctx));
         printf(", \"config\": ");
         print_config_json(stdout, &c);
-        printf(", \"tokens\": %lld, \"mode\": \"%s\"", (long long)tk_case_tokens(&c), decode ? "decode" : "forward");
+        printf(", \"tokens\": %lld, \"mode\": \"%s\"", (long long)tk_case_tokens(&c),
+               decode ? "decode" : shards ? "shards" : "forward");
+        if (shards) printf(", \"shards\": %lld", (long long)nshards);
         if (decode) {
             printf(", \"decode\": {\"tq\": %lld", (long long)decode_tq);
             json_field(stdout, "prefill", prefill >= 0 ? (double)prefill : NAN); /* null: half of each sequence */
@@ -554,9 +619,9 @@ computed:
                    (long long)dr_lim.page_size, (long long)dr_lim.num_cmp_pages, (long long)dr_lim.cmp_page_size,
                    (long long)cf.seed);
         else
-        printf("plan:    %d stages (%s), workspace %s, plan memory %s, %lld compressed blocks, max %lld "
+        printf("plan:    %s%d stages (%s), workspace %s, plan memory %s, %lld compressed blocks, max %lld "
                "selection blocks per sequence\n",
-               pinfo.num_stages, pinfo.stages,
+               shards ? "the last shard's (nsa_plan_create_varlen, the most keys): " : "", pinfo.num_stages, pinfo.stages,
                tool_bytes((double)pinfo.workspace_bytes, b1, sizeof b1),
                tool_bytes((double)pinfo.backend_bytes, b2, sizeof b2),
                (long long)pinfo.total_cmp_blocks, (long long)pinfo.max_slc_blocks);
@@ -573,6 +638,11 @@ computed:
                    (long long)dst.decode_steps, (long long)decode_tq, dst.step_median_s * 1e3,
                    dst.step_min_s * 1e3, (long long)dst.rows);
             printf("time:    %.4g ms, all steps (each timed once, nsa_decode to nsa_decode_check); wall clock\n",
+                   median * 1e3);
+        } else if (shards) {
+            printf("shards:  %lld per sequence, even cuts; every row from the shard that holds it\n",
+                   (long long)nshards);
+            printf("time:    %.4g ms, all shards once (plans, uploads, nsa_forward, read-back); wall clock\n",
                    median * 1e3);
         } else
         printf("time:    %.4g ms median of %lld (min %.4g ms) after %lld warm-up; wall clock, "
@@ -625,13 +695,18 @@ computed:
             double rt, lt;
             tk_grad_tolerance(c.cfg.dtype, &rt, &lt);
             char w1[32], w2[32];
-            printf("backward: %.4g ms for one call (training plan, uploads, nsa_backward, read-back; not a "
+            printf("backward: %.4g ms for %s (training plan, uploads, nsa_backward, read-back; not a "
                    "kernel timing), dO from %s\n",
-                   bw.seconds * 1e3, bw.dout_from);
+                   bw.seconds * 1e3, shards ? "all shards' calls" : "one call", bw.dout_from);
+            if (shards)
+                printf("         %lld shard backward plans (NSA_BACKWARD_FLOAT_KEY_GRADS): dq, dgate rows from the "
+                       "shard that holds them; key-side gradients summed in fp64 in shard order, rounded once\n",
+                       (long long)nshards);
+            else
             printf("         training plan: workspace %s, plan memory %s\n",
                    tool_bytes((double)bw.g.workspace_bytes, w1, sizeof w1),
                    tool_bytes((double)bw.g.backend_bytes, w2, sizeof w2));
-            printf("         kernels:\n");
+            if (bw.g.num_bwd) printf("         kernels:\n");
             for (int i = 0; i < bw.g.num_bwd; i++) printf("           %-13s %s\n", bw.g.bwd_stage[i], bw.g.bwd_kernel[i]);
             if (bw.checked)
                 printf("         vs %s (%.2f s): %lld gradient elements, max err / tolerance = %.3g: %s "

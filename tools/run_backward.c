@@ -18,8 +18,24 @@ static double backward_cost(const tk_case *c)
     return 3.0 * f;
 }
 
+/* The key-side gradients' fp64 sums rounded once to the dtype (in place, as doubles). */
+static nsa_status round_key_grads(const tk_case *c, tk_grads *g)
+{
+    const nsa_dtype dt = c->cfg.dtype;
+    for (int i = TK_G_K; i < TK_G_COUNT && dt != NSA_DTYPE_F64; i++) {
+        if ((i >= TK_G_GATE && i < TK_G_WK) || !g->t[i] || g->n[i] == 0) continue;
+        void *x = malloc((size_t)g->n[i] * nsa_dtype_size(dt));
+        nsa_status s = x ? nsa_convert(g->t[i], NSA_DTYPE_F64, x, dt, g->n[i]) : NSA_ERR_OUT_OF_MEMORY;
+        if (s == NSA_SUCCESS) s = nsa_convert(x, dt, g->t[i], NSA_DTYPE_F64, g->n[i]);
+        free(x);
+        if (s != NSA_SUCCESS) return s;
+    }
+    return NSA_SUCCESS;
+}
+
 int run_backward_do(const char *cmd, nsa_context *ctx, const char *backend, const tk_case *c, const tk_inputs *in,
-                    const tk_output *fwd, const char *inputs_dir, int check, double budget_flops, run_bwd *r)
+                    const tk_output *fwd, const char *inputs_dir, int check, double budget_flops, int shards,
+                    run_bwd *r)
 {
     memset(r, 0, sizeof *r);
     const nsa_config *g = &c->cfg;
@@ -38,7 +54,16 @@ int run_backward_do(const char *cmd, nsa_context *ctx, const char *backend, cons
     }
     const int32_t *sel = c->fixed_indices ? in->given : fwd->sel;
     double t0 = tool_now();
-    nsa_status s = tk_run_backward(ctx, c, in, dO, fwd->lse_d, sel, &r->g, msg, sizeof msg);
+    nsa_status s;
+    if (shards > 0) { /* the shards' parts summed in fp64, then rounded once */
+        int64_t cut[TK_MAX_BATCH][TK_MAX_SHARDS + 1];
+        tk_shard_cuts(c, shards, NULL, cut);
+        s = tk_run_shards(ctx, c, in, shards, cut, dO, fwd->lse_d, sel, NULL, &r->g, msg, sizeof msg);
+        if (s == NSA_SUCCESS && (s = round_key_grads(c, &r->g)) != NSA_SUCCESS)
+            snprintf(msg, sizeof msg, "rounding the summed gradients: %s", nsa_status_string(s));
+    } else {
+        s = tk_run_backward(ctx, c, in, dO, fwd->lse_d, sel, &r->g, msg, sizeof msg);
+    }
     r->seconds = tool_now() - t0;
     if (s != NSA_SUCCESS) {
         fprintf(stderr, "%s: backward: %s\n", cmd, msg);

@@ -28,9 +28,12 @@ typedef struct run_bwd {
 } run_bwd;
 
 /* Runs the backward (and its check when check != 0 and the cost fits
- * budget_flops). Returns 0, or an exit code with a message printed. */
+ * budget_flops): shards > 0 computes it in that many even shards per sequence
+ * (tk_run_shards), the key-side gradients' fp64 sums rounded once to the dtype.
+ * Returns 0, or an exit code with a message printed. */
 int run_backward_do(const char *cmd, nsa_context *ctx, const char *backend, const tk_case *c, const tk_inputs *in,
-                    const tk_output *fwd, const char *inputs_dir, int check, double budget_flops, run_bwd *r);
+                    const tk_output *fwd, const char *inputs_dir, int check, double budget_flops, int shards,
+                    run_bwd *r);
 /* Writes the gradients as '<f4' .npy into dir: dq; dk, dv (one tensor served
  * every branch) or dk_cmp, dk_slc, dk_win, dv_*; dg_cmp, dg_slc, dg_win; dw_k,
  * dw_v, dpe_k, dpe_v (LINEAR); dkc, dvc (EXTERNAL). Returns 0 or 1. */
