@@ -2,8 +2,9 @@
  * libFuzzer target: nsa_plan_create (or nsa_plan_create_varlen, with key
  * offsets mostly at least the query lengths) on a config and cu_seqlens decoded
  * from the input, then, when the plan is small, a cpu forward with dense
- * tensors one of which gets fuzzed offsets and strides. Through the public API
- * only.
+ * tensors one of which gets fuzzed offsets and strides; for a training plan
+ * (NSA_CONFIG_TRAINING from the input) then a backward the same way, with
+ * fuzzed flags and a fuzzed choice of gradients. Through the public API only.
  *
  * Each input byte of a field picks a value: most are small (0..39) so that
  * valid configs are common, some are extremes (-1, INT64_MAX, INT64_MIN,
@@ -80,6 +81,8 @@ static void check_status(nsa_status s)
 
 #define MAX_BUFS 24
 
+static void backward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *info, bytes_in *in);
+
 static void forward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *info, bytes_in *in)
 {
     const int64_t T = info->total_tokens, TK = info->total_keys, total_cmp = info->total_cmp_blocks;
@@ -137,6 +140,78 @@ static void forward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *in
     check_status(s);
     if (s == NSA_SUCCESS) check_status(nsa_context_synchronize(ctx));
     for (int i = 0; i < nb; i++) nsa_buffer_free(bufs[i]);
+    if (info->num_bwd_stages > 0) backward(plan, c, info, in);
+#undef BUF
+}
+
+/* The backward of a training plan: inputs filled with small finite values, LSEs
+ * 0x3c.., indices all -1 (padding: valid), each gradient wanted or not by a bit,
+ * one view with fuzzed offset and strides, fuzzed flags. */
+static void backward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *info, bytes_in *in)
+{
+    const int64_t T = info->total_tokens, TK = info->total_keys, total_cmp = info->total_cmp_blocks;
+    const int64_t hq = c->num_q_heads, hkv = c->num_kv_heads, dk = c->head_dim_qk, dv = c->head_dim_v;
+    const int64_t l = c->cmp_block, n = c->num_selected;
+    const int on[3] = {1, n > 0, c->window > 0};
+    nsa_buffer *bufs[MAX_BUFS + 16];
+    int nb = 0;
+    nsa_backward_args a;
+    memset(&a, 0, sizeof a);
+#define BUF(elems, esize, fillv)                                                                             \
+    ({                                                                                                       \
+        nsa_buffer *b_ = NULL;                                                                               \
+        size_t bytes_ = (size_t)((elems) > 0 ? (elems) : 1) * (esize);                                       \
+        check_status(nsa_buffer_alloc(ctx, bytes_, &b_));                                                    \
+        if (b_) {                                                                                            \
+            bufs[nb++] = b_;                                                                                 \
+            check_status(nsa_buffer_fill(b_, 0, (fillv), bytes_));                                           \
+        }                                                                                                    \
+        b_;                                                                                                  \
+    })
+    const size_t es = nsa_dtype_size(c->dtype), fs = c->dtype == NSA_DTYPE_F64 ? 8 : 4;
+    a.flags = byte(in);
+    a.flags = (a.flags & 3u) | (a.flags == 0xAB ? 0x80u : 0u); /* TRUST, FLOAT_KEY_GRADS, rarely an unknown bit */
+    const size_t gs = a.flags & NSA_BACKWARD_FLOAT_KEY_GRADS ? fs : es; /* the key-side gradients' elements */
+    const uint8_t want = byte(in);
+    a.q = nsa_tensor_dense(BUF(T * hq * dk, es, 0x3c), 0, hq, dk);
+    a.dout = nsa_tensor_dense(BUF(T * hq * dv, es, 0x3c), 0, hq, dv);
+    if (want & 1) a.dq = nsa_tensor_dense(BUF(T * hq * dk, es, 0xff), 0, hq, dk);
+    for (int b = 0; b < 3; b++) {
+        if (!on[b]) continue;
+        a.gate[b] = nsa_tensor_dense(BUF(T * hq, fs, 0x3c), 0, hq, 1);
+        a.lse[b] = nsa_tensor_dense(BUF(T * hq, fs, 0x3c), 0, hq, 1);
+        if (want & 2) a.dgate[b] = nsa_tensor_dense(BUF(T * hq, fs, 0xff), 0, hq, 1);
+        if (b == 0 && c->compress == NSA_COMPRESS_EXTERNAL) continue;
+        a.k[b] = nsa_tensor_dense(BUF(TK * hkv * dk, es, 0x3c), 0, hkv, dk);
+        a.v[b] = nsa_tensor_dense(BUF(TK * hkv * dv, es, 0x3c), 0, hkv, dv);
+        if (want & 4) a.dk[b] = nsa_tensor_dense(BUF(TK * hkv * dk, gs, 0xff), 0, hkv, dk);
+        if (want & 8) a.dv[b] = nsa_tensor_dense(BUF(TK * hkv * dv, gs, 0xff), 0, hkv, dv);
+    }
+    if (n > 0) a.block_indices = nsa_tensor_dense(BUF(T * hkv * n, 4, 0xff), 0, hkv, n); /* all -1 */
+    if (c->compress == NSA_COMPRESS_LINEAR) {
+        a.w_k = nsa_tensor_dense(BUF(hkv * l * dk * dk, es, 0x3c), 0, 0, 0);
+        a.w_v = nsa_tensor_dense(BUF(hkv * l * dv * dv, es, 0x3c), 0, 0, 0);
+        if (want & 16) a.dw_k = nsa_tensor_dense(BUF(hkv * l * dk * dk, gs, 0xff), 0, 0, 0);
+        if (want & 32) a.dw_v = nsa_tensor_dense(BUF(hkv * l * dv * dv, gs, 0xff), 0, 0, 0);
+    } else if (c->compress == NSA_COMPRESS_EXTERNAL) {
+        a.kc = nsa_tensor_dense(BUF(total_cmp * hkv * dk, es, 0x3c), 0, hkv, dk);
+        a.vc = nsa_tensor_dense(BUF(total_cmp * hkv * dv, es, 0x3c), 0, hkv, dv);
+        if (want & 16) a.dkc = nsa_tensor_dense(BUF(total_cmp * hkv * dk, gs, 0xff), 0, hkv, dk);
+        if (want & 32) a.dvc = nsa_tensor_dense(BUF(total_cmp * hkv * dv, gs, 0xff), 0, hkv, dv);
+    }
+    nsa_tensor *pick[] = {&a.q, &a.dout, &a.dq, &a.k[1], &a.dk[2], &a.dv[0], &a.lse[0], &a.dgate[1],
+                          &a.block_indices, &a.dkc};
+    const uint8_t which = byte(in);
+    if (which & 0x80) {
+        nsa_tensor *t = pick[which % (sizeof pick / sizeof pick[0])];
+        t->offset = value(in);
+        t->stride_token = value(in);
+        t->stride_head = value(in);
+    }
+    nsa_status s = nsa_backward(plan, &a, NULL);
+    check_status(s);
+    if (s == NSA_SUCCESS) check_status(nsa_context_synchronize(ctx));
+    for (int i = 0; i < nb; i++) nsa_buffer_free(bufs[i]);
 #undef BUF
 }
 
@@ -161,6 +236,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     c.scale = sc < 0xFC ? scales[sc % 6] : sc == 0xFC ? __builtin_nanf("") : sc == 0xFD ? __builtin_inff() : -0.0f;
     c.compress = (nsa_compress_mode)(byte(&in) % 4);
     c.dtype = (nsa_dtype)(byte(&in) % 6); /* f32, f16, bf16, i32 (refused), f64, 5 (unknown) */
+    const uint8_t fl = byte(&in);
+    c.flags = fl == 0xAC ? (uint64_t)1 << 40 : (fl & 1) ? NSA_CONFIG_TRAINING : 0; /* rarely an unknown bit */
     int64_t batch = (int64_t)(byte(&in) % 11) - 2; /* -2 .. 8: the array below has batch + 1 entries */
     int64_t cu[9] = {0};
     if (byte(&in) == 0xEE) cu[0] = value(&in);
