@@ -108,8 +108,8 @@ def _context(t, backend):
     return ctx
 
 
-def _plan(ctx, cfg, cu):
-    key = (ctx, tuple(sorted(cfg.items())), cu)
+def _plan(ctx, cfg, cu, cuk=None):
+    key = (ctx, tuple(sorted(cfg.items())), cu, cuk)
     with _lock:
         hit = _plans.get(key)
         if hit is not None:
@@ -120,8 +120,16 @@ def _plan(ctx, cfg, cu):
             setattr(c, k, v)
         arr = (ctypes.c_int64 * len(cu))(*cu)
         h = ctypes.c_void_p()
-        check("nsa_plan_create", lib.nsa_plan_create_sized(ctx, ctypes.byref(c), ctypes.sizeof(c), arr, len(cu) - 1,
-                                                            ctypes.byref(h)))
+        if cuk is None:
+            check("nsa_plan_create", lib.nsa_plan_create_sized(ctx, ctypes.byref(c), ctypes.sizeof(c), arr,
+                                                                len(cu) - 1, ctypes.byref(h)))
+        else:
+            if not hasattr(lib, "nsa_plan_create_varlen_sized"):
+                raise RuntimeError("nsa: cu_seqlens_k needs libnsa 0.6 or newer")
+            arrk = (ctypes.c_int64 * len(cuk))(*cuk)
+            check("nsa_plan_create_varlen",
+                  lib.nsa_plan_create_varlen_sized(ctx, ctypes.byref(c), ctypes.sizeof(c), arr, arrk, len(cu) - 1,
+                                                   ctypes.byref(h)))
         info = PlanInfo()
         check("nsa_plan_get_info", lib.nsa_plan_get_info_sized(h, ctypes.byref(info), ctypes.sizeof(info)))
         if len(_plans) >= _MAX_PLANS:  # forget the oldest (its work was ordered before any later call's)
@@ -150,7 +158,11 @@ class _Wrap:
         buf = self.bufs.get(ptr)
         if buf is None:
             h = ctypes.c_void_p()
-            check("nsa_buffer_wrap", lib.nsa_buffer_wrap(self.ctx, ctypes.c_void_p(ptr), 0, nbytes, ctypes.byref(h)))
+            if ptr == 0:  # an empty tensor without storage (no rows): a small buffer of the library's stands in
+                check("nsa_buffer_alloc", lib.nsa_buffer_alloc(self.ctx, 64, ctypes.byref(h)))
+            else:
+                check("nsa_buffer_wrap", lib.nsa_buffer_wrap(self.ctx, ctypes.c_void_p(ptr), 0, nbytes,
+                                                             ctypes.byref(h)))
             buf = self.bufs[ptr] = h.value
         return Tensor(buf, t.storage_offset(), t.stride(0), t.stride(1) if ndim >= 2 else 1)
 
@@ -168,7 +180,7 @@ def _branches(x, name):
     return (x, x, x)
 
 
-def _spec(q, k3, v3, gates, cu_seqlens, overrides):
+def _spec(q, k3, v3, gates, cu_seqlens, overrides, cu_seqlens_k=None):
     if q.dtype not in _DTYPES:
         raise ValueError(f"nsa: dtype {q.dtype} is not supported (float32, float16, bfloat16, float64)")
     for name, t in (("k", k3[0]), ("v", v3[0])):
@@ -183,20 +195,28 @@ def _spec(q, k3, v3, gates, cu_seqlens, overrides):
     cu = tuple(int(x) for x in (cu_seqlens if cu_seqlens is not None else (0, T)))
     if cu[-1] != T:
         raise ValueError(f"nsa: cu_seqlens[-1] = {cu[-1]} but q has {T} tokens")
+    cuk = None
+    if cu_seqlens_k is not None:  # the queries are the last positions of their sequences' keys
+        cuk = tuple(int(x) for x in cu_seqlens_k)
+        if len(cuk) != len(cu):
+            raise ValueError(f"nsa: cu_seqlens_k has {len(cuk)} offsets, cu_seqlens {len(cu)}")
+        TK = k3[0].shape[0]
+        if cuk[-1] != TK:
+            raise ValueError(f"nsa: cu_seqlens_k[-1] = {cuk[-1]} but k has {TK} tokens")
     for k in overrides:
         if k not in _CFG_KEYS:
             raise ValueError(f"nsa: unknown config field {k!r} (known: {', '.join(_CFG_KEYS)})")
     cfg = dict(num_q_heads=q.shape[1], num_kv_heads=k3[0].shape[1], head_dim_qk=q.shape[2],
                head_dim_v=v3[0].shape[2], dtype=_DTYPES[q.dtype], compress=0)
     cfg.update(overrides)
-    return cfg, cu
+    return cfg, (cu, cuk)
 
 
 def _forward(q, k3, v3, gates, cfg, cu, backend, training):
     ctx = _context(q, backend)
     if training:
         cfg = dict(cfg, flags=CONFIG_TRAINING)
-    plan, ws_bytes, _ = _plan(ctx, cfg, cu)
+    plan, ws_bytes, _ = _plan(ctx, cfg, *cu)
     full = dict(_defaults(), **cfg)
     on = (True, full["num_selected"] > 0, full["window"] > 0)
     T, Hq, Hkv = q.shape[0], q.shape[1], k3[0].shape[1]
@@ -243,12 +263,14 @@ def _from_dlpack(q, k, v, gates):
     return one(q, "q"), many(k, "k"), many(v, "v"), many(gates, "gates")
 
 
-def forward(q, k, v, gates, cu_seqlens=None, backend=None, **cfg):
+def forward(q, k, v, gates, cu_seqlens=None, backend=None, cu_seqlens_k=None, **cfg):
     """The NSA forward (no autograd): returns (o, [lse_cmp, lse_slc, lse_win], selected) as
-    torch tensors; inputs may be torch tensors or any DLPack tensors (NumPy arrays, ...)."""
+    torch tensors; inputs may be torch tensors or any DLPack tensors (NumPy arrays, ...).
+    cu_seqlens_k (libnsa 0.6): k and v have cu_seqlens_k[-1] rows and each sequence's queries
+    are the last positions of its keys (a shard of a longer sequence, or chunked prefill)."""
     q, k, v, gates = _from_dlpack(q, k, v, gates)
     k3, v3 = _branches(k, "k"), _branches(v, "v")
-    spec, cu = _spec(q, k3, v3, gates, cu_seqlens, cfg)
+    spec, cu = _spec(q, k3, v3, gates, cu_seqlens, cfg, cu_seqlens_k)
     return _forward(q, k3, v3, tuple(gates), spec, cu, backend, False)
 
 
@@ -258,7 +280,7 @@ def _backward(q, k3, v3, gates, lse, sel, do, spec, cu, backend, shared):
     slot 0 (None in the slots that share it)."""
     spec = dict(spec, flags=CONFIG_TRAINING)
     ctx = _context(q, backend)
-    plan, ws_bytes, _ = _plan(ctx, spec, cu)
+    plan, ws_bytes, _ = _plan(ctx, spec, *cu)
     on = tuple(t is not None for t in lse)
     do = do if do.dim() == 3 and do.stride(2) == 1 else do.contiguous()
     dq = torch.empty_like(q)
@@ -317,13 +339,15 @@ class _Attention(torch.autograd.Function):
         return (dq, gk[0], gk[1], gk[2], gv[0], gv[1], gv[2], dg[0], dg[1], dg[2], None, None, None)
 
 
-def attention(q, k, v, gates, cu_seqlens=None, backend=None, **cfg):
+def attention(q, k, v, gates, cu_seqlens=None, backend=None, cu_seqlens_k=None, **cfg):
     """NSA attention with autograd: o [T, Hq, Dv]. Gradients flow to q, k, v and the gates
-    (through nsa_backward; the block selection is a constant, as in the paper)."""
+    (through nsa_backward; the block selection is a constant, as in the paper).
+    cu_seqlens_k (libnsa 0.6): as for forward(); k and v then get this shard's part of their
+    gradient (sum the shards' parts for the sequence's, docs/nsa-semantics.md section 11)."""
     q, k, v, gates = _from_dlpack(q, k, v, gates)
     k3, v3 = _branches(k, "k"), _branches(v, "v")
     gates = tuple(gates)
-    spec, cu = _spec(q, k3, v3, gates, cu_seqlens, cfg)
+    spec, cu = _spec(q, k3, v3, gates, cu_seqlens, cfg, cu_seqlens_k)
     return _Attention.apply(q, k3[0], k3[1], k3[2], v3[0], v3[1], v3[2], gates[0], gates[1], gates[2], spec, cu,
                             backend)
 

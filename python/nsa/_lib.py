@@ -100,6 +100,7 @@ class PlanInfo(ctypes.Structure):
         ("num_stages", ctypes.c_int), ("stages", ctypes.c_char * 256),
         ("backend_bytes", ctypes.c_size_t),  # libnsa 0.3: zero from a library that lacks it
         ("num_bwd_stages", ctypes.c_int), ("bwd_stages", ctypes.c_char * 128),  # libnsa 0.3, the same
+        ("total_keys", c_int64),  # libnsa 0.6 (a struct of an older library is shorter: zero)
     ]
 
 
@@ -150,9 +151,13 @@ lib.nsa_context_device.restype = ctypes.c_char_p
 lib.nsa_context_device.argtypes = [P]
 lib.nsa_context_synchronize.argtypes = [P]
 lib.nsa_buffer_wrap.argtypes = [P, P, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(P)]
+lib.nsa_buffer_alloc.argtypes = [P, ctypes.c_size_t, ctypes.POINTER(P)]
 lib.nsa_buffer_free.argtypes = [P]
 lib.nsa_plan_create_sized.argtypes = [P, ctypes.POINTER(Config), ctypes.c_size_t, ctypes.POINTER(c_int64), c_int64,
                                       ctypes.POINTER(P)]
+if hasattr(lib, "nsa_plan_create_varlen_sized"):  # libnsa 0.6: shards and chunked prefill (cu_seqlens_k)
+    lib.nsa_plan_create_varlen_sized.argtypes = [P, ctypes.POINTER(Config), ctypes.c_size_t, ctypes.POINTER(c_int64),
+                                                 ctypes.POINTER(c_int64), c_int64, ctypes.POINTER(P)]
 lib.nsa_plan_destroy.argtypes = [P]
 lib.nsa_plan_get_info_sized.argtypes = [P, ctypes.POINTER(PlanInfo), ctypes.c_size_t]
 lib.nsa_forward_sized.argtypes = [P, ctypes.POINTER(ForwardArgs), ctypes.c_size_t, P]

@@ -343,6 +343,43 @@ def inputs64(seed=41, T=57, Hq=4, Hkv=2, Dqk=6, Dv=4):
             [draw(T, Hq, lo=0.05, hi=0.95) for _ in range(3)])
 
 
+class TestShards(unittest.TestCase):
+    """cu_seqlens_k (libnsa 0.6): a sequence computed as shards of its rows, each over the keys below
+    the shard's end (docs/nsa-semantics.md section 11), equals the whole sequence's rows; the shards'
+    parts of the key gradients sum to the whole's."""
+
+    def test_shards_equal_the_whole(self):
+        q, k, v, gates = inputs64(seed=43, T=90)
+        do = torch.rand(90, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(44)) - 0.5
+        o = nsa.attention(q, k, v, gates, **SMALL)
+        o.backward(do)
+        whole = [t.grad.clone() for t in (q, k, v, *gates)]
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        for a, b in ((0, 17), (17, 17), (17, 61), (61, 90)):  # an empty shard too
+            q2, k2, v2 = (t.detach()[:b].clone().requires_grad_() for t in (q, k, v))
+            g2 = [g.detach()[a:b].clone().requires_grad_() for g in gates]
+            part = nsa.attention(q2[a:b], k2, v2, g2, cu_seqlens=[0, b - a], cu_seqlens_k=[0, b], **SMALL)
+            self.assertTrue(torch.equal(part, o.detach()[a:b]), f"rows {a}..{b}")
+            if b > a:
+                part.backward(do[a:b])
+                self.assertTrue(torch.equal(q2.grad[a:b], whole[0][a:b]), f"dq rows {a}..{b}")
+                for i in range(3):
+                    self.assertTrue(torch.equal(g2[i].grad, whole[3 + i][a:b]), f"dgate rows {a}..{b}")
+                dk[:b] += k2.grad
+                dv[:b] += v2.grad
+        torch.testing.assert_close(dk, whole[1], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(dv, whole[2], rtol=1e-10, atol=1e-12)
+
+    def test_bad_cu_seqlens_k(self):
+        q, k, v, gates = inputs(T=40)
+        with self.assertRaisesRegex(ValueError, "cu_seqlens_k"):
+            nsa.forward(q[:10], k, v, [g[:10] for g in gates], cu_seqlens=[0, 10], cu_seqlens_k=[0, 39], **SMALL)
+        with self.assertRaisesRegex(nsa.Error, "sequence 0 has 10 queries"):
+            nsa.forward(q[:10], k[:5], v[:5], [g[:10] for g in gates], cu_seqlens=[0, 10], cu_seqlens_k=[0, 5],
+                        **SMALL)
+
+
 class TestFloat64(unittest.TestCase):
     """float64 on the cpu backend: fp64 end to end, so gradcheck's default tolerances hold."""
     DEFAULTS = dict(eps=1e-6, atol=1e-5, rtol=1e-3, nondet_tol=0.0)  # torch.autograd.gradcheck's own
