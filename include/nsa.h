@@ -395,7 +395,8 @@ typedef enum nsa_branch { NSA_BRANCH_CMP = 0, NSA_BRANCH_SLC = 1, NSA_BRANCH_WIN
 typedef struct nsa_forward_args {
     /* inputs, dtype = cfg.dtype */
     nsa_tensor q;            /* [T, Hq, Dqk] */
-    nsa_tensor k[3];         /* per branch [T, Hkv, Dqk]; may alias each other */
+    nsa_tensor k[3];         /* per branch [T, Hkv, Dqk]; may alias each other (T: nsa_plan_info.total_keys,
+                              * the keys' rows, for every k, v, dk, dv of a varlen plan) */
     nsa_tensor v[3];         /* per branch [T, Hkv, Dv]; may alias */
     /* gates, fp32 (f64 when cfg.dtype is F64), [T, Hq], already activated; a disabled
      * branch's gate is not read */
@@ -484,7 +485,7 @@ NSA_API nsa_status nsa_forward(nsa_plan *plan, const nsa_forward_args *args, nsa
 typedef struct nsa_backward_args {
     /* the forward's inputs (as given to nsa_forward) */
     nsa_tensor q;            /* [T, Hq, Dqk] */
-    nsa_tensor k[3];         /* per branch [T, Hkv, Dqk] */
+    nsa_tensor k[3];         /* per branch [T, Hkv, Dqk] (varlen plans: total_keys rows, as dk, dv) */
     nsa_tensor v[3];         /* per branch [T, Hkv, Dv] */
     nsa_tensor gate[3];      /* fp32 [T, Hq] (F64 calls: f64, as all three below) */
     nsa_tensor w_k, w_v, pe_k, pe_v; /* LINEAR */

@@ -81,6 +81,21 @@ static void check_status(nsa_status s)
 
 #define MAX_BUFS 24
 
+/* A buffer of elems (at least one) elements of esize bytes filled with the byte
+ * fill, kept in bufs[*nb] for the caller to free; NULL when the allocation failed. */
+static nsa_buffer *fuzz_buf(nsa_buffer **bufs, int *nb, int64_t elems, size_t esize, unsigned char fill)
+{
+    nsa_buffer *b = NULL;
+    const size_t bytes = (size_t)(elems > 0 ? elems : 1) * esize;
+    check_status(nsa_buffer_alloc(ctx, bytes, &b));
+    if (b) {
+        bufs[(*nb)++] = b;
+        check_status(nsa_buffer_fill(b, 0, fill, bytes));
+    }
+    return b;
+}
+
+
 static void backward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *info, bytes_in *in);
 
 static void forward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *info, bytes_in *in)
@@ -92,17 +107,7 @@ static void forward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *in
     int nb = 0;
     nsa_forward_args a;
     memset(&a, 0, sizeof a);
-#define BUF(elems, esize)                                                                                    \
-    ({                                                                                                       \
-        nsa_buffer *b_ = NULL;                                                                               \
-        size_t bytes_ = (size_t)((elems) > 0 ? (elems) : 1) * (esize);                                       \
-        check_status(nsa_buffer_alloc(ctx, bytes_, &b_));                                                    \
-        if (b_) {                                                                                            \
-            bufs[nb++] = b_;                                                                                 \
-            check_status(nsa_buffer_fill(b_, 0, 0x3c, bytes_)); /* small finite values in every dtype */     \
-        }                                                                                                    \
-        b_;                                                                                                  \
-    })
+#define BUF(elems, esize) fuzz_buf(bufs, &nb, (elems), (esize), 0x3c) /* small finite values in every dtype */
     const size_t es = nsa_dtype_size(c->dtype);
     const size_t fs = c->dtype == NSA_DTYPE_F64 ? 8 : 4; /* gates and LSEs: the call's float type */
     a.q = nsa_tensor_dense(BUF(T * hq * dk, es), 0, hq, dk);
@@ -157,17 +162,7 @@ static void backward(nsa_plan *plan, const nsa_config *c, const nsa_plan_info *i
     int nb = 0;
     nsa_backward_args a;
     memset(&a, 0, sizeof a);
-#define BUF(elems, esize, fillv)                                                                             \
-    ({                                                                                                       \
-        nsa_buffer *b_ = NULL;                                                                               \
-        size_t bytes_ = (size_t)((elems) > 0 ? (elems) : 1) * (esize);                                       \
-        check_status(nsa_buffer_alloc(ctx, bytes_, &b_));                                                    \
-        if (b_) {                                                                                            \
-            bufs[nb++] = b_;                                                                                 \
-            check_status(nsa_buffer_fill(b_, 0, (fillv), bytes_));                                           \
-        }                                                                                                    \
-        b_;                                                                                                  \
-    })
+#define BUF(elems, esize, fillv) fuzz_buf(bufs, &nb, (elems), (esize), (fillv))
     const size_t es = nsa_dtype_size(c->dtype), fs = c->dtype == NSA_DTYPE_F64 ? 8 : 4;
     a.flags = byte(in);
     a.flags = (a.flags & 3u) | (a.flags == 0xAB ? 0x80u : 0u); /* TRUST, FLOAT_KEY_GRADS, rarely an unknown bit */
