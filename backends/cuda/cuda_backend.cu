@@ -343,6 +343,7 @@ static nsa_backend g_backend = {
     nullptr, /* device_kind: every device is a GPU */
     cu_stage_kernel,
     cu_decode_status,
+    0, /* shards: the kernels take query rows as positions of their own keys (no shard plans yet) */
 };
 
 extern "C" NSA_BACKEND_EXPORT const int nsa_backend_api_version = NSA_BACKEND_API_VERSION;

@@ -236,6 +236,7 @@ static const nsa_backend hip_backend = {
     nullptr, /* device_kind: every device is a GPU */
     nullptr, /* stage_kernel: the stage's own name */
     nsa_hip_decode_status, /* decode_stages.hip: the checks of the last step, read back */
+    0, /* shards: the kernels take query rows as positions of their own keys (no shard plans yet) */
 };
 
 extern "C" {
