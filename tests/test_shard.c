@@ -6,10 +6,12 @@
  *   test_shard BACKEND DTYPES CORPUS
  *
  * For every case of the corpus (cases up to 640 tokens of the full corpus) and
- * dtype, the whole batch runs forward and backward once; then for P = 2, 4, 8
+ * dtype (one the backend lacks is skipped), the whole batch runs forward and
+ * backward once as one plan (tk_run_shards with P = 1); then for P = 2, 4, 8
  * every sequence is cut at P - 1 random places (empty shards allowed) and shard
- * p runs as one varlen plan over the batch: sequence b's queries are its rows
- * [a_b, e_b) and its keys its rows [0, e_b). Checked against the whole run:
+ * p runs as one varlen plan over the batch (tk_run_shards): sequence b's queries
+ * are its rows [a_b, e_b) and its keys its rows [0, e_b). Checked against the
+ * whole run:
  *   - o, the LSEs and the selection of every shard row are the whole forward's
  *     rows (each row of the function depends only on the keys below it);
  *   - the backward (the whole forward's selection and LSEs, the shard's rows of
