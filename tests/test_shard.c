@@ -23,7 +23,8 @@
  *     with NSA_BACKWARD_FLOAT_KEY_GRADS and summed over the shards in position
  *     order in fp64, equal the whole backward's (also NSA_BACKWARD_FLOAT_KEY_GRADS)
  *     within the backward's tolerance (tk_grad_tolerance; f64: 1e-10).
- * NSA_TEST_CASE=<label>[,<label>...] keeps only those cases (a subset for Oclgrind).
+ * NSA_TEST_CASE=<label>[,<label>...] keeps only those cases, NSA_TEST_SHARDS=P only
+ * that shard count (subsets for Oclgrind).
  * Every output is poisoned (0xFF) first. A backend that does not run shard
  * plans must refuse them with NSA_ERR_UNSUPPORTED: then the test checks that
  * and skips (77). Also checked: the argument rules of nsa_plan_create_varlen.
@@ -124,8 +125,11 @@ static int check_case(nsa_context *ctx, const tk_case *c, counts *ct)
         if (dg_scale[b] < 0.1 * rms_do) dg_scale[b] = 0.1 * rms_do;
     }
 
-    static const int Ps[3] = {2, 4, 8};
-    for (int pi = 0; pi < 3 && ok; pi++) {
+    /* NSA_TEST_SHARDS=P: only that shard count (Oclgrind's runs) */
+    int Ps[3] = {2, 4, 8}, nP = 3;
+    const char *only_p = getenv("NSA_TEST_SHARDS");
+    if (only_p && atoi(only_p) >= 1 && atoi(only_p) <= TK_MAX_SHARDS) Ps[0] = atoi(only_p), nP = 1;
+    for (int pi = 0; pi < nP && ok; pi++) {
         const int P = Ps[pi];
         tk_shard_cuts(c, P, &g_rng, cut);
         tk_output sf;
