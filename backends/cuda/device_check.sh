@@ -23,6 +23,8 @@
 #   sanitize memcheck and racecheck (small corpus; nsa run at G = 16 with several K tiles, or SAN_ARGS)
 #   opencl   the small corpus (forward: OCL_CORPUS) on NVIDIA's OpenCL, forward, backward and decode (needs the
 #            module: OPENCL=1 builds it)
+#   shard    test_shard (SHARD_CORPUS, full) on NVIDIA's OpenCL (OPENCL=1) and on cuda (skips where refused)
+#   million  nsa run at T = 1048576, paper shape, D 128, NSA_CUDA_PROFILE (H200 only: about 99 GiB; MILLION_S limit)
 #   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus,
 #            the backward, and the decode step (test_decode hip small)
 #   bench    nsa bench at BENCH_T per class in BENCH_CLASSES (default sm90)
@@ -237,6 +239,23 @@ if has opencl; then
   NSA_OPENCL_PLATFORM=NVIDIA CK_FORK=no timeout 300 $B/tests/test_decode opencl small > "$OUT/decode_opencl.log" 2>&1
   rc=$?; note "[$(el)] decode-opencl (NVIDIA OpenCL, small corpus): rc=$rc $(grep -cE ':F:|:E:' "$OUT/decode_opencl.log") failures; $(grep -E '^decode-opencl: [0-9]' "$OUT/decode_opencl.log" | tail -1 | cut -c1-300)"
   grep -E ":F:|:E:" "$OUT/decode_opencl.log" | head -3 | cut -c1-400 | tee -a "$SUM"
+fi
+if has shard; then # shards of one sequence (test_shard) on NVIDIA's OpenCL, and on cuda (skipped where refused)
+  NSA_OPENCL_PLATFORM=NVIDIA CK_FORK=no timeout 400 $B/tests/test_shard opencl f32,bf16 ${SHARD_CORPUS:-full} \
+    > "$OUT/shard_opencl.log" 2>&1
+  rc=$?; note "[$(el)] shard-opencl (NVIDIA OpenCL, ${SHARD_CORPUS:-full}): rc=$rc $(grep -cE ':F:|:E:' "$OUT/shard_opencl.log") failures"
+  grep -E "^shard|:F:|:E:" "$OUT/shard_opencl.log" | tail -8 | cut -c1-300 | tee -a "$SUM"
+  CK_FORK=no timeout 400 $B/tests/test_shard cuda f32,f16,bf16 ${SHARD_CORPUS:-full} > "$OUT/shard_cuda.log" 2>&1
+  rc=$?; note "[$(el)] shard-cuda (${SHARD_CORPUS:-full}): rc=$rc (77 = refused and skipped) $(grep -cE ':F:|:E:' "$OUT/shard_cuda.log") failures"
+  grep -E "^shard|:F:|:E:" "$OUT/shard_cuda.log" | tail -8 | cut -c1-300 | tee -a "$SUM"
+fi
+if has million && [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 120000 ]; then
+  note "[$(el)] million skipped: this GPU has under 120 GB (it needs about 99 GiB)"
+elif has million; then # one sequence of 1,048,576 tokens, paper shape (needs the H200's memory): workspace, stages, check
+  NSA_CUDA_PROFILE=1 timeout ${MILLION_S:-400} $NSA run --backend cuda --T 1048576 --dqk 128 --dv 128 --iters 1 --warmup 0 \
+    > "$OUT/million.log" 2>&1
+  rc=$?; note "[$(el)] nsa run T=1048576 D 128: rc=$rc"
+  grep -vE '^ *$' "$OUT/million.log" | tail -14 | cut -c1-300 | tee -a "$SUM"
 fi
 if has hip; then # the HIP backend's sources on CUDA (tests/hip_on_cuda): its parity on the H200
   bash tests/hip_on_cuda/build.sh /tmp/hipcu 90 > "$OUT/hip_build.log" 2>&1
