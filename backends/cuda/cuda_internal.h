@@ -75,7 +75,8 @@ struct CudaPlan {
     int64_t *sc_tiles_dev; /* the chunks' tiles, chunk after chunk, heavy first within each */
     SlcMap slc_map;    /* the inverse map's memory: training plans (all tokens), slc_sm80_blk (a pass's) */
     int64_t blk_pass;  /* slc_sm80_blk: tokens per pass */
-    float *blk_o, *blk_ml; /* and one pass's partial states */
+    void *blk_o;           /* and one pass's partial states: o_s / l_s in the 16-bit dtype */
+    float *blk_ml;         /* and their (m, l) */
     BwdTiles bwd;      /* training plans on bwd_attn_sm80: its work lists (on the device) */
     int64_t *bwd_dev[4]; /* their lists: rows tiles, compressed and window key items, compressed reduce items */
     size_t bytes;        /* all of the above (nsa_plan_info.backend_bytes) */

@@ -162,10 +162,10 @@ cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, int64_t t0, int64_
 /* slc_sm80_blk.cu: block-major selected attention (any G <= 64, tiles.h):
  * per pass of tokens [t0, t1) (slc_sm80_blk_pass_tokens), the map of the pass
  * built into map (entry values), the partial states of each (token, head,
- * slot) written to part_o (f32 [(t1 - t0) Hq n, dvp]) and part_ml (f32 pairs
- * m, l), then merged in slot order into o and lse. */
+ * slot) written to part_o (the dtype's o_s / l_s, [(t1 - t0) Hq n, dvp]) and
+ * part_ml (f32 pairs m, l), then merged in slot order into o and lse. */
 cudaError_t slc_sm80_blk(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
-                         MView lse, SlcMap &map, int64_t pass_tokens, float *part_o, float *part_ml, cudaStream_t s);
+                         MView lse, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml, cudaStream_t s);
 /* mode 0 compressed (k, v = f32 kc, vc; dk, dv = the dkc, dvc accumulators),
  * 1 selected (map: the inverse map, built), 2 window: adds to dq (may be
  * absent), dk, dv (f32 accumulators). */

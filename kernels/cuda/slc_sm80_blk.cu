@@ -18,14 +18,18 @@
  *     entries that selected the same block shares one fetch of the block's
  *     K/V (SBK_KB keys at a time); each row's softmax over the block's keys
  *     it may see (causal: up to its own position) is stored as a partial
- *     state: m (scaled log2 domain), l and the unnormalised o, fp32, at
- *     (token, head, slot). Rows of other runs in a warp are masked.
+ *     state at (token, head, slot): m (scaled log2 domain) and l in fp32, and
+ *     the normalised output o_s / l_s rounded to the call's 16-bit dtype (a
+ *     convex combination of V rows: in range, its error at most 2^-9 of |V|
+ *     for bf16, docs/nsa-semantics.md section 7). Rows of other runs in a
+ *     warp are masked.
  *  3. slc_blk_reduce_kernel: one warp per (token, query head) merges its
- *     eligible slots' states in slot order: o = sum 2^(m_s - M) o_s / L.
+ *     eligible slots' states in slot order, in fp32:
+ *     o = sum 2^(m_s - M) l_s (o_s / l_s) / L.
  * Every output is summed in a fixed order: bitwise reproducible.
  *
  * Bytes per (token, query head): its Q row once per slot (n Dqk * 2) and the
- * partial state written and read (2 n (Dv + 2) * 4): independent of G, where
+ * partial state written and read (2 n (2 Dv + 8)): independent of G, where
  * slc_sm80 reads n l_s (Dqk + Dv) * 2 per (token, KV head). So slc_sm80_g16
  * (G = 16: its 8 tokens x 16 heads already amortise each fetch over 128 rows,
  * without the partial states) keeps G = 16.
@@ -34,13 +38,15 @@
 
 namespace nsa_cuda {
 
-/* Partial states: row pr = ((t - t0) Hq + h) n + slot of part_o (DVP floats)
- * and part_ml (m, l). */
+/* Partial states: row pr = ((t - t0) Hq + h) n + slot of part_o (DV elements
+ * of T: o_s / l_s) and part_ml (m, l). */
+/* Rejected: the unnormalised o_s in fp32 (until 2026-12-06): twice the bytes of
+ * the state that binds the kernel and its reduce. */
 template <typename T, int DQK, int DV>
 __global__ void __launch_bounds__(SBK_THREADS, 4)
     slc_blk_kernel(const Geom g, int64_t t0, int64_t nent, int sentinel, const int *seg, const int *ent, const T *q,
                    int64_t qst, int64_t qsh, const T *k, int64_t kst, int64_t ksh, const T *v, int64_t vst, int64_t vsh,
-                   bool qvec, bool kvvec, const int *idx, int64_t ist, int64_t ish, float *part_o, float2 *part_ml)
+                   bool qvec, bool kvvec, const int *idx, int64_t ist, int64_t ish, T *part_o, float2 *part_ml)
 {
     constexpr int NT = SBK_THREADS, BM = SBK_BM, KB = SBK_KB, SQ = DQK + 8, SV = DV + 8;
     /* a warp's Q fragments feed one K tile per run (l_s <= 64): re-read from
@@ -154,11 +160,12 @@ __global__ void __launch_bounds__(SBK_THREADS, 4)
                 if (vis[i] == 0) continue;
                 const int r = warp * 16 + (lane >> 2) + 8 * i;
                 const int64_t pr = s_pr[rent[i]] + (int64_t)(r % G) * g.n;
-                float *dst = part_o + pr * DV;
+                const float inv = ls[i] > 0.f ? 1.f / ls[i] : 0.f;
+                T *dst = part_o + pr * DV;
 #pragma unroll
                 for (int j = 0; j < DV / 8; j++) {
                     const int col = j * 8 + 2 * (lane & 3);
-                    *reinterpret_cast<float2 *>(dst + col) = make_float2(oacc[j][2 * i], oacc[j][2 * i + 1]);
+                    *reinterpret_cast<uint32_t *>(dst + col) = Mma<T>::pack(oacc[j][2 * i] * inv, oacc[j][2 * i + 1] * inv);
                 }
                 if ((lane & 3) == 0) part_ml[pr] = make_float2(m[i], ls[i]);
             }
@@ -173,10 +180,10 @@ __global__ void __launch_bounds__(SBK_THREADS, 4)
  * merged in slot order. The lanes fetch the slots' indices and (m, l) at once;
  * the sums then run over the slots in order (L, and each column's o). */
 constexpr int SBK_RED_WARPS = 4;
-template <int DV>
+template <typename T, int DV>
 __global__ void __launch_bounds__(SBK_RED_WARPS * 32)
     slc_blk_reduce_kernel(const Geom g, int64_t t0, int64_t t1, const int *idx, int64_t ist, int64_t ish,
-                          const float *part_o, const float2 *part_ml, float *o, int64_t ost, int64_t osh, float *lse,
+                          const T *part_o, const float2 *part_ml, float *o, int64_t ost, int64_t osh, float *lse,
                           int64_t lst, int64_t lsh)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -203,29 +210,29 @@ __global__ void __launch_bounds__(SBK_RED_WARPS * 32)
     for (int c = 0; c < NC; c++) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int64_t s0 = 0; s0 < g.n; s0 += 32) {
         const bool ok = eligible(s0 + lane);
-        float f = 0.f, fl = 0.f;
+        float fl = 0.f;
         if (ok) {
             const float2 ml = part_ml[pr0 + s0 + lane];
-            f = exp2f(ml.x - Mu);
-            fl = ml.y * f;
+            fl = ml.y * exp2f(ml.x - Mu);
         }
         const unsigned okm = __ballot_sync(0xffffffffu, ok);
         const int cnt = (int)nsa_min64(32, g.n - s0);
 #pragma unroll 4
         for (int u = 0; u < cnt; u++) {
-            const float fu = __shfl_sync(0xffffffffu, f, u), flu = __shfl_sync(0xffffffffu, fl, u);
+            const float flu = __shfl_sync(0xffffffffu, fl, u); /* the slot's weight 2^(m_s - M) l_s */
             if (!((okm >> u) & 1u)) continue;
             L += flu;
-            const float *src = part_o + (pr0 + s0 + u) * DV;
+            const T *src = part_o + (pr0 + s0 + u) * DV;
 #pragma unroll
             for (int c = 0; c < NC; c++) {
                 const int col = c * 128 + 4 * lane;
                 if (col < DV) {
-                    const float4 x = __ldcs(reinterpret_cast<const float4 *>(src + col)); /* read once: streaming */
-                    acc[c].x += fu * x.x;
-                    acc[c].y += fu * x.y;
-                    acc[c].z += fu * x.z;
-                    acc[c].w += fu * x.w;
+                    const uint2 x = __ldcs(reinterpret_cast<const uint2 *>(src + col)); /* read once: streaming */
+                    const T *e = reinterpret_cast<const T *>(&x);
+                    acc[c].x += flu * to_f(e[0]);
+                    acc[c].y += flu * to_f(e[1]);
+                    acc[c].z += flu * to_f(e[2]);
+                    acc[c].w += flu * to_f(e[3]);
                 }
             }
         }
@@ -245,7 +252,7 @@ __global__ void __launch_bounds__(SBK_RED_WARPS * 32)
 
 template <typename T, int DQK, int DV>
 static cudaError_t launch_blk(const Dev &dev, const Geom &g, View q, View k, View v, View idx, MView o, MView lse,
-                              SlcMap &map, int64_t pass_tokens, float *part_o, float *part_ml, cudaStream_t s)
+                              SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml, cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
     size_t smem = slc_sm80_blk_smem(DQK, DV);
@@ -262,11 +269,11 @@ static cudaError_t launch_blk(const Dev &dev, const Geom &g, View q, View k, Vie
         const int64_t ctas = (nent + E - 1) / E;
         slc_blk_kernel<T, DQK, DV><<<(unsigned)ctas, SBK_THREADS, smem, s>>>(
             g, t0, nent, sentinel, map.seg_out, map.list_out, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh,
-            (const T *)v.p, v.st, v.sh, qvec, kvvec, (const int *)idx.p, idx.st, idx.sh, part_o, (float2 *)part_ml);
+            (const T *)v.p, v.st, v.sh, qvec, kvvec, (const int *)idx.p, idx.st, idx.sh, (T *)part_o, (float2 *)part_ml);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         const int64_t rows = (t1 - t0) * g.Hq;
-        slc_blk_reduce_kernel<DV><<<(unsigned)((rows + SBK_RED_WARPS - 1) / SBK_RED_WARPS), SBK_RED_WARPS * 32, 0, s>>>(
-            g, t0, t1, (const int *)idx.p, idx.st, idx.sh, part_o, (const float2 *)part_ml, (float *)o.p, o.st, o.sh,
+        slc_blk_reduce_kernel<T, DV><<<(unsigned)((rows + SBK_RED_WARPS - 1) / SBK_RED_WARPS), SBK_RED_WARPS * 32, 0, s>>>(
+            g, t0, t1, (const int *)idx.p, idx.st, idx.sh, (const T *)part_o, (const float2 *)part_ml, (float *)o.p, o.st, o.sh,
             (float *)lse.p, lse.st, lse.sh);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
@@ -274,7 +281,7 @@ static cudaError_t launch_blk(const Dev &dev, const Geom &g, View q, View k, Vie
 }
 
 cudaError_t slc_sm80_blk(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
-                         MView lse, SlcMap &map, int64_t pass_tokens, float *part_o, float *part_ml, cudaStream_t s)
+                         MView lse, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml, cudaStream_t s)
 {
     if (g.T == 0) return cudaSuccess;
     if (g.G < 1 || g.G > SBK_BM || pass_tokens < 1) return cudaErrorInvalidValue;

@@ -357,14 +357,16 @@ inline bool slc_sm80_blk_takes(int64_t G, int dqkp, int dvp)
 {
     return G >= 1 && G <= SBK_BM && dvp <= 128 && attn_sm80_takes(dqkp, dvp);
 }
-/* Partial states of one pass (fp32 o of DV' columns + m, l per (token, head,
- * slot)) take at most max_bytes of plan memory (default SBK_PASS_BYTES,
- * NSA_CUDA_SLC_PASS_MAX); a longer batch runs in passes of as many tokens as
- * fit, at least one (at 64k, Hq 32, n 16, D 128: 17 GB in 17 passes). */
+/* Partial states of one pass (o_s / l_s in the 16-bit dtype, DV' columns, and
+ * fp32 m, l per (token, head, slot): sbk_state_bytes(DV')) take at most
+ * max_bytes of plan memory (default SBK_PASS_BYTES, NSA_CUDA_SLC_PASS_MAX); a
+ * longer batch runs in passes of as many tokens as fit, at least one (at 64k,
+ * Hq 32, n 16, D 128: 8.9 GB in 9 passes). */
+constexpr int64_t sbk_state_bytes(int dvp) { return (int64_t)dvp * 2 + 8; }
 constexpr int64_t SBK_PASS_BYTES = (int64_t)1 << 30;
 inline int64_t slc_sm80_blk_pass_tokens(int64_t T, int64_t Hq, int64_t n, int dvp, int64_t max_bytes)
 {
-    const int64_t per = Hq * n * ((int64_t)dvp + 2) * 4; /* bytes per token */
+    const int64_t per = Hq * n * sbk_state_bytes(dvp); /* bytes per token */
     int64_t tc = per > 0 ? max_bytes / per : T;
     if (tc < 1) tc = 1;
     return tc < T ? tc : T;
