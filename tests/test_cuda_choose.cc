@@ -283,7 +283,7 @@ static void check_slc_passes()
                 for (int dvp : dvps)
                     for (int64_t mx : maxes) {
                         const int64_t tc = slc_sm80_blk_pass_tokens(T, hq, n, dvp, mx);
-                        const int64_t per = hq * n * (dvp + 2) * 4;
+                        const int64_t per = hq * n * (2 * (int64_t)dvp + 8); /* o_s / l_s 16-bit, m and l fp32 */
                         CHECK(tc >= 1 && tc <= T, "T %lld: pass of %lld tokens", (long long)T, (long long)tc);
                         CHECK(tc == 1 || tc * per <= mx, "pass of %lld tokens x %lld bytes > %lld", (long long)tc,
                               (long long)per, (long long)mx);
