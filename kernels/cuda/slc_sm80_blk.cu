@@ -43,7 +43,7 @@ namespace nsa_cuda {
 /* Rejected: the unnormalised o_s in fp32 (until 2026-12-06): twice the bytes of
  * the state that binds the kernel and its reduce. */
 template <typename T, int DQK, int DV>
-__global__ void __launch_bounds__(SBK_THREADS, 4)
+__global__ void __launch_bounds__(SBK_THREADS, SBK_MIN_CTAS)
     slc_blk_kernel(const Geom g, int64_t t0, int64_t nent, int sentinel, const int *seg, const int *ent, const T *q,
                    int64_t qst, int64_t qsh, const T *k, int64_t kst, int64_t ksh, const T *v, int64_t vst, int64_t vsh,
                    bool qvec, bool kvvec, const int *idx, int64_t ist, int64_t ish, T *part_o, float2 *part_ml)
@@ -65,6 +65,9 @@ __global__ void __launch_bounds__(SBK_THREADS, 4)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = (int)g.G, E = BM / G, rows = E * G;
     const int64_t e0 = (int64_t)blockIdx.x * E;
+    /* The entry's token and head come from its value alone: the Q rows' copies
+     * start before the chain entry -> token's sequence -> key base is read. */
+    int64_t eslot = 0, egi = 0, et = 0; /* this thread's entry (tid < E) */
     if (tid < E) {
         const int64_t e = e0 + tid;
         int sg = -1;
@@ -74,15 +77,14 @@ __global__ void __launch_bounds__(SBK_THREADS, 4)
         }
         s_seg[tid] = sg;
         if (sg >= 0) {
-            const int64_t val = ent[e];
-            const int64_t slot = val % g.n, gi = (val / g.n) % g.Hkv, tt = val / (g.n * g.Hkv), t = t0 + tt;
-            const int64_t sq = g.tok_seq[t], s0 = g.cu_seqlens[sq], tl = t - s0;
-            const int64_t j = idx[t * ist + gi * ish + slot];
-            s_tok[tid] = t;
-            s_head0[tid] = (int)(gi * G);
-            s_pr[tid] = (tt * g.Hq + gi * G) * g.n + slot;
-            s_kb[tid] = s0 + j * g.ls;
-            s_nk[tid] = (int)nsa_min64(g.ls, tl - j * g.ls + 1);
+            const uint32_t val = (uint32_t)ent[e], n = (uint32_t)g.n, hkv = (uint32_t)g.Hkv; /* < 2^31 a pass */
+            const uint32_t q1 = val / n, tt = q1 / hkv;
+            eslot = val - q1 * n;
+            egi = q1 - tt * hkv;
+            et = t0 + tt;
+            s_tok[tid] = et;
+            s_head0[tid] = (int)(egi * G);
+            s_pr[tid] = ((int64_t)tt * g.Hq + egi * G) * g.n + eslot;
         }
     }
     __syncthreads();
@@ -92,6 +94,13 @@ __global__ void __launch_bounds__(SBK_THREADS, 4)
         return r < rows && s_seg[i] >= 0 ? s_tok[i] * qst + (s_head0[i] + r % G) * qsh : -1;
     });
     cp_async_commit();
+    if (tid < E && s_seg[tid] >= 0) {
+        const int64_t s0 = g.cu_seqlens[g.tok_seq[et]], tl = et - s0;
+        const int64_t j = idx[et * ist + egi * ish + eslot];
+        s_kb[tid] = s0 + j * g.ls;
+        s_nk[tid] = (int)nsa_min64(g.ls, tl - j * g.ls + 1);
+    }
+    __syncthreads(); /* s_kb, s_nk */
 
     const float sl = g.scale * NSA_LOG2E;
     uint32_t qf[1][4]; /* unused: !QREG */

@@ -348,7 +348,9 @@ inline SlcTile pick_slc_sm80_g16(int64_t G, int64_t ls, int64_t n, int dqkp, int
  * K/V once for its entries and writes their partial softmax states; a reduce
  * kernel merges a row's slots. Its shared memory: the Q rows and one K/V tile
  * of SBK_KB keys (52 KB at 128/128, 69 KB at 192/128: every class). */
-constexpr int SBK_THREADS = 128, SBK_BM = 64, SBK_KB = 64;
+constexpr int SBK_THREADS = 128, SBK_BM = 64, SBK_KB = 64, SBK_MIN_CTAS = 4;
+/* Rejected: 128 rows and 8 warps per CTA, two CTAs per SM (same registers): with the early Q copies
+ * still 5-10 % slower than 64 rows without them, G = 7, 4, 1, T = 8k to 64k (H100, 2026-12-06). */
 constexpr size_t slc_sm80_blk_smem(int dqkp, int dvp)
 {
     return 2 * ((size_t)(SBK_BM + SBK_KB) * (dqkp + 8) + (size_t)SBK_KB * (dvp + 8));
