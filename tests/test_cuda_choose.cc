@@ -275,7 +275,7 @@ static void check_slc_passes()
     const int64_t hqs[] = {1, 4, 32, 64, 512};
     const int64_t ns[] = {1, 16, 64};
     const int dvps[] = {32, 128};
-    const int64_t maxes[] = {1, 4096, SBK_PASS_BYTES};
+    const int64_t maxes[] = {1, 4096, SBK_PASS_BYTES, (int64_t)1 << 50}; /* the last: NSA_CUDA_SLC_PASS_MAX huge */
     int cases = 0;
     for (int64_t T : Ts)
         for (int64_t hq : hqs)
@@ -287,8 +287,10 @@ static void check_slc_passes()
                         CHECK(tc >= 1 && tc <= T, "T %lld: pass of %lld tokens", (long long)T, (long long)tc);
                         CHECK(tc == 1 || tc * per <= mx, "pass of %lld tokens x %lld bytes > %lld", (long long)tc,
                               (long long)per, (long long)mx);
-                        CHECK(tc == T || (tc + 1) * per > mx, "pass of %lld tokens could hold more", (long long)tc);
-                        CHECK(mx > SBK_PASS_BYTES || tc * hq * n < ((int64_t)1 << 31) - 1,
+                        const bool ent_full = (tc + 1) * hq * n > ((int64_t)1 << 31) - 1;
+                        CHECK(tc == T || (tc + 1) * per > mx || ent_full, "pass of %lld tokens could hold more",
+                              (long long)tc);
+                        CHECK(tc == 1 || tc * hq * n <= ((int64_t)1 << 31) - 1,
                               "pass of %lld tokens: %lld map entries", (long long)tc, (long long)(tc * hq * n));
                         cases++;
                     }

@@ -362,7 +362,8 @@ inline bool slc_sm80_blk_takes(int64_t G, int dqkp, int dvp)
 /* Partial states of one pass (o_s / l_s in the 16-bit dtype, DV' columns, and
  * fp32 m, l per (token, head, slot): sbk_state_bytes(DV')) take at most
  * max_bytes of plan memory (default SBK_PASS_BYTES, NSA_CUDA_SLC_PASS_MAX); a
- * longer batch runs in passes of as many tokens as fit, at least one (at 64k,
+ * longer batch runs in passes of as many tokens as fit (and whose map entries
+ * stay below 2^31), at least one (at 64k,
  * Hq 32, n 16, D 128: 8.9 GB in 9 passes). */
 constexpr int64_t sbk_state_bytes(int dvp) { return (int64_t)dvp * 2 + 8; }
 constexpr int64_t SBK_PASS_BYTES = (int64_t)1 << 30;
@@ -370,6 +371,9 @@ inline int64_t slc_sm80_blk_pass_tokens(int64_t T, int64_t Hq, int64_t n, int dv
 {
     const int64_t per = Hq * n * sbk_state_bytes(dvp); /* bytes per token */
     int64_t tc = per > 0 ? max_bytes / per : T;
+    /* a pass's map entries (tokens x Hkv x n <= tokens x Hq x n) are int32 lists and values */
+    const int64_t ent_tokens = Hq * n > 0 ? (((int64_t)1 << 31) - 1) / (Hq * n) : T;
+    if (tc > ent_tokens) tc = ent_tokens;
     if (tc < 1) tc = 1;
     return tc < T ? tc : T;
 }
