@@ -367,7 +367,8 @@ static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
             return s;
         if (p->ch.slc_blk) { /* one pass's partial states: bounded by SBK_PASS_BYTES */
             const size_t prow = (size_t)p->blk_pass * (size_t)cfg->num_q_heads * (size_t)cfg->num_selected;
-            CU(palloc(&p->bytes, &p->blk_o, prow * (size_t)p->ch.dvp * 2), "plan_prepare (selected partial states)");
+            CU(palloc(&p->bytes, &p->blk_o, prow * (size_t)p->ch.dvp * sizeof(uint16_t)), /* o_s / l_s: the 16-bit dtype */
+               "plan_prepare (selected partial states)");
             CU(palloc(&p->bytes, &p->blk_ml, prow * 2 * sizeof(float)), "plan_prepare (selected partial states)");
         }
     }
