@@ -351,6 +351,8 @@ inline SlcTile pick_slc_sm80_g16(int64_t G, int64_t ls, int64_t n, int dqkp, int
 constexpr int SBK_THREADS = 128, SBK_BM = 64, SBK_KB = 64, SBK_MIN_CTAS = 4;
 /* Rejected: 128 rows and 8 warps per CTA, two CTAs per SM (same registers): with the early Q copies
  * still 5-10 % slower than 64 rows without them, G = 7, 4, 1, T = 8k to 64k (H100, 2026-12-06). */
+/* Rejected: two or more 64-row chunks per CTA, the next chunk's Q copied during this one's tile
+ * (dev/cuda/slc_blk_prefetch_v2.patch, slc_blk_chunks_v1.patch): 0-3 % slower (H100, 2026-12-06). */
 constexpr size_t slc_sm80_blk_smem(int dqkp, int dvp)
 {
     return 2 * ((size_t)(SBK_BM + SBK_KB) * (dqkp + 8) + (size_t)SBK_KB * (dvp + 8));
