@@ -39,8 +39,11 @@ extern "C" {
  * range might take it without running it).
  * 11: the keys' side of a plan (nsa_bk_plan.cu_seqlens_k, total_keys,
  * dev_cu_seqlens_k) and nsa_backend.shards (a module of version 10 reads a
- * shorter plan and would run a shard's queries at the wrong positions). */
-#define NSA_BACKEND_API_VERSION 11
+ * shorter plan and would run a shard's queries at the wrong positions).
+ * 12: NSA_STAGE_SLC_COMBINE and nsa_bk_plan.slc_combined (a module of version 11
+ * reads a shorter plan, and its COMBINE would take o_b[CMP] as the compressed
+ * branch's output alone). */
+#define NSA_BACKEND_API_VERSION 12
 
 /* Every module exports these two symbols. */
 #define NSA_BACKEND_ENTRY_SYMBOL "nsa_backend_entry"
@@ -129,7 +132,19 @@ typedef enum nsa_stage {
      * bitwise as WIN_ATTN then COMBINE would. The planner puts it last, in place
      * of both. */
     NSA_STAGE_WIN_COMBINE = 15,
-    NSA_STAGE_COUNT = 16
+    /* fused SLC_ATTN + COMBINE's first two terms, for a forward plan with the
+     * selected branch on: reads what SLC_ATTN reads, o_b[CMP] (CMP_ATTN's
+     * output), gate[CMP] and gate[SLC]; o_b[SLC] is NULL (no workspace holds
+     * the selected branch's output: T * Hq * Dv floats less). Writes lse[SLC] if
+     * given, and overwrites o_b[CMP] with gate[CMP] o_cmp + gate[SLC] o_slc,
+     * summed as COMBINE sums its first two terms (in the float type; a backend
+     * offers it only where its COMBINE accumulates in that type, so that the
+     * result stays bitwise that of the plain stages). The planner puts it in
+     * place of SLC_ATTN and sets plan->slc_combined: COMBINE and WIN_COMBINE
+     * then take o_b[CMP] as that partial sum (weight 1, gate[CMP] not read) and
+     * add the window's term to it. */
+    NSA_STAGE_SLC_COMBINE = 16,
+    NSA_STAGE_COUNT = 17
 } nsa_stage;
 
 /* Stage name for messages and plan info ("cmp_attn"). Inline, so that modules
@@ -153,6 +168,7 @@ static inline const char *nsa_stage_name(nsa_stage stage)
     case NSA_STAGE_DECODE_APPEND: return "decode_append";
     case NSA_STAGE_DECODE_ATTN: return "decode_attn";
     case NSA_STAGE_WIN_COMBINE: return "win_combine";
+    case NSA_STAGE_SLC_COMBINE: return "slc_combine";
     case NSA_STAGE_COUNT: break;
     }
     return "unknown";
@@ -223,6 +239,11 @@ typedef struct nsa_bk_plan {
     const int64_t *cu_seqlens_k; /* [B + 1] key-row offsets */
     int64_t total_keys;          /* cu_seqlens_k[B] */
     int64_t dev_cu_seqlens_k;    /* element offset of cu_seqlens_k in dev_tables (-1: none) */
+
+    /* (API version 12) the plan runs SLC_COMBINE: after it, o_b[CMP] holds the
+     * compressed and selected branches' gated sum, and COMBINE / WIN_COMBINE add
+     * the window's term to it (o_b[SLC] is NULL) */
+    int slc_combined;
 } nsa_bk_plan;
 
 /* One gradient BWD_STORE rounds to the dtype: rows x heads x dim elements of

@@ -151,7 +151,8 @@ static nsa_status forward(nsa_plan *plan, const nsa_forward_args *args, nsa_buff
     a.indices = given_out.buf ? given_out
                 : selected_out.buf ? selected_out
                                    : nsa_ws_view(workspace, w->indices, hkv, nsel, NSA_DTYPE_I32);
-    /* a branch that is on has its o_b in the workspace, but for WIN_COMBINE's window branch (none) */
+    /* a branch that is on has its o_b in the workspace, but for WIN_COMBINE's window branch and
+     * SLC_COMBINE's selected branch (none: their terms go straight into the sum) */
     for (int b = 0; b < 3; b++)
         a.o_b[b] = on[b] && w->o_b[b] >= 0 ? nsa_ws_view(workspace, w->o_b[b], hq, dv, fdt) : (nsa_bk_tensor){0};
 

@@ -65,7 +65,9 @@ static nsa_status plan_stages(nsa_plan *p)
             want[n++] = NSA_STAGE_BLOCK_SCORES;
             want[n++] = NSA_STAGE_SELECT_TOPN;
         }
-        want[n++] = NSA_STAGE_SLC_ATTN;
+        /* the fused stage where offered: no o_b[SLC] in the workspace */
+        p->bk.slc_combined = supports(p->ctx, NSA_STAGE_SLC_COMBINE, c);
+        want[n++] = p->bk.slc_combined ? NSA_STAGE_SLC_COMBINE : NSA_STAGE_SLC_ATTN;
     }
     if (c->window > 0 && supports(p->ctx, NSA_STAGE_WIN_COMBINE, c)) {
         want[n++] = NSA_STAGE_WIN_COMBINE; /* no o_b[WIN] in the workspace */
@@ -142,7 +144,9 @@ static nsa_status plan_workspace(nsa_plan *p)
         return s;
     if (c->num_selected > 0) {
         if (!has_stage(p, NSA_STAGE_SCORES_TOPN) && (s = reserve(ws, ns, 4, &ws->scores))) return s;
-        if ((s = reserve(ws, ni, 4, &ws->indices)) || (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_SLC]))) return s;
+        if ((s = reserve(ws, ni, 4, &ws->indices)) ||
+            (!has_stage(p, NSA_STAGE_SLC_COMBINE) && (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_SLC]))))
+            return s;
     }
     if (c->window > 0 && !has_stage(p, NSA_STAGE_WIN_COMBINE) && (s = reserve(ws, no, fe, &ws->o_b[NSA_BRANCH_WIN])))
         return s;

@@ -341,12 +341,30 @@ if "$nsa" info 2>/dev/null | grep -Eq "^ *opencl +available"; then
     env NSA_OPENCL_KERNELS=v2 "$nsa" "${kinfo[@]}"
   # selected attention: v3 where G >= 8, v2 below it and when forced
   kinfo8=(info --kernels --T 256 --hq 16 --hkv 2 --dqk 32 --dv 32)
-  expect "opencl stage kernels: slc_attn_v3 at G = 8" 0 "slc_attn +slc_attn_v3\[" -- "$nsa" "${kinfo8[@]}"
-  expect "opencl stage kernels: slc_attn_v2 at G = 4" 0 "slc_attn +slc_attn_v2\[" -- "$nsa" "${kinfo[@]}"
-  expect "opencl stage kernels: NSA_OPENCL_KERNELS=v2 at G = 8" 0 "slc_attn +slc_attn_v2\[" -- \
+  # (fused with combine's first two terms by default: SLC_COMBINE)
+  expect "opencl stage kernels: slc_attn_v3 at G = 8" 0 \
+    "slc_combine +slc_attn_v3\[r[0-9]+,bk[0-9]+,dc[0-9]+\]\+combine_partial\[chunk256\]" -- "$nsa" "${kinfo8[@]}"
+  expect "opencl stage kernels: slc_attn_v2 at G = 4" 0 "slc_combine +slc_attn_v2\[" -- "$nsa" "${kinfo[@]}"
+  expect "opencl stage kernels: NSA_OPENCL_KERNELS=v2 at G = 8" 0 "slc_combine +slc_attn_v2\[" -- \
     env NSA_OPENCL_KERNELS=v2 "$nsa" "${kinfo8[@]}"
-  expect "opencl stage kernels: NSA_OPENCL_KERNELS=v1" 0 "slc_attn +slc_attn\[wg" -- \
+  expect "opencl stage kernels: NSA_OPENCL_KERNELS=v1" 0 "slc_combine +slc_attn\[wg" -- \
     env NSA_OPENCL_KERNELS=v1 "$nsa" "${kinfo[@]}"
+  expect "opencl stage kernels: NSA_OPENCL_NO_FUSED=1 keeps slc_attn" 0 "slc_attn +slc_attn_v3\[" -- \
+    env NSA_OPENCL_NO_FUSED=1 "$nsa" "${kinfo8[@]}"
+  # the fused stages give bitwise the plain stages' o (G 8 runs slc_attn_v3; a packed batch without the window
+  # branch resumes COMBINE from SLC_COMBINE's sum)
+  for fz in 0 1; do
+    frun=(run --backend opencl --T 300 --hq 16 --hkv 2 --dqk 32 --dv 32 --n 3 --w 48 --iters 1 --warmup 0)
+    env NSA_OPENCL_NO_FUSED=$fz "$nsa" "${frun[@]}" --outputs "$tmp/fz$fz" >/dev/null 2>&1
+    env NSA_OPENCL_NO_FUSED=$fz "$nsa" run --backend opencl --T 300 --hq 8 --hkv 2 --dqk 32 --dv 16 --n 3 --w 0 \
+      --dtype f16 --seqlens 100,0,150,50 --iters 1 --warmup 0 --outputs "$tmp/fp$fz" >/dev/null 2>&1
+  done
+  if [ -s "$tmp/fz0/o.npy" ] && cmp -s "$tmp/fz0/o.npy" "$tmp/fz1/o.npy" && [ -s "$tmp/fp0/o.npy" ] &&
+    cmp -s "$tmp/fp0/o.npy" "$tmp/fp1/o.npy"; then
+    ok "opencl fused stages (scores_topn, slc_combine, win_combine) bitwise as the plain stages"
+  else
+    bad "opencl fused stages (scores_topn, slc_combine, win_combine) bitwise as the plain stages"
+  fi
   expect "nsa parity --backends opencl,cpu" 0 "opencl" -- \
     "$nsa" parity --backends opencl,cpu --corpus small --dtypes f32,bf16
   expect "opencl build failure shows the compiler log" nonzero "NSA_ERR_KERNEL_BUILD.*compiler log" -- \

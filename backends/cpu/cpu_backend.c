@@ -191,6 +191,10 @@ static int cpu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
     if (cfg->compress != NSA_COMPRESS_MEAN && cfg->compress != NSA_COMPRESS_LINEAR &&
         cfg->compress != NSA_COMPRESS_EXTERNAL)
         return 0;
+    /* SLC_COMBINE: no; COMBINE sums the three terms in double, and a partial sum
+     * stored in the float type between the stages would round it once more */
+    if (stage == NSA_STAGE_SLC_COMBINE)
+        return 0;
     if (stage == NSA_STAGE_SCORES_TOPN || stage == NSA_STAGE_WIN_COMBINE) {
         const char *off = getenv("NSA_CPU_NO_FUSED");
         return !(off && *off && strcmp(off, "0") != 0);

@@ -73,6 +73,7 @@ enum ocl_kernel_id {
     OCL_K_DECODE_SLC_ATTN,
     OCL_K_DECODE_WIN_ATTN,
     OCL_K_DECODE_COMBINE,
+    OCL_K_COMBINE_PARTIAL, /* combine.cl: SLC_COMBINE's end */
     OCL_K_COUNT
 };
 
@@ -109,7 +110,7 @@ typedef struct ocl_plan {
     int64_t kt_v2;    /* its key tile */
     int attn_v3;      /* 1: version 3 (tile_attn.cl) for CMP_ATTN and WIN_ATTN */
     int slc_v3;       /* 1: version 3 (slc_tile.cl) for SLC_ATTN */
-    cl_mem win_scratch; /* WIN_COMBINE: f32 [win_chunk, Hq, Dv], the window rows of a run of tokens */
+    cl_mem win_scratch; /* WIN_COMBINE, SLC_COMBINE: f32 [win_chunk, Hq, Dv], a branch's rows of a run of tokens */
     int64_t win_chunk;  /* its tokens (a multiple of the window kernel's tile tokens) */
     size_t wg_scores; /* block_scores */
     size_t wg_topn;   /* select_topn */

@@ -71,6 +71,7 @@ static const char *const kernel_names[OCL_K_COUNT] = {
     [OCL_K_DECODE_SLC_ATTN] = "decode_slc_attn",
     [OCL_K_DECODE_WIN_ATTN] = "decode_win_attn",
     [OCL_K_DECODE_COMBINE] = "decode_combine",
+    [OCL_K_COMBINE_PARTIAL] = "combine_partial",
 };
 
 /* A cache file: this magic, the payload's size (uint64), its 128-bit hash (two

@@ -22,6 +22,10 @@
  *   WIN_COMBINE   (fused; the default with the window branch on) WIN_ATTN and COMBINE over runs
  *                 of win_chunk tokens through a plan scratch, no o_win in the workspace
  *                 (win_combine_prepare); NSA_OPENCL_NO_FUSED=1 refuses it
+ *   SLC_COMBINE   (fused; the default with the selected branch on) SLC_ATTN over the same runs
+ *                 through the same scratch, each run's rows added into o_cmp by combine_partial
+ *                 (COMBINE's first two terms), no o_slc in the workspace; NSA_OPENCL_NO_FUSED=1
+ *                 refuses it
  *   DECODE_APPEND, DECODE_ATTN   the decode step: decode.c (decode.cl)
  * Version 3 is used where it fits (choose_v3; for SLC_ATTN choose_slc_v3, which also
  * wants G >= 8); else version 2 when its outputs fit the
@@ -320,8 +324,8 @@ size_t ocl_scores_topn_bytes(const nsa_config *cfg, size_t kt, size_t jc)
     return scores_tile_bytes(cfg, kt, jc, 1);
 }
 
-/* NSA_OPENCL_NO_FUSED=1: refuse SCORES_TOPN and WIN_COMBINE, so plans take BLOCK_SCORES + SELECT_TOPN and
- * WIN_ATTN + COMBINE (testing both) */
+/* NSA_OPENCL_NO_FUSED=1: refuse SCORES_TOPN, WIN_COMBINE and SLC_COMBINE, so plans take BLOCK_SCORES +
+ * SELECT_TOPN, WIN_ATTN + COMBINE and SLC_ATTN (testing both) */
 static int fused_off(void)
 {
     const char *e = getenv("NSA_OPENCL_NO_FUSED");
@@ -367,6 +371,8 @@ int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
     }
     case NSA_STAGE_WIN_COMBINE:
         return !fused_off() && cfg->window > 0 && attn_wg(c, NULL, cfg) > 0;
+    case NSA_STAGE_SLC_COMBINE:
+        return !fused_off() && cfg->num_selected > 0 && attn_wg(c, NULL, cfg) > 0;
     case NSA_STAGE_BWD_CMP_ATTN:
     case NSA_STAGE_BWD_COMPRESS:
     case NSA_STAGE_BWD_SLC_ATTN:
@@ -389,7 +395,11 @@ int ocl_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
  * window kernels' work-groups split at its edges), a run of tokens at a time,
  * and the combine kernel reads them there: the same kernels in the same order
  * as the two stages, so o is bitwise the same, and the workspace holds no o_win
- * (T * Hq * Dv floats). */
+ * (T * Hq * Dv floats). SLC_COMBINE uses the same scratch (it runs before
+ * WIN_COMBINE): the selected branch's rows of a run, then combine_partial adds
+ * them into o_cmp as COMBINE's first two terms (one fma each, combine.cl), and
+ * COMBINE resumes from that sum, so o is bitwise the same again and the
+ * workspace holds no o_slc. */
 #define OCL_WIN_CHUNK_BYTES ((int64_t)64 << 20)
 
 static int64_t win_tile_tokens(const ocl_plan *op, const nsa_config *cfg)
@@ -453,7 +463,8 @@ nsa_status ocl_plan_prepare(void *bctx, nsa_bk_plan *plan)
     /* a decode plan has its own scratch (decode.c); LINEAR compression there is a kernel */
     if (plan->decode) s = ocl_decode_prepare(c, plan, op);
     else if (cfg->compress == NSA_COMPRESS_LINEAR) s = ocl_linear_prepare(c, plan, op);
-    if (s == NSA_SUCCESS && !plan->decode && cfg->window > 0 && !fused_off()) s = win_combine_prepare(c, plan, op);
+    if (s == NSA_SUCCESS && !plan->decode && (cfg->window > 0 || plan->slc_combined) && !fused_off())
+        s = win_combine_prepare(c, plan, op);
     if (s != NSA_SUCCESS) {
         plan->backend_plan = op;
         ocl_plan_release(c, plan);
@@ -553,10 +564,17 @@ nsa_status ocl_stage_kernel(void *bctx, const nsa_bk_plan *plan, nsa_stage stage
         break;
     }
     case NSA_STAGE_SLC_ATTN:
-        if (op->slc_v3) snprintf(name, size, "slc_attn_v3[r%d,bk%d,dc%d]", ST_R, ST_BK, ST_DC);
-        else if (op->attn_v2) snprintf(name, size, "slc_attn_v2[kt%lld,wg%zu]", (long long)op->kt_v2, op->wg_v2);
-        else snprintf(name, size, "slc_attn[wg%zu]", op->wg_attn);
+    case NSA_STAGE_SLC_COMBINE: {
+        /* SLC_COMBINE: the selected kernel, then combine_partial, per run of win_chunk tokens */
+        char tail[48] = "";
+        if (stage == NSA_STAGE_SLC_COMBINE)
+            snprintf(tail, sizeof tail, "+combine_partial[chunk%lld]", (long long)op->win_chunk);
+        if (op->slc_v3) snprintf(name, size, "slc_attn_v3[r%d,bk%d,dc%d]%s", ST_R, ST_BK, ST_DC, tail);
+        else if (op->attn_v2)
+            snprintf(name, size, "slc_attn_v2[kt%lld,wg%zu]%s", (long long)op->kt_v2, op->wg_v2, tail);
+        else snprintf(name, size, "slc_attn[wg%zu]%s", op->wg_attn, tail);
         break;
+    }
     case NSA_STAGE_BLOCK_SCORES:
         if (op->scores_v2) snprintf(name, size, "block_scores_v2[kt%lld,jc%lld]", (long long)op->kt_scores, (long long)op->jc_scores);
         else snprintf(name, size, "block_scores[wg%zu]", op->wg_scores);
@@ -888,15 +906,18 @@ static nsa_status run_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *a
     const int64_t row = cfg->num_q_heads * cfg->head_dim_v, e0 = t0 * row, e1 = t1 * row;
     const int has[3] = {args->o_b[NSA_BRANCH_CMP].buf != NULL, args->o_b[NSA_BRANCH_SLC].buf != NULL,
                         win || args->o_b[NSA_BRANCH_WIN].buf};
+    /* after SLC_COMBINE, o_cmp holds the first two terms' sum: resumed from, its gate not read */
+    const int c_done = plan->slc_combined;
     ocl_args a;
     ocl_args_begin(&a, op->prog->kernel[OCL_K_COMBINE], "combine");
     for (int b = 0; b < 3; ++b) arg_rows(&a, &args->o_b[b], b == NSA_BRANCH_WIN ? win : NULL);
     for (int b = 0; b < 3; ++b) {
         /* a disabled branch's gate is not read (it may be absent) */
         nsa_bk_tensor none = {0};
-        ocl_arg_tensor(&a, has[b] ? &args->gate[b] : &none, 4, 1);
+        ocl_arg_tensor(&a, has[b] && !(b == NSA_BRANCH_CMP && c_done) ? &args->gate[b] : &none, 4, 1);
     }
     for (int b = 0; b < 3; ++b) ocl_arg_int(&a, has[b]);
+    ocl_arg_int(&a, c_done);
     ocl_arg_tensor(&a, &args->o, dtype_size(cfg->dtype), 1);
     ocl_arg_long(&a, cfg->num_q_heads);
     ocl_arg_long(&a, cfg->head_dim_v);
@@ -924,6 +945,48 @@ static nsa_status run_win_combine(ocl_context *c, ocl_plan *op, const nsa_bk_arg
         const ocl_rows rows = {op->win_scratch, -t0 * row, row, cfg->head_dim_v}; /* token t at scratch row t - t0 */
         s = run_sparse_attn(c, op, args, tb, NSA_BRANCH_WIN, &rows, t0, t1);
         if (s == NSA_SUCCESS) s = run_combine(c, op, args, &rows, t0, t1);
+    }
+    return s;
+}
+
+/* SLC_COMBINE's end for tokens [t0, t1): o_cmp := g_cmp o_cmp + g_slc o_slc, o_slc in `slc` */
+static nsa_status run_combine_partial(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const ocl_rows *slc,
+                                      int64_t t0, int64_t t1)
+{
+    const nsa_config *cfg = &args->plan->cfg;
+    const int64_t row = cfg->num_q_heads * cfg->head_dim_v, e0 = t0 * row, e1 = t1 * row;
+    ocl_args a;
+    ocl_args_begin(&a, op->prog->kernel[OCL_K_COMBINE_PARTIAL], "combine_partial");
+    arg_rows(&a, &args->o_b[NSA_BRANCH_CMP], NULL);
+    arg_rows(&a, NULL, slc);
+    ocl_arg_tensor(&a, &args->gate[NSA_BRANCH_CMP], 4, 1);
+    ocl_arg_tensor(&a, &args->gate[NSA_BRANCH_SLC], 4, 1);
+    ocl_arg_long(&a, cfg->num_q_heads);
+    ocl_arg_long(&a, cfg->head_dim_v);
+    ocl_arg_long(&a, e1);
+    const cl_uint first = a.next;
+    ocl_arg_long(&a, 0);
+    nsa_status s = ocl_args_end(&a);
+    if (s != NSA_SUCCESS) return s;
+    return ocl_launch_at(c, a.kernel, a.kname, first, e0, ceil_div(e1 - e0, (int64_t)op->wg_elem), op->wg_elem,
+                         (int64_t)op->wg_elem);
+}
+
+/* SLC_COMBINE (see win_combine_prepare): the selected branch's rows of win_chunk
+ * tokens into the scratch, then added into o_cmp, a run of tokens at a time. */
+static nsa_status run_slc_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
+{
+    const nsa_bk_plan *plan = args->plan;
+    const nsa_config *cfg = &plan->cfg;
+    if (!op->win_scratch || args->o_b[NSA_BRANCH_SLC].buf || !args->o_b[NSA_BRANCH_CMP].buf || !plan->slc_combined)
+        return OCL_ERR(NSA_ERR_INTERNAL, "opencl: slc_combine without its scratch or o_cmp, or given an o_slc");
+    const int64_t T = plan->total_tokens, row = cfg->num_q_heads * cfg->head_dim_v;
+    nsa_status s = NSA_SUCCESS;
+    for (int64_t t0 = 0; t0 < T && s == NSA_SUCCESS; t0 += op->win_chunk) {
+        const int64_t t1 = T - t0 < op->win_chunk ? T : t0 + op->win_chunk;
+        const ocl_rows rows = {op->win_scratch, -t0 * row, row, cfg->head_dim_v}; /* token t at scratch row t - t0 */
+        s = run_sparse_attn(c, op, args, tb, NSA_BRANCH_SLC, &rows, t0, t1);
+        if (s == NSA_SUCCESS) s = run_combine_partial(c, op, args, &rows, t0, t1);
     }
     return s;
 }
@@ -1156,6 +1219,7 @@ static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const
     case NSA_STAGE_WIN_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_WIN, NULL, 0, args->plan->total_tokens);
     case NSA_STAGE_COMBINE: return run_combine(c, op, args, NULL, 0, args->plan->total_tokens);
     case NSA_STAGE_WIN_COMBINE: return run_win_combine(c, op, args, &tb);
+    case NSA_STAGE_SLC_COMBINE: return run_slc_combine(c, op, args, &tb);
     case NSA_STAGE_BWD_CMP_ATTN: return run_bwd_attn(c, op, args, &tb, NSA_BRANCH_CMP);
     case NSA_STAGE_BWD_COMPRESS: return run_bwd_compress(c, op, args, &tb);
     case NSA_STAGE_BWD_SLC_ATTN: return run_bwd_attn(c, op, args, &tb, NSA_BRANCH_SLC);
