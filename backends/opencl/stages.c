@@ -897,6 +897,22 @@ static nsa_status run_sparse_attn(ocl_context *c, ocl_plan *op, const nsa_bk_arg
     return ocl_launch_at(c, a.kernel, a.kname, first, g0, g1 - g0, wg, 1);
 }
 
+/* The end of an element-wise launch over elements [e0, e1) of [T, Hq, Dv] rows (combine,
+ * combine_partial): Hq, Dv, the total and `first`, then the launch. */
+static nsa_status launch_rows_elem(ocl_context *c, ocl_plan *op, ocl_args *a, const nsa_config *cfg, int64_t e0,
+                                   int64_t e1)
+{
+    ocl_arg_long(a, cfg->num_q_heads);
+    ocl_arg_long(a, cfg->head_dim_v);
+    ocl_arg_long(a, e1);
+    const cl_uint first = a->next;
+    ocl_arg_long(a, 0);
+    nsa_status s = ocl_args_end(a);
+    if (s != NSA_SUCCESS) return s;
+    return ocl_launch_at(c, a->kernel, a->kname, first, e0, ceil_div(e1 - e0, (int64_t)op->wg_elem), op->wg_elem,
+                         (int64_t)op->wg_elem);
+}
+
 /* COMBINE over tokens [t0, t1), o_win in `win` (NULL: args->o_b[WIN]). */
 static nsa_status run_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const ocl_rows *win, int64_t t0,
                               int64_t t1)
@@ -919,34 +935,7 @@ static nsa_status run_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *a
     for (int b = 0; b < 3; ++b) ocl_arg_int(&a, has[b]);
     ocl_arg_int(&a, c_done);
     ocl_arg_tensor(&a, &args->o, dtype_size(cfg->dtype), 1);
-    ocl_arg_long(&a, cfg->num_q_heads);
-    ocl_arg_long(&a, cfg->head_dim_v);
-    ocl_arg_long(&a, e1);
-    const cl_uint first = a.next;
-    ocl_arg_long(&a, 0);
-    nsa_status s = ocl_args_end(&a);
-    if (s != NSA_SUCCESS) return s;
-    return ocl_launch_at(c, a.kernel, a.kname, first, e0, ceil_div(e1 - e0, (int64_t)op->wg_elem), op->wg_elem,
-                         (int64_t)op->wg_elem);
-}
-
-/* WIN_COMBINE (see win_combine_prepare): window rows of win_chunk tokens into the
- * scratch, then their combine, a run of tokens at a time. */
-static nsa_status run_win_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
-{
-    const nsa_bk_plan *plan = args->plan;
-    const nsa_config *cfg = &plan->cfg;
-    if (!op->win_scratch || args->o_b[NSA_BRANCH_WIN].buf)
-        return OCL_ERR(NSA_ERR_INTERNAL, "opencl: win_combine without its scratch, or given an o_win");
-    const int64_t T = plan->total_tokens, row = cfg->num_q_heads * cfg->head_dim_v;
-    nsa_status s = NSA_SUCCESS;
-    for (int64_t t0 = 0; t0 < T && s == NSA_SUCCESS; t0 += op->win_chunk) {
-        const int64_t t1 = T - t0 < op->win_chunk ? T : t0 + op->win_chunk;
-        const ocl_rows rows = {op->win_scratch, -t0 * row, row, cfg->head_dim_v}; /* token t at scratch row t - t0 */
-        s = run_sparse_attn(c, op, args, tb, NSA_BRANCH_WIN, &rows, t0, t1);
-        if (s == NSA_SUCCESS) s = run_combine(c, op, args, &rows, t0, t1);
-    }
-    return s;
+    return launch_rows_elem(c, op, &a, cfg, e0, e1);
 }
 
 /* SLC_COMBINE's end for tokens [t0, t1): o_cmp := g_cmp o_cmp + g_slc o_slc, o_slc in `slc` */
@@ -961,32 +950,29 @@ static nsa_status run_combine_partial(ocl_context *c, ocl_plan *op, const nsa_bk
     arg_rows(&a, NULL, slc);
     ocl_arg_tensor(&a, &args->gate[NSA_BRANCH_CMP], 4, 1);
     ocl_arg_tensor(&a, &args->gate[NSA_BRANCH_SLC], 4, 1);
-    ocl_arg_long(&a, cfg->num_q_heads);
-    ocl_arg_long(&a, cfg->head_dim_v);
-    ocl_arg_long(&a, e1);
-    const cl_uint first = a.next;
-    ocl_arg_long(&a, 0);
-    nsa_status s = ocl_args_end(&a);
-    if (s != NSA_SUCCESS) return s;
-    return ocl_launch_at(c, a.kernel, a.kname, first, e0, ceil_div(e1 - e0, (int64_t)op->wg_elem), op->wg_elem,
-                         (int64_t)op->wg_elem);
+    return launch_rows_elem(c, op, &a, cfg, e0, e1);
 }
 
-/* SLC_COMBINE (see win_combine_prepare): the selected branch's rows of win_chunk
- * tokens into the scratch, then added into o_cmp, a run of tokens at a time. */
-static nsa_status run_slc_combine(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb)
+/* WIN_COMBINE and SLC_COMBINE (see win_combine_prepare): the branch's rows of
+ * win_chunk tokens into the scratch, then their combine (window) or their sum into
+ * o_cmp (selected), a run of tokens at a time. */
+static nsa_status run_fused_runs(ocl_context *c, ocl_plan *op, const nsa_bk_args *args, const tables *tb, int branch)
 {
     const nsa_bk_plan *plan = args->plan;
     const nsa_config *cfg = &plan->cfg;
-    if (!op->win_scratch || args->o_b[NSA_BRANCH_SLC].buf || !args->o_b[NSA_BRANCH_CMP].buf || !plan->slc_combined)
-        return OCL_ERR(NSA_ERR_INTERNAL, "opencl: slc_combine without its scratch or o_cmp, or given an o_slc");
+    if (!op->win_scratch || args->o_b[branch].buf ||
+        (branch == NSA_BRANCH_SLC && (!args->o_b[NSA_BRANCH_CMP].buf || !plan->slc_combined)))
+        return OCL_ERR(NSA_ERR_INTERNAL, "opencl: %s without its scratch (or o_cmp), or given its branch's output",
+                       branch == NSA_BRANCH_SLC ? "slc_combine" : "win_combine");
     const int64_t T = plan->total_tokens, row = cfg->num_q_heads * cfg->head_dim_v;
     nsa_status s = NSA_SUCCESS;
     for (int64_t t0 = 0; t0 < T && s == NSA_SUCCESS; t0 += op->win_chunk) {
         const int64_t t1 = T - t0 < op->win_chunk ? T : t0 + op->win_chunk;
         const ocl_rows rows = {op->win_scratch, -t0 * row, row, cfg->head_dim_v}; /* token t at scratch row t - t0 */
-        s = run_sparse_attn(c, op, args, tb, NSA_BRANCH_SLC, &rows, t0, t1);
-        if (s == NSA_SUCCESS) s = run_combine_partial(c, op, args, &rows, t0, t1);
+        s = run_sparse_attn(c, op, args, tb, branch, &rows, t0, t1);
+        if (s == NSA_SUCCESS)
+            s = branch == NSA_BRANCH_SLC ? run_combine_partial(c, op, args, &rows, t0, t1)
+                                         : run_combine(c, op, args, &rows, t0, t1);
     }
     return s;
 }
@@ -1218,8 +1204,8 @@ static nsa_status run_stage(ocl_context *c, ocl_plan *op, nsa_stage stage, const
     case NSA_STAGE_SLC_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_SLC, NULL, 0, args->plan->total_tokens);
     case NSA_STAGE_WIN_ATTN: return run_sparse_attn(c, op, args, &tb, NSA_BRANCH_WIN, NULL, 0, args->plan->total_tokens);
     case NSA_STAGE_COMBINE: return run_combine(c, op, args, NULL, 0, args->plan->total_tokens);
-    case NSA_STAGE_WIN_COMBINE: return run_win_combine(c, op, args, &tb);
-    case NSA_STAGE_SLC_COMBINE: return run_slc_combine(c, op, args, &tb);
+    case NSA_STAGE_WIN_COMBINE: return run_fused_runs(c, op, args, &tb, NSA_BRANCH_WIN);
+    case NSA_STAGE_SLC_COMBINE: return run_fused_runs(c, op, args, &tb, NSA_BRANCH_SLC);
     case NSA_STAGE_BWD_CMP_ATTN: return run_bwd_attn(c, op, args, &tb, NSA_BRANCH_CMP);
     case NSA_STAGE_BWD_COMPRESS: return run_bwd_compress(c, op, args, &tb);
     case NSA_STAGE_BWD_SLC_ATTN: return run_bwd_attn(c, op, args, &tb, NSA_BRANCH_SLC);
