@@ -132,6 +132,12 @@ bool offers_scores_topn(const Limits &lim, const nsa_config &cfg, const Force &f
  * core's fused WIN_COMBINE stage runs that kernel, and the workspace has no o_b[WIN]. */
 bool offers_win_combine(const Limits &lim, const nsa_config &cfg, const Force &force);
 
+/* Does the backend offer the core's SLC_COMBINE for cfg (the selected kernel adds its
+ * term into o_cmp; no o_b[SLC] in the workspace)? Yes with the selected branch on,
+ * unless NSA_CUDA_FORCE puts COMBINE on the combine kernel (combine:combine, ref):
+ * then every branch's output stays in the workspace, the plain stages. */
+bool offers_slc_combine(const nsa_config &cfg, const Force &force);
+
 /* "attn_sm90 (128-key tiles, 1 CTA/SM)": the kernel and its tile, for plan info and the profile. */
 void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size);
 

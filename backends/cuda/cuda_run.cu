@@ -212,16 +212,30 @@ nsa_status run_topn(const Run &r)
     return NSA_SUCCESS;
 }
 
+/* SLC_ATTN, and SLC_COMBINE (fused: the kernel adds g_slc o_slc into o_b[CMP]'s
+ * gated term, slc_store; no o_b[SLC] exists) */
 nsa_status run_slc(const Run &r, char *ran, size_t ran_size)
 {
     const nsa_bk_args *a = r.a;
+    const bool fused = r.stage == NSA_STAGE_SLC_COMBINE;
     NEED(a->q, "q");
     NEED(a->k[NSA_BRANCH_SLC], "k[slc]");
     NEED(a->v[NSA_BRANCH_SLC], "v[slc]");
     NEED(a->indices, "indices");
-    NEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
+    SlcSum z = {};
+    if (fused) {
+        if (!r.a->plan->slc_combined)
+            return FAIL(NSA_ERR_INTERNAL, "cuda backend: stage slc_combine on a plan without slc_combined");
+        NEED(a->o_b[NSA_BRANCH_CMP], "o_b[cmp]");
+        NEED(a->gate[NSA_BRANCH_CMP], "gate[cmp]");
+        NEED(a->gate[NSA_BRANCH_SLC], "gate[slc]");
+        z.gc = view(a->gate[NSA_BRANCH_CMP]);
+        z.gs = view(a->gate[NSA_BRANCH_SLC]);
+    } else {
+        NEED(a->o_b[NSA_BRANCH_SLC], "o_b[slc]");
+    }
     const View q = view(a->q), k = view(a->k[NSA_BRANCH_SLC]), v = view(a->v[NSA_BRANCH_SLC]), idx = view(a->indices);
-    const MView o = mview(a->o_b[NSA_BRANCH_SLC]), lse = mview(a->lse[NSA_BRANCH_SLC]);
+    const MView o = mview(a->o_b[fused ? NSA_BRANCH_CMP : NSA_BRANCH_SLC]), lse = mview(a->lse[NSA_BRANCH_SLC]);
     Kern kern = r.ch().k;
     /* slc_sm80_g16 copies K/V rows 16 bytes at a time; rows that do not allow that go to the plan's other kernel */
     if (kern == K_SLC_SM80_G16 && !slc_sm80_g16_loads(r.g, k, v)) {
@@ -231,16 +245,16 @@ nsa_status run_slc(const Run &r, char *ran, size_t ran_size)
     const int dqkp = r.p->ch.dqkp, dvp = r.p->ch.dvp;
     switch (kern) {
     case K_SLC_SM80_G16:
-        LAUNCH(slc_sm80_g16(r.g, r.c->dev, r.ch().slc, dqkp, dvp, q, k, v, idx, o, lse, r.s));
+        LAUNCH(slc_sm80_g16(r.g, r.c->dev, r.ch().slc, dqkp, dvp, q, k, v, idx, o, lse, z, r.s));
         break;
-    case K_SLC_SM80: LAUNCH(slc_sm80(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, r.s)); break;
+    case K_SLC_SM80: LAUNCH(slc_sm80(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, z, r.s)); break;
     case K_SLC_SM80_BLK: {
         SlcMap m = r.p->slc_map; /* the plan's buffers (run() writes their contents, not the record) */
-        LAUNCH(slc_sm80_blk(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, m, r.p->blk_pass, r.p->blk_o,
+        LAUNCH(slc_sm80_blk(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, z, m, r.p->blk_pass, r.p->blk_o,
                             r.p->blk_ml, r.s));
         break;
     }
-    default: LAUNCH(attn_ref(r.g, 1, q, k, v, idx, o, lse, r.s)); break;
+    default: LAUNCH(attn_ref(r.g, 1, q, k, v, idx, o, lse, r.s, z)); break;
     }
     return NSA_SUCCESS;
 }
@@ -253,7 +267,7 @@ bool win_combines(const CudaPlan *p, const nsa_bk_args *a)
 {
     if (p->ch.st[NSA_STAGE_COMBINE].k != K_COMBINE_IN_WIN || !a->o.buf || !a->o_b[NSA_BRANCH_WIN].buf) return false;
     for (int b = 0; b < 3; b++)
-        if (a->o_b[b].buf && !a->gate[b].buf) return false;
+        if (a->o_b[b].buf && !a->gate[b].buf && !(b == NSA_BRANCH_CMP && a->plan->slc_combined)) return false;
     return true;
 }
 
@@ -281,8 +295,9 @@ nsa_status run_win(const Run &r)
     FuseCombine fz = {};
     if (fused || win_combines(r.p, a)) {
         if (fused) NEED(a->o, "o");
+        const bool cmp_sum = a->plan->slc_combined; /* o_b[CMP] is SLC_COMBINE's sum: its gate is not read */
         for (int b = 0; b < 3; b++) {
-            const bool on = b == NSA_BRANCH_WIN || a->o_b[b].buf;
+            const bool on = (b == NSA_BRANCH_WIN || a->o_b[b].buf) && !(b == NSA_BRANCH_CMP && cmp_sum);
             if (fused && on && !a->gate[b].buf)
                 return FAIL(NSA_ERR_MISSING_TENSOR, "cuda backend: stage win_combine: branch %d is on but its gate is "
                             "absent", b);
@@ -291,6 +306,7 @@ nsa_status run_win(const Run &r)
         fz.ob[0] = view(a->o_b[NSA_BRANCH_CMP]);
         fz.ob[1] = view(a->o_b[NSA_BRANCH_SLC]);
         fz.out = mview(a->o);
+        fz.cmp_sum = cmp_sum;
     }
     auto fn = kern == K_ATTN_SM90 ? attn_sm90 : attn_sm80;
     LAUNCH(fn(r.g, r.c->dev, r.ch().attn, 2, r.p->tiles, r.p->ch.dqkp, r.p->ch.dvp, q, k, v, o, lse, r.s, &fz));
@@ -305,10 +321,12 @@ nsa_status run_combine(const Run &r)
     for (int b = 0; b < 3; b++) {
         ob[b] = view(a->o_b[b]);
         gate[b] = view(a->gate[b]);
-        if (ob[b].p && !gate[b].p)
+        if (ob[b].p && !gate[b].p && !(b == NSA_BRANCH_CMP && a->plan->slc_combined))
             return FAIL(NSA_ERR_MISSING_TENSOR, "cuda backend: stage combine: branch %d is on but its gate is absent", b);
     }
-    if (!win_combines(r.p, a)) LAUNCH(combine(r.g, gate, ob, mview(a->o), r.s)); /* else WIN_ATTN wrote o */
+    /* after SLC_COMBINE, o_b[CMP] holds the first two terms' sum */
+    if (!win_combines(r.p, a)) /* else WIN_ATTN wrote o */
+        LAUNCH(combine(r.g, gate, ob, a->plan->slc_combined != 0, mview(a->o), r.s));
     return NSA_SUCCESS;
 }
 
@@ -442,7 +460,8 @@ nsa_status cu_run(void *bctx, nsa_stage stage, const nsa_bk_args *a)
     case NSA_STAGE_BLOCK_SCORES: s = run_scores(r, false); break;
     case NSA_STAGE_SCORES_TOPN: s = run_scores(r, true); break;
     case NSA_STAGE_SELECT_TOPN: s = run_topn(r); break;
-    case NSA_STAGE_SLC_ATTN: s = run_slc(r, ran, sizeof c->ran[stage]); break;
+    case NSA_STAGE_SLC_ATTN:
+    case NSA_STAGE_SLC_COMBINE: s = run_slc(r, ran, sizeof c->ran[stage]); break;
     case NSA_STAGE_WIN_ATTN:
     case NSA_STAGE_WIN_COMBINE: s = run_win(r); break;
     case NSA_STAGE_COMBINE: s = run_combine(r); break;

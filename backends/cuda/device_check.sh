@@ -24,8 +24,10 @@
 #   opencl   the small corpus (forward: OCL_CORPUS) on NVIDIA's OpenCL, forward, backward and decode (needs the
 #            module: OPENCL=1 builds it)
 #   shard    test_shard (SHARD_CORPUS, full) on NVIDIA's OpenCL (OPENCL=1) and on cuda (skips where refused)
-#   million  nsa run at T = 1048576, paper shape, D 128, NSA_CUDA_PROFILE (H200 only: about 99 GiB; MILLION_S limit;
-#            run alone, it builds only the tool and the cuda module)
+#   million  nsa run at T = 1048576, paper shape, D 128, NSA_CUDA_PROFILE (about 68 GiB with SLC_COMBINE and
+#            WIN_COMBINE: skipped on a GPU under 78 GiB; MILLION_S limit; run alone, it builds only the tool and
+#            the cuda module)
+#   fused    tests/test_cuda_fused.sh: the fused stages (slc_combine, win_combine) bitwise as the plain ones
 #   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus,
 #            the backward, and the decode step (test_decode hip small)
 #   bench    nsa bench at BENCH_T per class in BENCH_CLASSES (default sm90)
@@ -252,15 +254,20 @@ if has shard; then # shards of one sequence (test_shard) on NVIDIA's OpenCL, and
   rc=$?; note "[$(el)] shard-cuda (${SHARD_CORPUS:-full}): rc=$rc (77 = refused and skipped) $(grep -cE ':F:|:E:' "$OUT/shard_cuda.log") failures"
   grep -E "^shard|:F:|:E:" "$OUT/shard_cuda.log" | tail -8 | cut -c1-300 | tee -a "$SUM"
 fi
-if has million; then # one sequence of 1,048,576 tokens, paper shape: workspace, stages, check (needs about 99 GiB)
-  if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 120000 ]; then
-    note "[$(el)] million skipped: this GPU has under 120 GB (it needs about 99 GiB)"
+if has million; then # one sequence of 1,048,576 tokens, paper shape: workspace, stages, check (about 68 GiB)
+  if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 80000 ]; then
+    note "[$(el)] million skipped: this GPU has under 78 GiB (it needs about 68 GiB)"
   else
     NSA_CUDA_PROFILE=1 timeout ${MILLION_S:-400} $NSA run --backend cuda --T 1048576 --dqk 128 --dv 128 --iters 1 \
       --warmup 0 > "$OUT/million.log" 2>&1
     rc=$?; note "[$(el)] nsa run T=1048576 D 128: rc=$rc"
     grep -vE '^ *$' "$OUT/million.log" | tail -14 | cut -c1-300 | tee -a "$SUM"
   fi
+fi
+if has fused; then # the fused forward stages bitwise as the plain ones (slc_combine, win_combine)
+  timeout 300 bash tests/test_cuda_fused.sh $NSA > "$OUT/fused.log" 2>&1
+  rc=$?; note "[$(el)] cuda-fused rc=$rc: $(tail -1 "$OUT/fused.log")"
+  grep -E "^FAIL|^     " "$OUT/fused.log" | head -12 | tee -a "$SUM"
 fi
 if has hip; then # the HIP backend's sources on CUDA (tests/hip_on_cuda): its parity on the H200
   bash tests/hip_on_cuda/build.sh /tmp/hipcu 90 > "$OUT/hip_build.log" 2>&1

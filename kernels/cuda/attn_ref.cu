@@ -25,7 +25,7 @@ template <typename T, typename KV, int MODE>
 __global__ void __launch_bounds__(REF_WARPS * 32)
     attn_ref_kernel(const Geom g, const T *q, int64_t qst, int64_t qsh, const KV *k, int64_t kst, int64_t ksh,
                     const KV *v, int64_t vst, int64_t vsh, const int *idx, int64_t ist, int64_t ish, float *o,
-                    int64_t ost, int64_t osh, float *lse, int64_t lst, int64_t lsh)
+                    int64_t ost, int64_t osh, float *lse, int64_t lst, int64_t lsh, const SlcSum z)
 {
     extern __shared__ float sm[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -83,14 +83,16 @@ __global__ void __launch_bounds__(REF_WARPS * 32)
             }
         }
         const float inv = lsum != 0.f ? 1.0f / lsum : 0.f;
-        for (int64_t e = lane; e < g.Dv; e += 32) o[t * ost + h * osh + e] = so[e] * inv;
+        const float2 gw = slc_sum_gates(z, t, h); /* SLC_COMBINE (mode 1 only): into o_cmp's term */
+        for (int64_t e = lane; e < g.Dv; e += 32) slc_store(z, gw, o + t * ost + h * osh + e, so[e] * inv);
         if (lse && lane == 0) lse[t * lst + h * lsh] = lsum != 0.f ? m + logf(lsum) : -INFINITY;
         __syncwarp();
     }
 }
 
 template <typename T, typename KV, int MODE>
-static cudaError_t launch_ref(const Geom &g, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
+static cudaError_t launch_ref(const Geom &g, View q, View k, View v, View idx, MView o, MView lse, const SlcSum &z,
+                              cudaStream_t s)
 {
     const int64_t rows = g.T * g.Hq;
     if (rows == 0) return cudaSuccess;
@@ -104,22 +106,24 @@ static cudaError_t launch_ref(const Geom &g, View q, View k, View v, View idx, M
     }
     attn_ref_kernel<T, KV, MODE><<<(unsigned)blocks, REF_WARPS * 32, smem, s>>>(
         g, (const T *)q.p, q.st, q.sh, (const KV *)k.p, k.st, k.sh, (const KV *)v.p, v.st, v.sh,
-        (const int *)idx.p, idx.st, idx.sh, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh);
+        (const int *)idx.p, idx.st, idx.sh, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh, z);
     return cudaGetLastError();
 }
 
 template <typename T>
 static cudaError_t attn_ref_t(const Geom &g, int mode, View q, View k, View v, View idx, MView o, MView lse,
-                              cudaStream_t s)
+                              const SlcSum &z, cudaStream_t s)
 {
-    if (mode == 0) return launch_ref<T, float, 0>(g, q, k, v, idx, o, lse, s);
-    if (mode == 1) return launch_ref<T, T, 1>(g, q, k, v, idx, o, lse, s);
-    return launch_ref<T, T, 2>(g, q, k, v, idx, o, lse, s);
+    const SlcSum none = {};
+    if (mode == 0) return launch_ref<T, float, 0>(g, q, k, v, idx, o, lse, none, s);
+    if (mode == 1) return launch_ref<T, T, 1>(g, q, k, v, idx, o, lse, z, s);
+    return launch_ref<T, T, 2>(g, q, k, v, idx, o, lse, none, s);
 }
 
-cudaError_t attn_ref(const Geom &g, int mode, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
+cudaError_t attn_ref(const Geom &g, int mode, View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s,
+                     const SlcSum &z)
 {
-    NSA_DISPATCH_DTYPE(g.dtype, T, return attn_ref_t<T>(g, mode, q, k, v, idx, o, lse, s));
+    NSA_DISPATCH_DTYPE(g.dtype, T, return attn_ref_t<T>(g, mode, q, k, v, idx, o, lse, z, s));
     return cudaErrorInvalidValue;
 }
 

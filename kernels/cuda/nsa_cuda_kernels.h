@@ -72,10 +72,36 @@ cudaError_t compress_copy(const Geom &g, View src, int64_t D, MView dst, cudaStr
  * (exact: COMPRESS already rounded kc/vc to the dtype). */
 cudaError_t pack_cmp16(const Geom &g, View src, int64_t D, int DP, void *dst, cudaStream_t s);
 
+/* SLC_COMBINE (the core's stage 16): a selected-attention launcher given an
+ * SlcSum with gs.p set adds its branch's term to COMBINE's first one in place.
+ * Then o is o_b[CMP] and, for the element x the kernel would have stored as
+ * o_slc at (t, h, c), it stores
+ *   o[t, h, c] := fmaf(g_slc, x, fmaf(g_cmp, o[t, h, c], 0))
+ * which is the combine kernel's sum after two of its terms (combine.cu): COMBINE
+ * and the window's fused COMBINE resume from it (their cmp_sum), so the result is
+ * bitwise that of the plain stages. gs.p == NULL: plain stores of x. */
+struct SlcSum {
+    View gc, gs; /* f32 gates [T, Hq] of the compressed and selected branches */
+};
+#ifdef __CUDACC__
+/* the row's two gates (x: g_cmp, y: g_slc); 0 without a sum */
+__device__ __forceinline__ float2 slc_sum_gates(const SlcSum &z, int64_t t, int64_t h)
+{
+    if (!z.gs.p) return make_float2(0.f, 0.f);
+    return make_float2(((const float *)z.gc.p)[t * z.gc.st + h * z.gc.sh],
+                       ((const float *)z.gs.p)[t * z.gs.st + h * z.gs.sh]);
+}
+/* stores the selected branch's element x at p: plainly, or added into o_cmp's term (gw from slc_sum_gates) */
+__device__ __forceinline__ void slc_store(const SlcSum &z, float2 gw, float *p, float x)
+{
+    *p = z.gs.p ? fmaf(gw.y, x, fmaf(gw.x, *p, 0.f)) : x;
+}
+#endif
+
 /* attn_ref.cu: one warp per (token, head); every dtype, any head dim.
  * mode 0 compressed (k, v = f32 kc, vc), 1 selected (idx given), 2 window. */
 cudaError_t attn_ref(const Geom &g, int mode, View q, View k, View v, View idx, MView o, MView lse,
-                     cudaStream_t s);
+                     cudaStream_t s, const SlcSum &z = SlcSum{});
 
 /* COMBINE folded into the window branch's epilogue (attn_sm80 / attn_sm90 mode
  * 2): with out.p set, the kernel writes out = g_cmp o_cmp + g_slc o_slc +
@@ -85,6 +111,7 @@ struct FuseCombine {
     View gate[3];
     View ob[2]; /* o_cmp, o_slc (fp32) */
     MView out;
+    bool cmp_sum; /* ob[0] holds SLC_COMBINE's sum of the first two terms (resumed from; ob[1] and gate[0] unused) */
     bool pair; /* Dv even and every row of ob / out aligned for 2-element accesses (set by the launcher) */
 };
 
@@ -122,13 +149,13 @@ cudaError_t select_topn(const Geom &g, View scores, int64_t t0, int64_t t1, MVie
 /* slc_sm80.cu: group-centric selected attention, one token x 16 heads per
  * CTA, any G, f16 / bf16, any alignment. */
 cudaError_t slc_sm80(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
-                     MView lse, cudaStream_t s);
+                     MView lse, const SlcSum &z, cudaStream_t s);
 /* slc_sm80_g16.cu: 8 tokens x 16 heads per CTA (G = 16, see tiles.h). K and V
  * must be loadable with 16-byte copies (slc_sm80_g16_loads; else the
  * backend runs slc_sm80). */
 bool slc_sm80_g16_loads(const Geom &g, View k, View v);
 cudaError_t slc_sm80_g16(const Geom &g, const Dev &dev, const SlcTile &tile, int dqkp, int dvp, View q, View k, View v,
-                         View idx, MView o, MView lse, cudaStream_t s);
+                         View idx, MView o, MView lse, const SlcSum &z, cudaStream_t s);
 
 /* bwd_ref.cu: the backward stages (section 9), fp32, every dtype and head dim.
  * One branch's inputs: q, dO (cfg dtype), the forward's lse and the gate (f32
@@ -165,7 +192,8 @@ cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, int64_t t0, int64_
  * slot) written to part_o (the dtype's o_s / l_s, [(t1 - t0) Hq n, dvp]) and
  * part_ml (f32 pairs m, l), then merged in slot order into o and lse. */
 cudaError_t slc_sm80_blk(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
-                         MView lse, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml, cudaStream_t s);
+                         MView lse, const SlcSum &z, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml,
+                         cudaStream_t s);
 /* mode 0 compressed (k, v = f32 kc, vc; dk, dv = the dkc, dvc accumulators),
  * 1 selected (map: the inverse map, built), 2 window: adds to dq (may be
  * absent), dk, dv (f32 accumulators). */
@@ -221,8 +249,10 @@ cudaError_t bwd_compress(const Geom &g, bool linear, int64_t D, View dc, View x,
 /* out (cfg dtype) = acc (f32), rows x heads x dim elements */
 cudaError_t bwd_store(int dtype, View acc, MView out, int64_t rows, int64_t heads, int64_t dim, cudaStream_t s);
 
-/* combine.cu: o = sum_b gate_b * o_b over the branches whose ob[b].p != NULL */
-cudaError_t combine(const Geom &g, const View gate[3], const View ob[3], MView o, cudaStream_t s);
+/* combine.cu: o = sum_b gate_b * o_b over the branches whose ob[b].p != NULL, one
+ * fmaf per term in branch order; cmp_sum: ob[0] is SLC_COMBINE's sum of the first
+ * two terms, taken as it is (gate[0] and ob[1] unused) */
+cudaError_t combine(const Geom &g, const View gate[3], const View ob[3], bool cmp_sum, MView o, cudaStream_t s);
 
 } // namespace nsa_cuda
 

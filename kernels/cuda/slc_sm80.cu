@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(SLC_THREADS)
     slc_sm80_kernel(const Geom g, int nchunk, const T *__restrict__ q, int64_t qst, int64_t qsh,
                   const T *__restrict__ k, int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst,
                   int64_t vsh, bool qvec, bool kvvec, const int *idx, int64_t ist, int64_t ish, float *o,
-                  int64_t ost, int64_t osh, float *lse, int64_t lst, int64_t lsh)
+                  int64_t ost, int64_t osh, float *lse, int64_t lst, int64_t lsh, const SlcSum z)
 {
     constexpr int NT = SLC_THREADS, KB = SLC_KB, SQ = DQK + 8, SV = DV + 8;
     constexpr bool QREG = DQK <= 192;
@@ -182,13 +182,13 @@ __global__ void __launch_bounds__(SLC_THREADS)
         if (row >= hca || col >= g.Dv) continue;
         const float acc = sO[row * DV + col] + sO[(16 + row) * DV + col] + sO[(32 + row) * DV + col] +
                           sO[(48 + row) * DV + col];
-        orow0[row * osh + col] = acc;
+        slc_store(z, slc_sum_gates(z, t, h0 + row), orow0 + row * osh + col, acc);
     }
 }
 
 template <typename T, int DQK, int DV>
 static cudaError_t launch_slc(const Dev &dev, const Geom &g, View q, View k, View v, View idx, MView o, MView lse,
-                              cudaStream_t s)
+                              const SlcSum &z, cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
     size_t smem = slc_sm80_smem(DQK, DV, g.n, g.ls);
@@ -201,30 +201,30 @@ static cudaError_t launch_slc(const Dev &dev, const Geom &g, View q, View k, Vie
     const dim3 grid((unsigned)g.T, (unsigned)(g.Hkv * nchunk));
     slc_sm80_kernel<T, DQK, DV><<<grid, SLC_THREADS, smem, s>>>(
         g, nchunk, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh, qvec, kvvec,
-        (const int *)idx.p, idx.st, idx.sh, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh);
+        (const int *)idx.p, idx.st, idx.sh, (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh, z);
     return cudaGetLastError();
 }
 
 template <typename T>
 static cudaError_t slc_sm80_t(const Dev &dev, const Geom &g, int dqkp, int dvp, View q, View k, View v, View idx,
-                              MView o, MView lse, cudaStream_t s)
+                              MView o, MView lse, const SlcSum &z, cudaStream_t s)
 {
     switch (dqkp * 1000 + dvp) {
-    case 32032: return launch_slc<T, 32, 32>(dev, g, q, k, v, idx, o, lse, s);
-    case 64064: return launch_slc<T, 64, 64>(dev, g, q, k, v, idx, o, lse, s);
-    case 128128: return launch_slc<T, 128, 128>(dev, g, q, k, v, idx, o, lse, s);
-    case 192128: return launch_slc<T, 192, 128>(dev, g, q, k, v, idx, o, lse, s);
-    case 256256: return launch_slc<T, 256, 256>(dev, g, q, k, v, idx, o, lse, s);
+    case 32032: return launch_slc<T, 32, 32>(dev, g, q, k, v, idx, o, lse, z, s);
+    case 64064: return launch_slc<T, 64, 64>(dev, g, q, k, v, idx, o, lse, z, s);
+    case 128128: return launch_slc<T, 128, 128>(dev, g, q, k, v, idx, o, lse, z, s);
+    case 192128: return launch_slc<T, 192, 128>(dev, g, q, k, v, idx, o, lse, z, s);
+    case 256256: return launch_slc<T, 256, 256>(dev, g, q, k, v, idx, o, lse, z, s);
     default: return cudaErrorInvalidValue;
     }
 }
 
 cudaError_t slc_sm80(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
-                     MView lse, cudaStream_t s)
+                     MView lse, const SlcSum &z, cudaStream_t s)
 {
     if (g.T == 0) return cudaSuccess;
-    if (g.dtype == 1) return slc_sm80_t<__half>(dev, g, dqkp, dvp, q, k, v, idx, o, lse, s);
-    if (g.dtype == 2) return slc_sm80_t<__nv_bfloat16>(dev, g, dqkp, dvp, q, k, v, idx, o, lse, s);
+    if (g.dtype == 1) return slc_sm80_t<__half>(dev, g, dqkp, dvp, q, k, v, idx, o, lse, z, s);
+    if (g.dtype == 2) return slc_sm80_t<__nv_bfloat16>(dev, g, dqkp, dvp, q, k, v, idx, o, lse, z, s);
     return cudaErrorInvalidValue;
 }
 

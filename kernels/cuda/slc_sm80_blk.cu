@@ -193,7 +193,7 @@ template <typename T, int DV>
 __global__ void __launch_bounds__(SBK_RED_WARPS * 32)
     slc_blk_reduce_kernel(const Geom g, int64_t t0, int64_t t1, const int *idx, int64_t ist, int64_t ish,
                           const T *part_o, const float2 *part_ml, float *o, int64_t ost, int64_t osh, float *lse,
-                          int64_t lst, int64_t lsh)
+                          int64_t lst, int64_t lsh, const SlcSum z)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * SBK_RED_WARPS + warp;
@@ -248,20 +248,21 @@ __global__ void __launch_bounds__(SBK_RED_WARPS * 32)
     }
     const float inv = L != 0.f ? 1.0f / L : 0.f;
     float *orow = o + t * ost + h * osh;
+    const float2 gw = slc_sum_gates(z, t, h);
 #pragma unroll
     for (int c = 0; c < NC; c++) {
         const int col = c * 128 + 4 * lane;
         const float r[4] = {acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv};
 #pragma unroll
         for (int u = 0; u < 4; u++)
-            if (col + u < g.Dv) orow[col + u] = r[u];
+            if (col + u < g.Dv) slc_store(z, gw, orow + col + u, r[u]);
     }
     if (lse && lane == 0) lse[t * lst + h * lsh] = L != 0.f ? (M + log2f(L)) * NSA_LN2 : -INFINITY;
 }
 
 template <typename T, int DQK, int DV>
 static cudaError_t launch_blk(const Dev &dev, const Geom &g, View q, View k, View v, View idx, MView o, MView lse,
-                              SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml, cudaStream_t s)
+                              const SlcSum &z, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml, cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
     size_t smem = slc_sm80_blk_smem(DQK, DV);
@@ -283,18 +284,19 @@ static cudaError_t launch_blk(const Dev &dev, const Geom &g, View q, View k, Vie
         const int64_t rows = (t1 - t0) * g.Hq;
         slc_blk_reduce_kernel<T, DV><<<(unsigned)((rows + SBK_RED_WARPS - 1) / SBK_RED_WARPS), SBK_RED_WARPS * 32, 0, s>>>(
             g, t0, t1, (const int *)idx.p, idx.st, idx.sh, (const T *)part_o, (const float2 *)part_ml, (float *)o.p, o.st, o.sh,
-            (float *)lse.p, lse.st, lse.sh);
+            (float *)lse.p, lse.st, lse.sh, z);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     return cudaSuccess;
 }
 
 cudaError_t slc_sm80_blk(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
-                         MView lse, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml, cudaStream_t s)
+                         MView lse, const SlcSum &z, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml,
+                         cudaStream_t s)
 {
     if (g.T == 0) return cudaSuccess;
     if (g.G < 1 || g.G > SBK_BM || pass_tokens < 1) return cudaErrorInvalidValue;
-    NSA_SLC_DISPATCH(launch_blk, g, dqkp, dvp, dev, g, q, k, v, idx, o, lse, map, pass_tokens, part_o, part_ml, s);
+    NSA_SLC_DISPATCH(launch_blk, g, dqkp, dvp, dev, g, q, k, v, idx, o, lse, z, map, pass_tokens, part_o, part_ml, s);
 }
 
 } // namespace nsa_cuda

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
     slc_sm80_g16_kernel(const Geom g, const T *__restrict__ q, int64_t qst, int64_t qsh, const T *__restrict__ k,
                   int64_t kst, int64_t ksh, const T *__restrict__ v, int64_t vst, int64_t vsh, bool qvec,
                   const int *idx, int64_t ist, int64_t ish, float *o, int64_t ost, int64_t osh, float *lse,
-                  int64_t lst, int64_t lsh)
+                  int64_t lst, int64_t lsh, const SlcSum z)
 {
     constexpr int NT = SFS_THREADS, TOK = SFS_TOK, KB = SFS_KB, CK = SFS_CK, SQ = DQK + 8;
     static_assert(NS == 1 || NS == 2 || (NS == 3 && PANEL), "one or two chunk buffers, or three in panels");
@@ -289,7 +289,8 @@ __global__ void __launch_bounds__(SFS_THREADS, 1)
     if (!live) return;
     warp_store_rows(
         oacc, m, ls, g.Dv, lane, [&](int i) { return o + t * ost + (h0 + (lane >> 2) + 8 * i) * osh; },
-        [&](int i) { return lse ? lse + t * lst + (h0 + (lane >> 2) + 8 * i) * lsh : (float *)nullptr; });
+        [&](int i) { return lse ? lse + t * lst + (h0 + (lane >> 2) + 8 * i) * lsh : (float *)nullptr; }, z,
+        [&](int i) { return slc_sum_gates(z, t, h0 + (lane >> 2) + 8 * i); });
 }
 
 bool slc_sm80_g16_loads(const Geom &g, View k, View v)
@@ -300,39 +301,39 @@ bool slc_sm80_g16_loads(const Geom &g, View k, View v)
 
 template <typename T, int DQK, int DV, bool PANEL, int NS>
 static cudaError_t launch_g16(const Dev &dev, const Geom &g, View q, View k, View v, View idx, MView o, MView lse,
-                              cudaStream_t s)
+                              const SlcSum &z, cudaStream_t s)
 {
     return launch_slc_tokens<T>(slc_sm80_g16_kernel<T, DQK, DV, PANEL, NS>, SFS_TOK, SFS_THREADS,
-                                slc_sm80_g16_smem(DQK, DV, PANEL, NS), dev, g, q, k, v, idx, o, lse, s);
+                                slc_sm80_g16_smem(DQK, DV, PANEL, NS), dev, g, q, k, v, idx, o, lse, z, s);
 }
 
 /* the instances: panels (1, 2 or 3 buffers) where the dims are multiples of 64, padded rows (1 or 2) elsewhere */
 template <typename T, int DQK, int DV>
 static cudaError_t launch_g16_tile(const SlcTile &t, const Dev &dev, const Geom &g, View q, View k, View v, View idx,
-                                   MView o, MView lse, cudaStream_t s)
+                                   MView o, MView lse, const SlcSum &z, cudaStream_t s)
 {
     if constexpr (DQK % 64 == 0 && DV % 64 == 0) {
         if (!t.panel) return cudaErrorInvalidValue;
         switch (t.ns) {
-        case 3: return launch_g16<T, DQK, DV, true, 3>(dev, g, q, k, v, idx, o, lse, s);
-        case 2: return launch_g16<T, DQK, DV, true, 2>(dev, g, q, k, v, idx, o, lse, s);
-        case 1: return launch_g16<T, DQK, DV, true, 1>(dev, g, q, k, v, idx, o, lse, s);
+        case 3: return launch_g16<T, DQK, DV, true, 3>(dev, g, q, k, v, idx, o, lse, z, s);
+        case 2: return launch_g16<T, DQK, DV, true, 2>(dev, g, q, k, v, idx, o, lse, z, s);
+        case 1: return launch_g16<T, DQK, DV, true, 1>(dev, g, q, k, v, idx, o, lse, z, s);
         default: return cudaErrorInvalidValue;
         }
     } else {
         if (t.panel || (t.ns != 2 && t.ns != 1)) return cudaErrorInvalidValue;
-        return t.ns == 2 ? launch_g16<T, DQK, DV, false, 2>(dev, g, q, k, v, idx, o, lse, s)
-                         : launch_g16<T, DQK, DV, false, 1>(dev, g, q, k, v, idx, o, lse, s);
+        return t.ns == 2 ? launch_g16<T, DQK, DV, false, 2>(dev, g, q, k, v, idx, o, lse, z, s)
+                         : launch_g16<T, DQK, DV, false, 1>(dev, g, q, k, v, idx, o, lse, z, s);
     }
 }
 
 cudaError_t slc_sm80_g16(const Geom &g, const Dev &dev, const SlcTile &tile, int dqkp, int dvp, View q, View k, View v,
-                         View idx, MView o, MView lse, cudaStream_t s)
+                         View idx, MView o, MView lse, const SlcSum &z, cudaStream_t s)
 {
     if (g.T == 0) return cudaSuccess;
     if (!tile.ok || !slc_sm80_g16_takes(g.G, g.ls, g.n, dqkp, dvp) || !slc_sm80_g16_loads(g, k, v))
         return cudaErrorInvalidValue;
-    NSA_SLC_DISPATCH(launch_g16_tile, g, dqkp, dvp, tile, dev, g, q, k, v, idx, o, lse, s);
+    NSA_SLC_DISPATCH(launch_g16_tile, g, dqkp, dvp, tile, dev, g, q, k, v, idx, o, lse, z, s);
 }
 
 } // namespace nsa_cuda

@@ -291,10 +291,12 @@ template <int NJ> NSA_DEV void warp_mask_keys(float (&s)[NJ][4], int vis, int la
 
 /* Completes the row sums over the quad (the 4 lanes of a row) and stores row
  * i's normalised output (fp32, the first dv columns) at orow(i) and its LSE
- * (natural log) at lsep(i) when that is not NULL; orow(i) == NULL skips row i. */
-template <int NO, typename RowFn, typename LseFn>
+ * (natural log) at lsep(i) when that is not NULL; orow(i) == NULL skips row i.
+ * With z.gs.p set (SLC_COMBINE) orow(i) is the row's o_cmp and each element is
+ * added into it with the row's gates, gates(i) (slc_store). */
+template <int NO, typename RowFn, typename LseFn, typename GateFn>
 NSA_DEV void warp_store_rows(const float (&oacc)[NO][4], const float (&m)[2], float (&ls)[2], int64_t dv, int lane,
-                             RowFn orow, LseFn lsep)
+                             RowFn orow, LseFn lsep, const SlcSum &z, GateFn gates)
 {
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -303,15 +305,23 @@ NSA_DEV void warp_store_rows(const float (&oacc)[NO][4], const float (&m)[2], fl
         float *row = orow(i);
         if (!row) continue;
         const float inv = ls[i] != 0.f ? 1.0f / ls[i] : 0.f;
+        const float2 gw = gates(i);
 #pragma unroll
         for (int j = 0; j < NO; j++) {
             const int col = j * 8 + 2 * (lane & 3);
-            if (col < dv) row[col] = oacc[j][2 * i] * inv;
-            if (col + 1 < dv) row[col + 1] = oacc[j][2 * i + 1] * inv;
+            if (col < dv) slc_store(z, gw, row + col, oacc[j][2 * i] * inv);
+            if (col + 1 < dv) slc_store(z, gw, row + col + 1, oacc[j][2 * i + 1] * inv);
         }
         float *lp = lsep(i);
         if (lp && (lane & 3) == 0) *lp = ls[i] != 0.f ? (m[i] + log2f(ls[i])) * NSA_LN2 : -INFINITY;
     }
+}
+template <int NO, typename RowFn, typename LseFn>
+NSA_DEV void warp_store_rows(const float (&oacc)[NO][4], const float (&m)[2], float (&ls)[2], int64_t dv, int lane,
+                             RowFn orow, LseFn lsep)
+{
+    const SlcSum none = {};
+    warp_store_rows(oacc, m, ls, dv, lane, orow, lsep, none, [](int) { return make_float2(0.f, 0.f); });
 }
 
 /* One online-softmax step for a warp's 16-row MMA fragment (rows lane/4 and
@@ -508,7 +518,8 @@ inline FuseCombine fuse_combine_args(const Geom &g, int mode, const FuseCombine 
  * consecutive tokens of one KV group per CTA. */
 template <typename T, typename Kernel>
 static cudaError_t launch_slc_tokens(Kernel kern, int tok, int threads, size_t smem, const Dev &dev, const Geom &g,
-                                     View q, View k, View v, View idx, MView o, MView lse, cudaStream_t s)
+                                     View q, View k, View v, View idx, MView o, MView lse, const SlcSum &z,
+                                     cudaStream_t s)
 {
     static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
     cudaError_t e = launch_smem(kern, dev, smem);
@@ -516,7 +527,7 @@ static cudaError_t launch_slc_tokens(Kernel kern, int tok, int threads, size_t s
     const dim3 grid((unsigned)((g.T + tok - 1) / tok), (unsigned)g.Hkv);
     kern<<<grid, threads, smem, s>>>(g, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st,
                                      v.sh, vec_ok(q.p, q.st, q.sh, g.Dqk), (const int *)idx.p, idx.st, idx.sh,
-                                     (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh);
+                                     (float *)o.p, o.st, o.sh, (float *)lse.p, lse.st, lse.sh, z);
     return cudaGetLastError();
 }
 
@@ -574,8 +585,9 @@ NSA_DEV void attn_epilogue(const Geom &g, const TileCtx &c, int warp, int lane, 
             int64_t t, h;
             if (!row_th(i, t, h)) continue;
             const float inv = ls[i] != 0.f ? 1.0f / ls[i] : 0.f;
-            const float *oc = (const float *)fz.ob[0].p, *os = (const float *)fz.ob[1].p;
-            const float gc = oc ? ((const float *)fz.gate[0].p)[t * fz.gate[0].st + h * fz.gate[0].sh] : 0.f;
+            const float *oc = (const float *)fz.ob[0].p, *os = fz.cmp_sum ? nullptr : (const float *)fz.ob[1].p;
+            const float gc = oc && !fz.cmp_sum ? ((const float *)fz.gate[0].p)[t * fz.gate[0].st + h * fz.gate[0].sh]
+                                               : 0.f;
             const float gs = os ? ((const float *)fz.gate[1].p)[t * fz.gate[1].st + h * fz.gate[1].sh] : 0.f;
             const float gw = ((const float *)fz.gate[2].p)[t * fz.gate[2].st + h * fz.gate[2].sh];
             if (oc) oc += t * fz.ob[0].st + h * fz.ob[0].sh;
@@ -610,9 +622,9 @@ NSA_DEV void attn_epilogue(const Geom &g, const TileCtx &c, int warp, int lane, 
 #pragma unroll
                     for (int u = 0; u < 2; u++) { /* the combine kernel's sum, term by term */
                         float acc = 0.f;
-                        if (oc) acc += gc * (u ? pc[jj].y : pc[jj].x);
-                        if (os) acc += gs * (u ? ps[jj].y : ps[jj].x);
-                        acc += gw * (oacc[j][2 * i + u] * inv);
+                        if (oc) acc = fz.cmp_sum ? (u ? pc[jj].y : pc[jj].x) : fmaf(gc, u ? pc[jj].y : pc[jj].x, acc);
+                        if (os) acc = fmaf(gs, u ? ps[jj].y : ps[jj].x, acc);
+                        acc = fmaf(gw, oacc[j][2 * i + u] * inv, acc);
                         r[u] = acc;
                     }
                     if (fz.pair && col + 1 < g.Dv) {
