@@ -153,6 +153,9 @@ typedef struct decode_cmp {
 
 /* Returns 0, or 1 when the forward could not run (message printed) or, on cpu,
  * when a row differs (the decode step is bitwise the cpu forward's there). */
+/* element i of a result's o: the doubles where they were kept (an f64 call), else the floats (exact) */
+static double o_at(const tk_output *r, int64_t i) { return r->o_d ? r->o_d[i] : (double)r->o[i]; }
+
 static int decode_vs_forward(nsa_context *ctx, const char *bname, const tk_case *c, const tk_inputs *in,
                              const tk_output *got, decode_cmp *r)
 {
@@ -181,7 +184,7 @@ static int decode_vs_forward(nsa_context *ctx, const char *bname, const tk_case 
         int same = memcmp((const char *)got->o_raw + (size_t)(t * W) * es, (const char *)f.o_raw + (size_t)(t * W) * es,
                           (size_t)W * es) == 0;
         for (int64_t e = 0; e < W; e++) {
-            const double dlt = fabs(got->o_d[t * W + e] - f.o_d[t * W + e]);
+            const double dlt = fabs(o_at(got, t * W + e) - o_at(&f, t * W + e));
             if (!(dlt <= r->max_o_diff)) r->max_o_diff = dlt; /* NaN sticks */
         }
         for (int b = 0; b < 3; b++)

@@ -344,11 +344,14 @@ nsa_status problem_download(problem *p, tk_output *out, char *err, size_t err_si
     memset(out, 0, sizeof *out);
     out->tokens = T;
     snprintf(out->stages, sizeof out->stages, "%s", p->info.stages);
+    /* o as doubles only where floats would round it (an f64 call): at T = 1,048,576, paper shape,
+     * the doubles alone would be 64 GiB of host memory */
+    const int want_d = cfg->dtype == NSA_DTYPE_F64;
     out->o = malloc(sizeof(float) * (size_t)(no ? no : 1));
-    out->o_d = malloc(sizeof(double) * (size_t)(no ? no : 1));
+    if (want_d) out->o_d = malloc(sizeof(double) * (size_t)(no ? no : 1));
     out->o_raw = malloc(obytes ? obytes : 1);
     out->o_raw_bytes = obytes;
-    if (!out->o || !out->o_d || !out->o_raw) {
+    if (!out->o || (want_d && !out->o_d) || !out->o_raw) {
         *what = "malloc";
         s = NSA_ERR_OUT_OF_MEMORY;
         goto fail;
@@ -358,7 +361,7 @@ nsa_status problem_download(problem *p, tk_output *out, char *err, size_t err_si
         goto fail;
     }
     if (no && ((s = nsa_convert(out->o_raw, cfg->dtype, out->o, NSA_DTYPE_F32, no)) != NSA_SUCCESS ||
-               (s = nsa_convert(out->o_raw, cfg->dtype, out->o_d, NSA_DTYPE_F64, no)) != NSA_SUCCESS)) {
+               (want_d && (s = nsa_convert(out->o_raw, cfg->dtype, out->o_d, NSA_DTYPE_F64, no)) != NSA_SUCCESS))) {
         *what = "nsa_convert (o)";
         goto fail;
     }
