@@ -145,6 +145,15 @@ static void check_every_class_has_tc()
                               kern_name(ch.st[NSA_STAGE_WIN_COMBINE].k));
                         CHECK(ch.st[NSA_STAGE_BLOCK_SCORES].k == ch.st[NSA_STAGE_SCORES_TOPN].k,
                               "the two scores stages disagree");
+                        /* SLC_COMBINE: the selected kernel runs it; auto declines slc_sm80_g16 only */
+                        const bool g16 = ch.st[NSA_STAGE_SLC_ATTN].k == K_SLC_SM80_G16;
+                        CHECK(ch.st[NSA_STAGE_SLC_COMBINE].k == ch.st[NSA_STAGE_SLC_ATTN].k,
+                              "class %s: slc_combine runs %s", class_name(cls),
+                              kern_name(ch.st[NSA_STAGE_SLC_COMBINE].k));
+                        CHECK(offers_slc_combine(lim, cfg, none, -1) == !g16 && offers_slc_combine(lim, cfg, none, 1) &&
+                                  !offers_slc_combine(lim, cfg, none, 0),
+                              "class %s, G %lld (%s): slc_combine offered wrongly", class_name(cls), (long long)G,
+                              kern_name(ch.st[NSA_STAGE_SLC_ATTN].k));
                         CHECK(offers_scores_topn(lim, cfg, none), "class %s: no fused scores + top-n",
                               class_name(cls));
                         CHECK(ch.tiles && ch.kc16, "class %s: no tile list or packed rows for tensor-core kernels",
@@ -169,6 +178,10 @@ static void check_f32_reference()
               "class %s, f32: a tensor-core kernel was chosen", class_name(cls));
         CHECK(!offers_scores_topn(class_limits(cls), cfg, none), "f32 offers the fused stage");
         CHECK(!offers_win_combine(class_limits(cls), cfg, none), "f32 offers win_combine");
+        CHECK(offers_slc_combine(class_limits(cls), cfg, none, -1), "f32 (the reference) does not offer slc_combine");
+        nsa_config off = cfg;
+        off.num_selected = 0;
+        CHECK(!offers_slc_combine(class_limits(cls), off, none, 1), "slc_combine offered with the branch off");
         CHECK(!ch.tiles && !ch.kc16, "f32 plans a tile list or packed rows");
         /* heads wider than 256: reference too */
         const nsa_config wide = config(16, 4, 320, 128, NSA_DTYPE_BF16);
@@ -372,6 +385,8 @@ static void check_parsing()
           "combine:combine: %s", msg);
     CHECK(!offers_win_combine(class_limits(CLS_SM90), g4, f) && offers_win_combine(class_limits(CLS_SM90), g4, {}),
           "combine:combine must turn win_combine off, and only it");
+    CHECK(!offers_slc_combine(class_limits(CLS_SM90), g4, f, 1) && offers_slc_combine(class_limits(CLS_SM90), g4, {}, -1),
+          "combine:combine must turn slc_combine off, even under NSA_CUDA_SLC_COMBINE=1");
     /* LINEAR compression wider than its kernel */
     nsa_config lin = config(16, 4, 2048, 128, NSA_DTYPE_F32);
     lin.compress = NSA_COMPRESS_LINEAR;

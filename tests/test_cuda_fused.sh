@@ -2,7 +2,8 @@
 # The CUDA backend's fused forward stages give bitwise the plain stages' output.
 #   test_cuda_fused.sh /path/to/nsa
 # By default a CUDA plan runs SLC_COMBINE (the selected kernel adds its gated
-# term into o_cmp) and, where the window kernel is a tensor-core one,
+# term into o_cmp) where its selected kernel is not slc_sm80_g16 (there with
+# NSA_CUDA_SLC_COMBINE=1) and, where the window kernel is a tensor-core one,
 # WIN_COMBINE; NSA_CUDA_FORCE=combine:combine keeps every branch's output in the
 # workspace and runs the combine kernel. Each case runs both and compares
 # o.npy and the LSEs byte for byte, over each selected kernel (slc_sm80_g16 at
@@ -21,7 +22,7 @@ fails=0 passes=0
 common=(--backend cuda --iters 1 --warmup 0)
 # NAME|extra environment (or -)|nsa run flags
 cases=(
-  "G 16 slc_sm80_g16, Dqk 192|-|--T 3000 --hq 32 --hkv 2 --dqk 192 --dv 128 --seqlens 1000,0,2000"
+  "G 16 slc_sm80_g16 (NSA_CUDA_SLC_COMBINE=1), Dqk 192|NSA_CUDA_SLC_COMBINE=1|--T 3000 --hq 32 --hkv 2 --dqk 192 --dv 128 --seqlens 1000,0,2000"
   "G 7 slc_sm80_blk|-|--T 2500 --hq 28 --hkv 4 --dqk 128 --dv 128 --seqlens 700,1800"
   "G 4 slc_sm80_blk f16, no window, packed|-|--T 1400 --hq 8 --hkv 2 --dqk 64 --dv 32 --w 0 --dtype f16 --seqlens 300,0,900,200"
   "G 4 slc_sm80 forced|NSA_CUDA_FORCE=slc_attn:slc_sm80|--T 1200 --hq 16 --hkv 4 --dqk 128 --dv 64 --seqlens 500,700"
@@ -59,5 +60,12 @@ for c in "${cases[@]}"; do
   if [ $ok = 1 ]; then passes=$((passes + 1)); echo "ok   $name"; else fails=$((fails + 1)); echo "FAIL $name"; fi
   rm -rf "$tmp/fused" "$tmp/plain"
 done
+# auto (the default) keeps slc_sm80_g16 plans on the plain selected stage
+if NSA_LOG=info "$nsa" run "${common[@]}" --T 600 --hq 32 --hkv 2 --dqk 128 --dv 128 > "$tmp/g16.log" 2>&1 &&
+  grep -Eq "^plan: .*slc_attn " "$tmp/g16.log" && grep -Eq "slc_attn +slc_sm80_g16" "$tmp/g16.log"; then
+  passes=$((passes + 1)); echo "ok   G 16 plans slc_attn on slc_sm80_g16 by default"
+else
+  fails=$((fails + 1)); echo "FAIL G 16 plans slc_attn on slc_sm80_g16 by default"; tail -12 "$tmp/g16.log" | sed 's/^/     | /'
+fi
 echo "cuda-fused: $passes passed, $fails failed"
 [ $fails = 0 ]

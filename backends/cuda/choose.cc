@@ -375,8 +375,7 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
     /* the core's WIN_COMBINE stage (offers_win_combine) runs the window kernel */
     if (cb.k == K_COMBINE_IN_WIN) out->st[NSA_STAGE_WIN_COMBINE] = out->st[NSA_STAGE_WIN_ATTN];
     /* the core's SLC_COMBINE stage (offers_slc_combine) runs the selected kernel */
-    if (cfg.num_selected > 0 && force.k[NSA_STAGE_COMBINE] != K_COMBINE)
-        out->st[NSA_STAGE_SLC_COMBINE] = out->st[NSA_STAGE_SLC_ATTN];
+    if (cfg.num_selected > 0) out->st[NSA_STAGE_SLC_COMBINE] = out->st[NSA_STAGE_SLC_ATTN];
 
     /* backward (training plans): bwd_sm80's tensor-core kernels where the dtype, the dims and the class's
      * shared memory allow (every class at the padded dims it takes), with the compressed and window keys
@@ -444,11 +443,18 @@ bool offers_win_combine(const Limits &lim, const nsa_config &cfg, const Force &f
     return c.st[NSA_STAGE_COMBINE].k == K_COMBINE_IN_WIN;
 }
 
-bool offers_slc_combine(const nsa_config &cfg, const Force &force)
+bool offers_slc_combine(const Limits &lim, const nsa_config &cfg, const Force &force, int mode)
 {
     /* every selected kernel (and the reference) stores through slc_store; the combine
      * kernel forced (NSA_CUDA_FORCE=combine:combine, or ref) keeps the plain stages */
-    return cfg.num_selected > 0 && force.k[NSA_STAGE_COMBINE] != K_COMBINE;
+    if (cfg.num_selected <= 0 || force.k[NSA_STAGE_COMBINE] == K_COMBINE || mode == 0) return false;
+    if (mode == 1) return true;
+    /* auto: not over slc_sm80_g16, whose epilogue then waits on o_cmp's loads (1 CTA / SM):
+     * H100, 64k, paper shape D 128, 38.0 -> 42.5 ms; slc_sm80_blk gains (28 / 4: 29.3 -> 29.0 ms) */
+    Choice c;
+    char msg[8];
+    if (choose(lim, cfg, 1, force, &c, msg, sizeof msg) != NSA_SUCCESS) return false;
+    return c.st[NSA_STAGE_SLC_ATTN].k != K_SLC_SM80_G16;
 }
 
 void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size)

@@ -133,10 +133,13 @@ bool offers_scores_topn(const Limits &lim, const nsa_config &cfg, const Force &f
 bool offers_win_combine(const Limits &lim, const nsa_config &cfg, const Force &force);
 
 /* Does the backend offer the core's SLC_COMBINE for cfg (the selected kernel adds its
- * term into o_cmp; no o_b[SLC] in the workspace)? Yes with the selected branch on,
- * unless NSA_CUDA_FORCE puts COMBINE on the combine kernel (combine:combine, ref):
- * then every branch's output stays in the workspace, the plain stages. */
-bool offers_slc_combine(const nsa_config &cfg, const Force &force);
+ * term into o_cmp; no o_b[SLC] in the workspace)? Never with the selected branch off,
+ * or where NSA_CUDA_FORCE puts COMBINE on the combine kernel (combine:combine, ref:
+ * every branch's output stays in the workspace, the plain stages). mode is
+ * NSA_CUDA_SLC_COMBINE: 0 never, 1 always, -1 (auto, the default) where the plan's
+ * selected kernel is not slc_sm80_g16 (there the fused epilogue costs 12 % of the
+ * forward at 64k; 1 trades that for T x Hq x Dv floats of workspace). */
+bool offers_slc_combine(const Limits &lim, const nsa_config &cfg, const Force &force, int mode);
 
 /* "attn_sm90 (128-key tiles, 1 CTA/SM)": the kernel and its tile, for plan info and the profile. */
 void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size);

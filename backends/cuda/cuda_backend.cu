@@ -14,6 +14,11 @@
  *                     occupancy) on a device that can stand in for it.
  *   NSA_CUDA_FORCE    ref | stage:kernel,...: force kernels (choose.h).
  *   NSA_CUDA_PROFILE  1: per-stage times and kernels on stderr.
+ *   NSA_CUDA_SCORE_ROWS_MAX, NSA_CUDA_SLC_PASS_MAX  bytes: plan-memory bounds
+ *                     (score rows of an unfused SCORES_TOPN; slc_sm80_blk's states per pass).
+ *   NSA_CUDA_SLC_COMBINE  0 | 1 | auto: the core's fused SLC_COMBINE never, wherever
+ *                     the selected branch is on, or (auto) where the selected kernel
+ *                     is not slc_sm80_g16 (offers_slc_combine, choose.h).
  * Any other NSA_CUDA_* variable is refused with a message: the kernel
  * switches of earlier versions are gone, and a script that still sets one
  * would otherwise measure something other than it says.
@@ -126,19 +131,20 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: device %d (%s) is sm_%d%d; this module needs sm_80 or newer",
                     device, p.name, p.major, p.minor);
     CU(cudaSetDevice(device), "cudaSetDevice");
-    /* no NSA_CUDA_* variable but the four this version reads */
+    /* no NSA_CUDA_* variable but the six this version reads */
     for (char **e = environ; e && *e; e++) {
         if (strncmp(*e, "NSA_CUDA_", 9) != 0) continue;
         const char *eq = strchr(*e, '=');
         const size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
         const char *known[] = {"NSA_CUDA_TARGET", "NSA_CUDA_FORCE", "NSA_CUDA_PROFILE", "NSA_CUDA_SCORE_ROWS_MAX",
-                               "NSA_CUDA_SLC_PASS_MAX"};
+                               "NSA_CUDA_SLC_PASS_MAX", "NSA_CUDA_SLC_COMBINE"};
         bool ok = false;
         for (const char *k : known) ok = ok || (strlen(k) == len && strncmp(*e, k, len) == 0);
         if (!ok)
             return FAIL(NSA_ERR_INVALID_VALUE,
                         "cuda backend: the environment sets %.*s, which this version does not read (its variables are "
-                        "NSA_CUDA_TARGET, NSA_CUDA_FORCE, NSA_CUDA_PROFILE, NSA_CUDA_SCORE_ROWS_MAX and NSA_CUDA_SLC_PASS_MAX; kernel switches of earlier versions "
+                        "NSA_CUDA_TARGET, NSA_CUDA_FORCE, NSA_CUDA_PROFILE, NSA_CUDA_SCORE_ROWS_MAX, NSA_CUDA_SLC_PASS_MAX and "
+                        "NSA_CUDA_SLC_COMBINE; kernel switches of earlier versions "
                         "are gone: NSA_CUDA_FORCE=stage:kernel forces a kernel, docs/cuda.md); unset it",
                         (int)len, *e);
     }
@@ -164,8 +170,18 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     if (!env_bytes("NSA_CUDA_SCORE_ROWS_MAX", &score_rows_max) || !env_bytes("NSA_CUDA_SLC_PASS_MAX", &slc_pass_max))
         return NSA_ERR_INVALID_VALUE;
 
+    int slc_combine = -1;
+    const char *sc = getenv("NSA_CUDA_SLC_COMBINE");
+    if (sc && *sc && strcmp(sc, "auto") != 0) {
+        if (strcmp(sc, "0") != 0 && strcmp(sc, "1") != 0)
+            return FAIL(NSA_ERR_INVALID_VALUE, "cuda backend: NSA_CUDA_SLC_COMBINE = '%.40s': it takes 0 (the plain "
+                        "selected stage), 1 (fused wherever the selected branch is on) or auto", sc);
+        slc_combine = sc[0] - '0';
+    }
+
     CudaCtx *c = (CudaCtx *)calloc(1, sizeof *c);
     if (!c) return FAIL(NSA_ERR_OUT_OF_MEMORY, "cuda backend: cannot allocate a context");
+    c->slc_combine = slc_combine;
     c->score_rows_max = score_rows_max;
     c->slc_pass_max = slc_pass_max;
     c->device = device;

@@ -38,6 +38,7 @@ struct CudaCtx {
     Force force;    /* NSA_CUDA_FORCE */
     int64_t score_rows_max; /* NSA_CUDA_SCORE_ROWS_MAX: the most bytes of an unfused SCORES_TOPN's rows (1 GiB) */
     int64_t slc_pass_max;   /* NSA_CUDA_SLC_PASS_MAX: the most bytes of slc_sm80_blk's partial states per pass (1 GiB) */
+    int slc_combine;        /* NSA_CUDA_SLC_COMBINE: 0 never, 1 always, -1 auto (offers_slc_combine) */
     /* NSA_CUDA_PROFILE=1: events around every stage; after COMBINE the forward
      * waits for its stream and prints the stage times and kernels to stderr
      * (for measuring only: this synchronizes). */

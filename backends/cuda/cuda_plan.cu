@@ -43,7 +43,7 @@ int cu_supports(void *bctx, nsa_stage stage, const nsa_config *cfg)
     if (!cfg || (cfg->dtype != NSA_DTYPE_F32 && cfg->dtype != NSA_DTYPE_F16 && cfg->dtype != NSA_DTYPE_BF16)) return 0;
     if (stage == NSA_STAGE_SCORES_TOPN) return c && cfg && offers_scores_topn(c->lim, *cfg, c->force) ? 1 : 0;
     if (stage == NSA_STAGE_WIN_COMBINE) return c && cfg && offers_win_combine(c->lim, *cfg, c->force) ? 1 : 0;
-    if (stage == NSA_STAGE_SLC_COMBINE) return c && offers_slc_combine(*cfg, c->force) ? 1 : 0;
+    if (stage == NSA_STAGE_SLC_COMBINE) return c && offers_slc_combine(c->lim, *cfg, c->force, c->slc_combine) ? 1 : 0;
     /* the backward stages: bwd_sm80.cu's or bwd_ref.cu's kernels, every dtype and
      * head dim (LINEAR's limit is the forward's, checked by the chooser) */
     if (stage >= NSA_STAGE_BWD_CMP_ATTN && stage <= NSA_STAGE_BWD_STORE) return 1;

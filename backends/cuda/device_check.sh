@@ -25,8 +25,9 @@
 #            module: OPENCL=1 builds it)
 #   shard    test_shard (SHARD_CORPUS, full) on NVIDIA's OpenCL (OPENCL=1) and on cuda (skips where refused)
 #   million  nsa run at T = 1048576, paper shape, D 128, NSA_CUDA_PROFILE (about 68 GiB with SLC_COMBINE and
-#            WIN_COMBINE: skipped on a GPU under 78 GiB; MILLION_S limit; run alone, it builds only the tool and
-#            the cuda module)
+#            WIN_COMBINE, NSA_CUDA_SLC_COMBINE=1 on a GPU under 120 GB, about 100 GiB with auto's plain selected
+#            stage at G 16; skipped on a GPU under 78 GiB; MILLION_S limit; run alone, it builds only the tool
+#            and the cuda module)
 #   fused    tests/test_cuda_fused.sh: the fused stages (slc_combine, win_combine) bitwise as the plain ones
 #   hip      the HIP backend built from its sources with nvcc (tests/hip_on_cuda): the full corpus,
 #            the backward, and the decode step (test_decode hip small)
@@ -86,8 +87,11 @@ if has baseline && [ -d .old ]; then
 fi
 { [ -f $B/build.ninja ] || meson setup $B -Dnvcc_archs=90a -Dhip=disabled -Dcuda=enabled \
     -Dopencl=$([ "${OPENCL:-0}" = 1 ] && echo enabled || echo disabled)
-  # 'million' alone needs only the tool and the module (about a minute less of an H200's time)
-  if [ "$S" = million ]; then ninja -C $B -j16 tools/nsa backends/cuda/libnsa_backend_cuda.so; else ninja -C $B -j16; fi
+  # 'million' alone, or BUILD_MIN=1 (steps that run only nsa and test_oracle: classes, fused, million, baseline,
+  # bench, groups), needs only the tool and the module (about a minute less of a call)
+  if [ "$S" = million ] || [ "${BUILD_MIN:-0}" = 1 ]; then
+    ninja -C $B -j16 tools/nsa backends/cuda/libnsa_backend_cuda.so $([ "${BUILD_MIN:-0}" = 1 ] && echo tests/test_oracle)
+  else ninja -C $B -j16; fi
 } > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 note "[$(el)] build ok"
 
@@ -258,9 +262,12 @@ if has million; then # one sequence of 1,048,576 tokens, paper shape: workspace,
   if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 80000 ]; then
     note "[$(el)] million skipped: this GPU has under 78 GiB (it needs about 68 GiB)"
   else
-    NSA_CUDA_PROFILE=1 timeout ${MILLION_S:-400} $NSA run --backend cuda --T 1048576 --dqk 128 --dv 128 --iters 1 \
-      --warmup 0 > "$OUT/million.log" 2>&1
-    rc=$?; note "[$(el)] nsa run T=1048576 D 128: rc=$rc"
+    t1=$(date +%s)
+    # under 120 GB the selected branch fuses too (NSA_CUDA_SLC_COMBINE=1: 32 GiB less workspace, slower at G 16)
+    sc=auto; [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 120000 ] && sc=1
+    NSA_CUDA_SLC_COMBINE=$sc NSA_CUDA_PROFILE=1 NSA_LOG=info timeout ${MILLION_S:-400} stdbuf -oL $NSA run --backend cuda --T 1048576 --dqk 128 \
+      --dv 128 --iters 1 --warmup 0 > "$OUT/million.log" 2>&1
+    rc=$?; note "[$(el)] nsa run T=1048576 D 128: rc=$rc in $(( $(date +%s) - t1 )) s"
     grep -vE '^ *$' "$OUT/million.log" | tail -14 | cut -c1-300 | tee -a "$SUM"
   fi
 fi
