@@ -328,10 +328,13 @@ static void check_parsing()
     CHECK(parse_force("decode_attn:decode_sm80_probs", &f, msg, sizeof msg) &&
               f.k[NSA_STAGE_DECODE_ATTN] == K_DECODE_SM80_PROBS && f.k[NSA_STAGE_SLC_ATTN] == K_NONE,
           "decode_attn: %s", msg);
+    CHECK(parse_force("decode_attn:decode_sm80_wide", &f, msg, sizeof msg) &&
+              f.k[NSA_STAGE_DECODE_ATTN] == K_DECODE_SM80_WIDE,
+          "decode_attn wide: %s", msg);
     CHECK(parse_force("ref", &f, msg, sizeof msg) && f.k[NSA_STAGE_DECODE_ATTN] == K_DECODE_SPLIT, "ref decodes: %s",
           msg);
     CHECK(!parse_force("decode_attn:attn_sm80", &f, msg, sizeof msg) &&
-              strstr(msg, "decode_split, decode_sm80, decode_sm80_probs"),
+              strstr(msg, "decode_split, decode_sm80, decode_sm80_wide, decode_sm80_probs"),
           "decode_attn's kernels named: %s", msg);
     CHECK(!parse_force("bogus:ref", &f, msg, sizeof msg) && strstr(msg, "not a stage"), "unknown stage: %s", msg);
     CHECK(!parse_force("attn_sm90", &f, msg, sizeof msg) && strstr(msg, "stage:kernel"), "no colon: %s", msg);

@@ -78,7 +78,8 @@ static const char *const k_names[K_COUNT] = {
     "-",           "compress_mean",   "compress_linear", "compress_copy", "attn_ref",        "attn_sm80",
     "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm80_kq", "scores_sm90_g16", "topn",
     "slc_sm80",    "slc_sm80_g16",    "slc_sm80_blk",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_attn_sm80",   "bwd_attn_sm90",   "bwd_compress_mean",
-    "bwd_compress_linear", "bwd_store", "decode_append", "decode_split", "decode_sm80", "decode_sm80_probs",
+    "bwd_compress_linear", "bwd_store", "decode_append", "decode_split", "decode_sm80", "decode_sm80_wide",
+    "decode_sm80_probs",
 };
 
 const char *kern_name(Kern k) { return k >= 0 && k < K_COUNT ? k_names[k] : "?"; }
@@ -114,7 +115,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     static const Kern slc[] = {K_ATTN_REF, K_SLC_SM80, K_SLC_SM80_G16, K_SLC_SM80_BLK};
     static const Kern cb[] = {K_COMBINE, K_COMBINE_IN_WIN};
     static const Kern bwd[] = {K_BWD_ATTN_REF, K_BWD_ATTN_SM80, K_BWD_ATTN_SM90};
-    static const Kern dec[] = {K_DECODE_SPLIT, K_DECODE_SM80, K_DECODE_SM80_PROBS};
+    static const Kern dec[] = {K_DECODE_SPLIT, K_DECODE_SM80, K_DECODE_SM80_WIDE, K_DECODE_SM80_PROBS};
     switch (st) {
     case NSA_STAGE_CMP_ATTN:
     case NSA_STAGE_WIN_ATTN: *out = cmp; return 3;
@@ -126,7 +127,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     case NSA_STAGE_BWD_CMP_ATTN:
     case NSA_STAGE_BWD_SLC_ATTN:
     case NSA_STAGE_BWD_WIN_ATTN: *out = bwd; return 3;
-    case NSA_STAGE_DECODE_ATTN: *out = dec; return 3;
+    case NSA_STAGE_DECODE_ATTN: *out = dec; return 4;
     default: *out = nullptr; return 0;
     }
 }

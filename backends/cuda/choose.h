@@ -81,6 +81,8 @@ enum Kern {
     K_DECODE_SPLIT,  /* decode: the three branches split across CTAs, merged in split order (decode.cu, fp32) */
     K_DECODE_SM80,   /* decode: the same splits on mma.sync, merged by each (row, KV head)'s last CTA, which also
                         ranks (from the kept q.k) and combines (decode_attn_sm80.cu) */
+    K_DECODE_SM80_WIDE,  /* decode_sm80 whose last CTAs merge only; dec_rank_wide's CTAs (parts of each row's
+                            selection blocks) form the block scores and rank (batches that leave SMs idle) */
     K_DECODE_SM80_PROBS, /* decode_sm80 with the block scores from a second pass over the compressed keys */
     K_COUNT
 };

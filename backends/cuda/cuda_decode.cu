@@ -57,7 +57,8 @@ struct CudaDec {
     int64_t part_win;  /* floats */
     float *pbuf, *rows;
     int *cnt;          /* mma: the tails' arrival counters [3][MT x Hkv] (a branch, the window beside the
-                        * compressed branch, the combine after both) */
+                        * compressed branch, the combine after both), then dec_rank_wide's [MT x Hkv] */
+    int rank_parts;    /* decode_sm80_wide: dec_rank_wide's parts per (row, KV head); 0: the last CTAs rank */
     float *scores;     /* mma with a selected branch: the compressed keys' q.k [MT x Hkv][max_nc][G], or NULL */
     DecSplit sp[3];    /* per branch */
     int64_t max_nc;
@@ -359,7 +360,24 @@ nsa_status run_attn(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
                 b0.t.bdone = b1.t.bdone = d->cnt + 2 * cn;
             }
         }
+        const bool wide = slc && d->scores && d->rank_parts > 0;
+        b0.t.rank_wide = wide;
         DLAUNCH(dec_attn_sm80(g, false, d->dqkp, d->dvp, b0, win ? &b1 : nullptr, c->stream));
+        if (wide) {
+            DecRankWide w = {};
+            w.scores = d->scores;
+            w.max_nc = d->max_nc;
+            w.lse_cmp = in[0].lse;
+            w.lst = in[0].lst;
+            w.lsh = in[0].lsh;
+            w.rows = d->rows;
+            w.cnt = d->cnt + 3 * cn;
+            w.idx = idx;
+            w.ist = a->indices.stride_token;
+            w.ish = a->indices.stride_head;
+            w.parts = d->rank_parts;
+            DLAUNCH(dec_rank_wide(g, w, c->stream));
+        }
         if (slc) {
             if (!d->scores) { /* no room for the products: a second pass over the compressed keys */
                 DecBranch bp = branch(0, false, false);
@@ -405,7 +423,7 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
                         (int64_t)dec_attn_sm80_smem(dqkp, dvp, false) <= c->lim.smem_block - SMEM_STATIC_MARGIN;
     /* NSA_CUDA_FORCE=decode_attn:K (or ref: decode_split) */
     const Kern forced = c->force.k[NSA_STAGE_DECODE_ATTN];
-    if ((forced == K_DECODE_SM80 || forced == K_DECODE_SM80_PROBS) && !mma_ok)
+    if ((forced == K_DECODE_SM80 || forced == K_DECODE_SM80_WIDE || forced == K_DECODE_SM80_PROBS) && !mma_ok)
         return FAIL(NSA_ERR_UNSUPPORTED,
                     "cuda backend: NSA_CUDA_FORCE asks stage decode_attn to run %s, which takes f16 / bf16 with G <= 16 "
                     "and head dims padding to 32/32, 64/64, 128/128 or 192/128 (this plan: dtype %s, G %lld, dims "
@@ -450,10 +468,23 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     const double sc = (double)MT * (double)Hkv * (double)plan->max_nc * (double)G * 4.0;
     const bool keep_scores =
         mma && cfg.num_selected > 0 && plan->max_nc > 0 && sc <= 1073741824.0 && forced != K_DECODE_SM80_PROBS;
-    if (forced == K_DECODE_SM80 && cfg.num_selected > 0 && plan->max_nc > 0 && !keep_scores)
+    if ((forced == K_DECODE_SM80 || forced == K_DECODE_SM80_WIDE) && cfg.num_selected > 0 && plan->max_nc > 0 &&
+        !keep_scores)
         return FAIL(NSA_ERR_UNSUPPORTED,
-                    "cuda backend: NSA_CUDA_FORCE asks stage decode_attn to run decode_sm80, whose kept q.k products "
-                    "would take %.3g bytes (more than 1 GiB: max_total_tokens x Hkv x compressed rows x G floats)", sc);
+                    "cuda backend: NSA_CUDA_FORCE asks stage decode_attn to run %s, whose kept q.k products "
+                    "would take %.3g bytes (more than 1 GiB: max_total_tokens x Hkv x compressed rows x G floats)",
+                    kern_name(forced), sc);
+    /* decode_sm80_wide where the rows x KV heads fill at most half the SMs (batch 1 at long context waited on
+     * one last CTA per KV head ranking alone); forced, at least two parts */
+    int rank_parts = 0;
+    if (keep_scores && forced != K_DECODE_SM80) {
+        rank_parts = dec_rank_wide_parts(MT, Hkv, plan->max_ns, cfg.cmp_block, cfg.cmp_stride, cfg.slc_block, sms,
+                                         forced == K_DECODE_SM80_WIDE);
+        if (forced == K_DECODE_SM80_WIDE && rank_parts == 0)
+            return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: NSA_CUDA_FORCE asks stage decode_attn to run "
+                        "decode_sm80_wide, which cannot split this plan's %lld selection blocks into at most 65535 "
+                        "parts", (long long)plan->max_ns);
+    }
     if (part > 1e14 || pb > 1e14 || rw > 1e14 || chk > 1e14)
         return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: a decode plan's scratch would take %.3g bytes",
                     part + pb + rw + chk);
@@ -462,8 +493,8 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     CU(dalloc(acc, &d->rec, NSA_DR_FIELDS * sizeof(int)), "plan_prepare (decode record)");
     CU(cudaMemsetAsync(d->rec, 0, NSA_DR_FIELDS * sizeof(int), c->stream), "plan_prepare (decode record)");
     if (mma) {
-        CU(dalloc(acc, &d->cnt, (size_t)(3 * MT * Hkv) * sizeof(int)), "plan_prepare (decode counters)");
-        CU(cudaMemsetAsync(d->cnt, 0, (size_t)(3 * MT * Hkv) * sizeof(int), c->stream), "plan_prepare (decode counters)");
+        CU(dalloc(acc, &d->cnt, (size_t)(4 * MT * Hkv) * sizeof(int)), "plan_prepare (decode counters)");
+        CU(cudaMemsetAsync(d->cnt, 0, (size_t)(4 * MT * Hkv) * sizeof(int), c->stream), "plan_prepare (decode counters)");
     }
     if (keep_scores) CU(dalloc(acc, &d->scores, (size_t)sc), "plan_prepare (decode scores)");
     CU(cudaStreamSynchronize(c->stream), "plan_prepare (decode record)");
@@ -480,7 +511,10 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     p->ch.st[NSA_STAGE_DECODE_APPEND].k = K_DECODE_APPEND;
     p->ch.st[NSA_STAGE_DECODE_ATTN].k =
         !mma ? K_DECODE_SPLIT
-             : keep_scores || cfg.num_selected == 0 || plan->max_nc == 0 ? K_DECODE_SM80 : K_DECODE_SM80_PROBS;
+             : rank_parts > 0                                             ? K_DECODE_SM80_WIDE
+             : keep_scores || cfg.num_selected == 0 || plan->max_nc == 0 ? K_DECODE_SM80
+                                                                         : K_DECODE_SM80_PROBS;
+    d->rank_parts = rank_parts;
     return NSA_SUCCESS;
 }
 
@@ -499,9 +533,10 @@ void decode_describe(const CudaPlan *p, nsa_stage stage, char *buf, size_t size)
 {
     const CudaDec *d = p->dec;
     if (stage == NSA_STAGE_DECODE_ATTN && d)
-        snprintf(buf, size, "%s[splits cmp %dx%lld, slc %dx%lld, win %dx%lld; %d heads/cta]",
+        snprintf(buf, size, "%s[splits cmp %dx%lld, slc %dx%lld, win %dx%lld; %d heads/cta%s%.0d]",
                  kern_name(p->ch.st[NSA_STAGE_DECODE_ATTN].k), d->sp[0].ns, (long long)d->sp[0].chunk, d->sp[1].ns,
-                 (long long)d->sp[1].chunk, d->sp[2].ns, (long long)d->sp[2].chunk, d->sp[0].hc);
+                 (long long)d->sp[1].chunk, d->sp[2].ns, (long long)d->sp[2].chunk, d->sp[0].hc,
+                 d->rank_parts ? "; rank parts " : "", d->rank_parts);
     else
         describe(p->ch.st[stage], stage, buf, size);
 }

@@ -3,7 +3,7 @@
 # module and the decode tests, then test_decode cuda small per class (the
 # device's own, NSA_CUDA_TARGET=sm80, sm86), the graph replay test, the
 # batch-1 64k timing, and the forced kernels (NSA_CUDA_FORCE=decode_attn:ref,
-# every dtype; decode_attn:decode_sm80_probs, the 16-bit dtypes' parity alone,
+# every dtype; decode_attn:decode_sm80_probs, decode_sm80 and decode_sm80_wide, the 16-bit dtypes' parity alone,
 # as the kernel takes no f32). Logs under $OUT. Usage (repo root, .debs carried):
 #   bash dev/cuda/decode_device.sh [classes]   (after the device's own class and the timing; default "sm80 sm86")
 OUT=${OUT:-/tmp/nsa-out}
@@ -39,7 +39,7 @@ dec_class() {
 dec_class sm90
 timeout 60 $B/tests/test_decode_graph time > "$OUT/time.log" 2>&1; echo "[$(el)] timing rc=$?"; tail -3 "$OUT/time.log"
 for cls in ${1:-sm80 sm86}; do dec_class $cls; done
-for f in decode_attn:ref decode_attn:decode_sm80_probs; do
+for f in decode_attn:ref decode_attn:decode_sm80_probs decode_attn:decode_sm80 decode_attn:decode_sm80_wide; do
   dts=$([ $f = decode_attn:ref ] || echo bf16,f16)
   env NSA_CUDA_FORCE=$f ${dts:+NSA_TEST_DTYPES=$dts} CK_FORK=no timeout ${DEC_TIMEOUT:-60} $B/tests/test_decode cuda small \
     > "$OUT/decode_${f#*:}.log" 2>&1

@@ -131,6 +131,7 @@ struct DecTail {
     int64_t ist, ish;
     const float *lse_cmp; /* probs: the compressed branch's LSE (natural log) */
     int64_t lst, lsh;
+    bool rank_wide;       /* rank: the last CTA merges only; dec_rank_wide ranks after the launch */
     bool combine;
     int nbranch;          /* combine: branches of the launch that must complete first (1 or 2) */
     int *bdone;           /* combine with nbranch 2: [MT x Hkv] counters, zero between steps */
@@ -159,6 +160,29 @@ cudaError_t dec_attn_sm80(const DecGeom &g, bool probs, int dqkp, int dvp, const
                           cudaStream_t s);
 /* may a cache's rows be copied 16 bytes at a time (16-bit dtype)? */
 bool dec_rows16(const DecCache &c, int64_t D);
+/* The ranking of decode_sm80_wide, after a compressed launch whose last CTAs merged only
+ * (t.rank_wide): grid (rows, Hkv, parts), each CTA forms p_cmp's group sums from the kept
+ * q.k products and the merged LSE for one part of the row's selection blocks and their block
+ * scores (rows), exactly as dec_tail does; the last of a (row, KV head)'s parts to arrive
+ * (counted in cnt, reset by it) ranks the row (warp_select_row). Spread so that batch 1 does
+ * not wait on one CTA per KV head forming 16 x nc exponentials and ranking alone. */
+struct DecRankWide {
+    const float *scores; /* f32 [MT x Hkv][max_nc][G] */
+    int64_t max_nc;
+    const float *lse_cmp; /* the compressed branch's LSE (natural log), strides lst / lsh */
+    int64_t lst, lsh;
+    float *rows;          /* f32 [MT x Hkv][max_ns] block scores */
+    int *cnt;             /* [MT x Hkv] arrival counters, zero between steps */
+    int *idx;             /* the selected blocks, strides ist / ish */
+    int64_t ist, ish;
+    int parts;
+};
+cudaError_t dec_rank_wide(const DecGeom &g, const DecRankWide &w, cudaStream_t s);
+/* The parts of dec_rank_wide for a plan: about one wave of CTAs over rows x Hkv (MT the plan's
+ * rows), at least enough that a part's compressed rows fit its shared memory; 0 where a wave is
+ * already full (the last CTAs rank: decode_sm80), unless force (then at least 2) */
+int dec_rank_wide_parts(int64_t MT, int64_t Hkv, int64_t max_ns, int64_t l, int64_t d, int64_t ls, int sms, bool force);
+
 /* the ranking half of dec_select (pbuf already written) */
 cudaError_t dec_rank(const DecGeom &g, const float *pbuf, int64_t max_nc, float *rows, int *idx, int64_t ist,
                      int64_t ish, cudaStream_t s);

@@ -30,8 +30,11 @@
  * Every sum runs in a fixed order: bitwise reproducible.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include <algorithm>
 
 #include "decode.h"
 #include "decode_dev.cuh"
@@ -379,6 +382,48 @@ NSA_DEV void dm_merge_warps(const DecGeom &g, const DecSplit &sp, const DecAttnI
     }
 }
 
+/* A compressed key's G q.k products (si, 16-byte aligned when v4) into sv; zero past nh or when !ok */
+NSA_DEV void dm_load_products(float (&sv)[16], const float *si, int nh, bool v4, bool ok)
+{
+    if (v4) {
+#pragma unroll
+        for (int z = 0; z < 4; z++) {
+            const float4 v = ok && 4 * z < nh ? __ldcg((const float4 *)(si + 4 * z)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            sv[4 * z] = v.x;
+            sv[4 * z + 1] = v.y;
+            sv[4 * z + 2] = v.z;
+            sv[4 * z + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int hh = 0; hh < 16; hh++) sv[hh] = ok && hh < nh ? __ldcg(si + hh) : 0.f;
+    }
+}
+
+/* p_cmp's group sum of one compressed key: exp(scale q.k - lse) over the group's heads in
+ * ascending order (select_kernel's order); dec_tail and dec_rank_wide share it, so both rank
+ * bitwise the same scores */
+NSA_DEV float dm_pcmp(const float (&sv)[16], int nh, float sl, const float *slse2)
+{
+    float acc2 = 0.f;
+#pragma unroll
+    for (int hh = 0; hh < 16; hh++)
+        if (hh < nh && slse2[hh] != -INFINITY) acc2 += exp2f(fmaf(sv[hh], sl, -slse2[hh]));
+    return acc2;
+}
+
+/* the block score of selection block j: p(i) of the compressed rows below nc that overlap it,
+ * weighted as scores_ref weights them, in ascending i */
+template <typename P>
+NSA_DEV float dm_block_score(const DecGeom &g, int64_t j, int64_t nc, P p)
+{
+    const int64_t i0 = nsa_cmp_first_overlapping(j, g.l, g.d, g.ls);
+    const int64_t i1 = nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), nc - 1);
+    float s2 = 0.f;
+    for (int64_t i = i0; i <= i1; i++) s2 += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * p(i);
+    return s2;
+}
+
 /* The last CTA of (row r, KV head gi): its heads' split states merged in
  * split order into o_b and the LSE, then the ranking or the combine. Every
  * phase keeps many independent loads in flight (one CTA does all of it).
@@ -475,7 +520,7 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
             ((T *)t.o)[r * t.ost + h * t.osh + e] = from_f<T>(sum);
         }
     }
-    if (!t.scores) return;
+    if (!t.scores || t.rank_wide) return; /* rank_wide: dec_rank_wide ranks after the launch */
     /* ranking: p(i) = sum over the group's heads of exp(scale q.k_i - lse), the block
      * scores of the eligible selection blocks (select_kernel's sums), then the top-n */
     const int64_t b = dec_row_seq(g, r), tt = g.tk0[b] + r - g.cu[b], nc = nsa_cmp_visible(tt, g.l, g.d);
@@ -496,40 +541,18 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
 #pragma unroll
         for (int u = 0; u < PK; u++) {
             const int64_t i = i0 + (int64_t)NT * u;
-            const float *si = sc + i * g.G;
-            if (v4) {
-#pragma unroll
-                for (int z = 0; z < 4; z++) {
-                    const float4 v = i < nc && 4 * z < nh ? __ldcg((const float4 *)(si + 4 * z)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    sv[u][4 * z] = v.x;
-                    sv[u][4 * z + 1] = v.y;
-                    sv[u][4 * z + 2] = v.z;
-                    sv[u][4 * z + 3] = v.w;
-                }
-            } else {
-#pragma unroll
-                for (int hh = 0; hh < 16; hh++) sv[u][hh] = i < nc && hh < nh ? __ldcg(si + hh) : 0.f;
-            }
+            dm_load_products(sv[u], sc + i * g.G, nh, v4, i < nc);
         }
 #pragma unroll
         for (int u = 0; u < PK; u++) {
             const int64_t i = i0 + (int64_t)NT * u;
-            float acc2 = 0.f;
-#pragma unroll
-            for (int hh = 0; hh < 16; hh++)
-                if (hh < nh && slse2[hh] != -INFINITY) acc2 += exp2f(fmaf(sv[u][hh], sl, -slse2[hh]));
+            const float acc2 = dm_pcmp(sv[u], nh, sl, slse2);
             if (i < nc) p[i] = acc2;
         }
     }
     __syncthreads();
     DM_TRACE(5);
-    for (int64_t j = tid; j <= cur; j += NT) {
-        const int64_t i0 = nsa_cmp_first_overlapping(j, g.l, g.d, g.ls);
-        const int64_t i1 = nsa_min64(nsa_cmp_last_overlapping(j, g.ls, g.d), nc - 1);
-        float s2 = 0.f;
-        for (int64_t i = i0; i <= i1; i++) s2 += (float)nsa_overlap(i, j, g.l, g.d, g.ls) / (float)g.d * p[i];
-        row[j] = s2;
-    }
+    for (int64_t j = tid; j <= cur; j += NT) row[j] = dm_block_score(g, j, nc, [&](int64_t i) { return p[i]; });
     __syncthreads();
     DM_TRACE(6);
     if (tid < 32) {
@@ -574,6 +597,76 @@ static cudaError_t launch_dm(const DecGeom &g, bool probs, const DecBranch &b0, 
     else
         run(dec_attn_sm80_kernel<T, DQK, DV, 1, false, -1>);
     return cudaGetLastError();
+}
+
+/* dec_rank_wide (decode.h): part z of (row r, KV head gi)'s selection blocks. Shared memory:
+ * the part's p_cmp sums (RW_PCAP compressed rows; a part with more reads them again from the
+ * products per block: the same sums), then the whole row for the ranking where it fits. */
+constexpr int RW_THREADS = 128, RW_PCAP = 2048, RW_ROWCAP = 8192;
+
+__global__ void __launch_bounds__(RW_THREADS)
+    dec_rank_wide_kernel(const __grid_constant__ DecGeom g, const __grid_constant__ DecRankWide w)
+{
+    __shared__ float sp[RW_PCAP];
+    __shared__ float srow[RW_ROWCAP];
+    __shared__ float slse2[16];
+    __shared__ __align__(8) uint64_t cand[TOPN_CAND];
+    __shared__ int last;
+    const int64_t r = blockIdx.x;
+    if (dec_failed(g) || r >= dec_rows(g)) return;
+    const int64_t gi = blockIdx.y, h0 = gi * g.G;
+    const int tid = threadIdx.x, nh = (int)g.G;
+    const int64_t b = dec_row_seq(g, r), tt = g.tk0[b] + r - g.cu[b], nc = nsa_cmp_visible(tt, g.l, g.d);
+    const int64_t E = nsa_slc_last(tt, g.ls) + 1, jb = (E + w.parts - 1) / w.parts;
+    const int64_t j0 = nsa_min64((int64_t)blockIdx.z * jb, E), j1 = nsa_min64(j0 + jb, E);
+    const float sl = g.scale * NSA_LOG2E;
+    const float *const sc = w.scores + (r * g.Hkv + gi) * w.max_nc * g.G;
+    float *const row = w.rows + (r * g.Hkv + gi) * g.max_ns;
+    const bool v4 = g.G % 4 == 0;
+    /* the LSE as dec_tail holds it (slse2 = lse * log2 e of the lse it stored) */
+    if (tid < 16) slse2[tid] = tid < nh ? w.lse_cmp[r * w.lst + (h0 + tid) * w.lsh] * NSA_LOG2E : -INFINITY;
+    __syncthreads();
+    if (j0 < j1) {
+        const int64_t p0 = nsa_cmp_first_overlapping(j0, g.l, g.d, g.ls);
+        const int64_t p1 = nsa_min64(nsa_cmp_last_overlapping(j1 - 1, g.ls, g.d), nc - 1);
+        const bool cached = p1 - p0 + 1 <= RW_PCAP;
+        auto pv = [&](int64_t i) {
+            float sv[16];
+            dm_load_products(sv, sc + i * g.G, nh, v4, true);
+            return dm_pcmp(sv, nh, sl, slse2);
+        };
+        if (cached)
+            for (int64_t i = p0 + tid; i <= p1; i += RW_THREADS) sp[i - p0] = pv(i);
+        __syncthreads();
+        for (int64_t j = j0 + tid; j < j1; j += RW_THREADS)
+            row[j] = cached ? dm_block_score(g, j, nc, [&](int64_t i) { return sp[i - p0]; })
+                            : dm_block_score(g, j, nc, pv);
+    }
+    /* the last part to arrive ranks the row (every part's block scores fenced before it counts in) */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int *const c = w.cnt + r * g.Hkv + gi;
+        last = w.parts == 1 || atomicAdd(c, 1) == w.parts - 1;
+        if (last && w.parts > 1) *c = 0; /* ready for the next step */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float *rr = row; /* read from L2 where it does not fit: no CTA of this SM loaded it before */
+    if (E <= RW_ROWCAP) {
+        for (int64_t j = tid; j < E; j += RW_THREADS) srow[j] = __ldcg(row + j);
+        __syncthreads();
+        rr = srow;
+    }
+    if (tid < 32) {
+        Geom gg = {};
+        gg.ls = g.ls;
+        gg.n = g.n;
+        gg.n_init = g.n_init;
+        gg.n_local = g.n_local;
+        warp_select_row(gg, rr, tt, w.idx + r * w.ist + gi * w.ish, tid, cand);
+    }
 }
 
 } // namespace
@@ -652,5 +745,29 @@ void dec_attn_sm80_trace_dump()
     cudaMemcpyToSymbol(dm_trace_n, &zero, sizeof zero);
 }
 #endif
+
+} // namespace nsa_cuda
+
+namespace nsa_cuda {
+
+cudaError_t dec_rank_wide(const DecGeom &g, const DecRankWide &w, cudaStream_t s)
+{
+    if (w.parts < 1 || w.parts > 65535 || g.MT < 1 || g.Hkv > 65535) return cudaErrorInvalidValue;
+    dec_rank_wide_kernel<<<dim3((unsigned)g.MT, (unsigned)g.Hkv, (unsigned)w.parts), RW_THREADS, 0, s>>>(g, w);
+    return cudaGetLastError();
+}
+
+int dec_rank_wide_parts(int64_t MT, int64_t Hkv, int64_t max_ns, int64_t l, int64_t d, int64_t ls, int sms, bool force)
+{
+    const int64_t rows = MT * Hkv;
+    if (rows <= 0 || max_ns < 1 || d <= 0 || ls <= 0 || (!force && 2 * rows > sms)) return 0;
+    /* a part of jb blocks reads at most (jb l_s + l) / d + 2 compressed rows: jb <= jmax keeps them
+     * in shared memory */
+    const int64_t jmax = ((int64_t)(RW_PCAP - 2) * d - l) / ls;
+    if (jmax < 1) return 0;
+    const int64_t parts = std::max<int64_t>({std::min<int64_t>(sms / rows, max_ns), (max_ns + jmax - 1) / jmax,
+                                             force ? 2 : 0});
+    return parts >= 2 && parts <= 65535 ? (int)parts : 0;
+}
 
 } // namespace nsa_cuda
