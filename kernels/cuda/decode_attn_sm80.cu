@@ -424,6 +424,17 @@ NSA_DEV float dm_block_score(const DecGeom &g, int64_t j, int64_t nc, P p)
     return s2;
 }
 
+/* the fields of Geom that warp_select_row reads */
+NSA_DEV Geom dm_rank_geom(const DecGeom &g)
+{
+    Geom gg = {};
+    gg.ls = g.ls;
+    gg.n = g.n;
+    gg.n_init = g.n_init;
+    gg.n_local = g.n_local;
+    return gg;
+}
+
 /* The last CTA of (row r, KV head gi): its heads' split states merged in
  * split order into o_b and the LSE, then the ranking or the combine. Every
  * phase keeps many independent loads in flight (one CTA does all of it).
@@ -556,11 +567,7 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     __syncthreads();
     DM_TRACE(6);
     if (tid < 32) {
-        Geom gg = {};
-        gg.ls = g.ls;
-        gg.n = g.n;
-        gg.n_init = g.n_init;
-        gg.n_local = g.n_local;
+        const Geom gg = dm_rank_geom(g);
         warp_select_row(gg, row, tt, t.idx + r * t.ist + gi * t.ish, tid, cand);
         DM_TRACE(7);
     }
@@ -660,11 +667,7 @@ __global__ void __launch_bounds__(RW_THREADS)
         rr = srow;
     }
     if (tid < 32) {
-        Geom gg = {};
-        gg.ls = g.ls;
-        gg.n = g.n;
-        gg.n_init = g.n_init;
-        gg.n_local = g.n_local;
+        const Geom gg = dm_rank_geom(g);
         warp_select_row(gg, rr, tt, w.idx + r * w.ist + gi * w.ish, tid, cand);
     }
 }
