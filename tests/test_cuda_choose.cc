@@ -236,22 +236,28 @@ static void check_paper_shape()
     /* G = 4 (Llama-3-8B's 32 / 8) */
     const nsa_config g4 = config(32, 8, 128, 128, NSA_DTYPE_BF16);
     expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
-    /* the transposed kernel with 4 tokens per warp, ranking as it goes: a ring of 32 partial scores and the kept
-     * keys per token instead of 32 rows of 1024 (128 KB, one CTA per SM), so two CTAs fit per SM on sm90 and
-     * sm80; whole rows where two CTAs fit with them (128 blocks) */
-    expect(CLS_SM90, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:ring]+topn:fused");
-    expect(CLS_SM80, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:ring]+topn:fused");
+    /* the transposed kernel with 4 tokens per warp: 32 rows of 1024 blocks (128 KB) allow one CTA per SM, so the
+     * rows go to the plan's buffer (two CTAs per SM, topn after), not into a ring; whole rows where two CTAs fit
+     * with them (128 blocks) */
+    expect(CLS_SM90, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:global]+topn");
+    expect(CLS_SM80, g4, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:global]+topn");
     expect(CLS_SM90, g4, 128, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:smem]+topn:fused");
+    /* G = 6 as 8, 2 tokens per warp: the ring (16 rows of 2048 blocks do not fit two CTAs) */
+    expect(CLS_SM90, config(24, 4, 128, 128, NSA_DTYPE_BF16), 2048, NSA_STAGE_SCORES_TOPN,
+           "scores_sm80_kq[bn64,2buf,rows:ring]+topn:fused");
     /* G = 7 as 8: 16 tokens' rows of 1024 blocks let two CTAs fit */
     expect(CLS_SM90, config(28, 4, 128, 128, NSA_DTYPE_BF16), 1024, NSA_STAGE_SCORES_TOPN,
            "scores_sm80_kq[bn64,2buf,rows:smem]+topn:fused");
     /* G = 1: 128 tokens' rows do not fit, and the ring does not pay at 16 tokens per warp */
     expect(CLS_SM90, config(4, 4, 128, 128, NSA_DTYPE_BF16), 1024, NSA_STAGE_SCORES_TOPN,
            "scores_sm80_kq[bn64,2buf,rows:global]+topn");
-    /* n > 32 is past a warp's kept set: whole rows */
-    nsa_config n48 = g4;
+    /* n > 32 is past a warp's kept set: whole rows at G 6 (one CTA per SM), the plan's buffer at G 4 */
+    nsa_config n48 = config(24, 4, 128, 128, NSA_DTYPE_BF16);
     n48.num_selected = 48;
-    expect(CLS_SM90, n48, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:smem]+topn:fused");
+    expect(CLS_SM90, n48, 2048, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:smem]+topn:fused");
+    n48 = g4;
+    n48.num_selected = 48;
+    expect(CLS_SM90, n48, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_kq[bn64,2buf,rows:global]+topn");
     /* padded Dqk 256 is past the registers that hold Q: the general kernel */
     expect(CLS_SM90, config(32, 8, 256, 256, NSA_DTYPE_BF16), 128, NSA_STAGE_SCORES_TOPN,
            "scores_sm80[bn32,2buf,rows:smem]+topn:fused");

@@ -216,9 +216,12 @@ constexpr size_t scores_sm90_g16_smem(int dqk, int nb)
  * streaming ranking where it may run, else NULL):
  *   1. whole rows in shared memory with two CTAs per SM (transposed kernels:
  *      G 7 at 64k, 16 tokens' rows of 64 KB: 8.06 ms for the stage);
- *   2. the ring, two CTAs per SM if they fit (G 4 at 64k: 16.3 ms, Hq 32 /
- *      Hkv 8, against 17.8 for whole rows with one CTA per SM; at G 7 it
- *      took 10.9 against 8.06 for 1., so it only comes after);
+ *   2. gp 4: rows in global memory (the plan's buffer, then topn) with two
+ *      CTAs per SM (Hq 32 / Hkv 8 at 64k, H100: the forward 38.8 ms against
+ *      40.2 with the ring, whose stage took 16.2 ms; 2026-12-06);
+ *   2b. gp 8: the ring, two CTAs per SM if they fit (at G 7 it took 10.9
+ *      against 8.06 for 1., so it only comes after; rows in global memory
+ *      there cost 3.4 ms more than 1. at 64k, Hq 28 / Hkv 4);
  *   3. whole rows in shared memory, one CTA (the transposed kernels: rows in
  *      shared memory beat a larger K tile with rows in global memory; v2.0 of
  *      the G 16 kernel kept them in global memory and took 32 ms at 64k);
@@ -233,10 +236,11 @@ struct ScoresRing { /* scores_sm80_kq ranking as it goes (SCORES_TOPN, 1 <= n <=
     int tokens;
     int64_t l, d, ls, n;
 };
-/* The ring where it has won: G 4 (4 tokens per warp) and G 5..8 (2). At G 1
- * (16 tokens per warp) its per-tile ranking costs more than the rows in
- * global memory: 7.43 ms against 4.62 for the stage at Hq = Hkv = 4, 64k. */
-inline bool scores_kq_ring_pays(int gp) { return gp == 4 || gp == 8; }
+/* The ring where it has won: G 5..8 (2 tokens per warp). At G 4 (4 tokens per
+ * warp) rows in global memory with two CTAs per SM beat it (the forward at
+ * Hq 32 / Hkv 8, 64k: 38.8 against 40.2 ms); at G 1 (16 tokens per warp) its
+ * per-tile ranking cost 7.43 ms against 4.62 for the stage at Hq = Hkv = 4. */
+inline bool scores_kq_ring_pays(int gp) { return gp == 8; }
 inline ScoresTile pick_scores_sm80(int gp, int dqkp, size_t rows, int64_t limit, int64_t per_sm,
                                    const ScoresRing *ring = nullptr)
 {
@@ -261,6 +265,9 @@ inline ScoresTile pick_scores_sm80(int gp, int dqkp, size_t rows, int64_t limit,
     if (kq && per_sm > 0)
         for (int i = 0; i < nc; i++)
             if (two(cand[i], ROWS)) return cand[i];
+    if (kq && gp == 4 && per_sm > 0)
+        for (int i = 0; i < nc; i++)
+            if (two(cand[i], NONE)) return ScoresTile{cand[i].bn, cand[i].nb, false, false};
     if (kq && ring) {
         for (int i = 0; per_sm > 0 && i < nc; i++)
             if (two(cand[i], RING)) return ScoresTile{cand[i].bn, cand[i].nb, true, true};
