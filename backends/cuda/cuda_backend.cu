@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_internal.h"
+#include "decode.h"
 
 extern char **environ;
 
@@ -188,6 +189,7 @@ static nsa_status cu_context_create(int device, void *native_stream, void **bctx
     c->device_cls = dcls;
     c->lim = lim;
     c->dev = Dev{lim.smem_sm, per_sm, reserved, emulate};
+    c->pdl = dec_pdl_available(p.major);
     c->force = force;
     const char *prof = getenv("NSA_CUDA_PROFILE");
     if (prof && *prof && strcmp(prof, "0") != 0) {

@@ -147,7 +147,7 @@ template <typename T> cudaError_t dalloc(size_t *acc, T **p, size_t bytes)
     return e;
 }
 
-DecGeom dgeom(const nsa_bk_plan *pl, const CudaDec *d, const nsa_bk_args *a)
+DecGeom dgeom(const CudaCtx *ctx, const nsa_bk_plan *pl, const CudaDec *d, const nsa_bk_args *a)
 {
     const nsa_config &c = pl->cfg;
     const nsa_decode_limits &lim = pl->lim;
@@ -186,6 +186,7 @@ DecGeom dgeom(const nsa_bk_plan *pl, const CudaDec *d, const nsa_bk_args *a)
     g.cbt_st = a->dec_cmp_block_table.stride_token;
     g.rec = d->rec;
     g.status = (int *)ptr(a->dec_status);
+    g.pdl = ctx->pdl;
     return g;
 }
 
@@ -209,7 +210,7 @@ nsa_status run_append(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
     DNEED(a->dec_cache_seqlens, "cache_seqlens");
     DNEED(a->dec_block_table, "block_table");
     if (pl->max_nc > 0 && pl->lim.max_cmp_pages > 0) DNEED(a->dec_cmp_block_table, "cmp_block_table");
-    const DecGeom g = dgeom(pl, d, a);
+    const DecGeom g = dgeom(c, pl, d, a);
     /* the checks first: they write the record every later kernel reads */
     CU(cudaMemsetAsync(d->chk_mem, 0, d->chk_bytes, c->stream), "decode_append (cudaMemsetAsync)");
     DLAUNCH(dec_check(g, d->chk, c->stream));
@@ -239,8 +240,18 @@ nsa_status run_append(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
             vD[nv++] = g.Dv;
         }
     }
-    DLAUNCH(dec_append(g, nk, ks, kd, kD, c->stream));
-    DLAUNCH(dec_append(g, nv, vs, vd, vD, c->stream));
+    DecAppend ap = {};
+    for (int i = 0; i < nk; i++, ap.n++) {
+        ap.src[ap.n] = ks[i];
+        ap.dst[ap.n] = kd[i];
+        ap.D[ap.n] = kD[i];
+    }
+    for (int i = 0; i < nv; i++, ap.n++) {
+        ap.src[ap.n] = vs[i];
+        ap.dst[ap.n] = vd[i];
+        ap.D[ap.n] = vD[i];
+    }
+    DLAUNCH(dec_append(g, ap, c->stream));
     /* the compressed rows the step completes (EXTERNAL: the caller wrote them) */
     const nsa_config &cfg = pl->cfg;
     /* (without compressed caches, num_cmp_pages = 0, a step that passes its checks forms no row) */
@@ -300,7 +311,7 @@ nsa_status run_attn(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
         DNEED(a->dec_k_cache[NSA_BRANCH_WIN], "k_cache[win]");
         DNEED(a->dec_v_cache[NSA_BRANCH_WIN], "v_cache[win]");
     }
-    const DecGeom g = dgeom(pl, d, a);
+    const DecGeom g = dgeom(c, pl, d, a);
     const DecAttnIn in[3] = {
         attn_in(d, a, NSA_BRANCH_CMP, a->dec_kc_cache, a->dec_vc_cache),
         slc ? attn_in(d, a, NSA_BRANCH_SLC, a->dec_k_cache[NSA_BRANCH_SLC], a->dec_v_cache[NSA_BRANCH_SLC]) : DecAttnIn{},
@@ -462,7 +473,7 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     const double part = (double)MT * (double)Hq * (double)(ns_max + ns_win) * (double)(Dv + 2) * 4.0;
     const double pb = cfg.num_selected > 0 ? (double)MT * (double)Hkv * (double)plan->max_nc * 4.0 : 0.0;
     const double rw = cfg.num_selected > 0 ? (double)MT * (double)Hkv * (double)plan->max_ns * 4.0 : 0.0;
-    const double chk = 16.0 + 4.0 * ((double)lim.num_pages + (double)lim.num_cmp_pages);
+    const double chk = (double)DEC_CHECK_HEAD + 4.0 * ((double)lim.num_pages + (double)lim.num_cmp_pages);
     /* the tensor-core path's q.k of the compressed keys, kept for the ranking where they take at most
      * 1 GiB (past that, a second pass over the compressed keys forms the block scores) */
     const double sc = (double)MT * (double)Hkv * (double)plan->max_nc * (double)G * 4.0;
@@ -501,7 +512,8 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     d->chk_bytes = (size_t)chk;
     CU(dalloc(acc, (char **)&d->chk_mem, d->chk_bytes), "plan_prepare (decode checks)");
     d->chk.flags = (unsigned long long *)d->chk_mem;
-    d->chk.pcount = (int *)((char *)d->chk_mem + 16);
+    d->chk.arrive = (unsigned *)((char *)d->chk_mem + 16);
+    d->chk.pcount = (int *)((char *)d->chk_mem + DEC_CHECK_HEAD);
     d->chk.ccount = d->chk.pcount + lim.num_pages;
     CU(dalloc(acc, &d->part, (size_t)part), "plan_prepare (decode partial states)");
     if (cfg.num_selected > 0) {

@@ -35,6 +35,7 @@ struct CudaCtx {
     Cls device_cls; /* what the device is */
     Limits lim;     /* the class plans are made for: the device's, or NSA_CUDA_TARGET's */
     Dev dev;        /* shared memory per SM of both, for the launchers (emulation) */
+    bool pdl;       /* decode steps launch with programmatic dependent launch (dec_pdl_available) */
     Force force;    /* NSA_CUDA_FORCE */
     int64_t score_rows_max; /* NSA_CUDA_SCORE_ROWS_MAX: the most bytes of an unfused SCORES_TOPN's rows (1 GiB) */
     int64_t slc_pass_max;   /* NSA_CUDA_SLC_PASS_MAX: the most bytes of slc_sm80_blk's partial states per pass (1 GiB) */

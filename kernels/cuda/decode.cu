@@ -4,12 +4,13 @@
  * caches, the compressed rows a step completes, and the three branches of
  * every new row, split across CTAs flash-decoding style.
  *
- * Checks (dec_check): three kernels and one verdict thread.
+ * Checks (dec_check): two kernels.
  *   1. per (sequence, table column): the lengths (column 0), the table
  *      entries the sequence reads or writes (range), and a count of every
  *      in-range page of every sequence (atomicAdd on int: exact);
  *   2. per (sequence, column): pages the step writes whose count is not 1;
- *   3. one thread: the first bad sequence of (1), else of (2) (atomicMax on
+ *      then one thread of the last CTA to arrive: the first bad sequence
+ *      of (1), else of (2) (atomicMax on
  *      UINT64_MAX - b, integers: deterministic), re-walked in the cpu
  *      reference's order to name the entry; writes the record and the
  *      caller's status tensor.
@@ -59,6 +60,7 @@ NSA_DEV void flag(unsigned long long *f, int64_t b) { atomicMax(f, ~0ull - (unsi
 
 __global__ void check_entries_kernel(const DecGeom g, DecCheckMem m, int64_t cols)
 {
+    dec_pdl_enter();
     const int64_t items = g.B * cols;
     for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
          it += (int64_t)gridDim.x * blockDim.x) {
@@ -85,30 +87,49 @@ __global__ void check_entries_kernel(const DecGeom g, DecCheckMem m, int64_t col
     }
 }
 
+NSA_DEV void check_verdict(const DecGeom &g, const DecCheckMem &m);
+
+/* Phase 2, then (the last CTA to arrive, one thread) the verdict. */
 __global__ void check_shared_kernel(const DecGeom g, DecCheckMem m, int64_t cols)
 {
-    if (m.flags[0] != 0) return;
-    const int64_t items = g.B * cols;
-    const bool forms = g.compress != NSA_COMPRESS_EXTERNAL;
-    for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
-         it += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t b = it / cols, x = it % cols;
-        const int64_t tq = (int64_t)g.cu[b + 1] - g.cu[b], tk0 = g.tk0[b], tk = tk0 + tq;
-        if (tq == 0) continue;
-        if (x >= tk0 / g.ps && x <= (tk - 1) / g.ps && m.pcount[g.bt[b * g.bt_st + x]] != 1) flag(&m.flags[1], b);
-        const int64_t nc0 = dnum_cmp(g, tk0), nc1 = dnum_cmp(g, tk);
-        if (forms && g.cbt && nc1 > nc0 && x >= nc0 / g.cps && x <= (nc1 - 1) / g.cps &&
-            m.ccount[g.cbt[b * g.cbt_st + x]] != 1)
-            flag(&m.flags[1], b);
+    __shared__ bool last;
+    dec_pdl_enter();
+    if (m.flags[0] == 0) { /* (flags[0] is phase 1's: final since the previous kernel) */
+        const int64_t items = g.B * cols;
+        const bool forms = g.compress != NSA_COMPRESS_EXTERNAL;
+        for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
+             it += (int64_t)gridDim.x * blockDim.x) {
+            const int64_t b = it / cols, x = it % cols;
+            const int64_t tq = (int64_t)g.cu[b + 1] - g.cu[b], tk0 = g.tk0[b], tk = tk0 + tq;
+            if (tq == 0) continue;
+            if (x >= tk0 / g.ps && x <= (tk - 1) / g.ps && m.pcount[g.bt[b * g.bt_st + x]] != 1)
+                flag(&m.flags[1], b);
+            const int64_t nc0 = dnum_cmp(g, tk0), nc1 = dnum_cmp(g, tk);
+            if (forms && g.cbt && nc1 > nc0 && x >= nc0 / g.cps && x <= (nc1 - 1) / g.cps &&
+                m.ccount[g.cbt[b * g.cbt_st + x]] != 1)
+                flag(&m.flags[1], b);
+        }
     }
+    /* count in (the memset zeroed the counter); the last CTA's first thread sees every flag */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(m.arrive, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x != 0) return;
+    __threadfence();
+    check_verdict(g, m);
 }
 
-__global__ void check_verdict_kernel(const DecGeom g, DecCheckMem m)
+/* the first bad sequence, re-walked in the cpu reference's order; writes the record and the status */
+NSA_DEV void check_verdict(const DecGeom &g, const DecCheckMem &m)
 {
     int rec[NSA_DR_FIELDS];
     for (int i = 0; i < NSA_DR_FIELDS; i++) rec[i] = 0;
     rec[NSA_DR_SEQ] = -1;
-    const unsigned long long f0 = m.flags[0], f1 = m.flags[1];
+    /* through L2: other CTAs set flags[1] with atomics during this kernel */
+    const unsigned long long f0 = __ldcg(&m.flags[0]), f1 = __ldcg(&m.flags[1]);
     if (f0 != 0 || f1 != 0) {
         const int64_t b = (int64_t)(~0ull - (f0 != 0 ? f0 : f1));
         const int64_t tq = (int64_t)g.cu[b + 1] - g.cu[b], tk0 = g.tk0[b], tk = tk0 + tq;
@@ -161,22 +182,18 @@ unsigned grid_for(int64_t items, int threads)
 
 /* ------------------------------------------------------------------ append and compress */
 
-template <typename T>
-__global__ void append_kernel(const DecGeom g, int nk, DecIn src0, DecIn src1, DecIn src2, DecCache dst0,
-                              DecCache dst1, DecCache dst2, int64_t D0, int64_t D1, int64_t D2)
+template <typename T> __global__ void append_kernel(const DecGeom g, const __grid_constant__ DecAppend ap)
 {
+    dec_pdl_enter();
     if (dec_failed(g)) return;
     const int64_t rows = dec_rows(g), pairs = rows * g.Hkv;
     for (int64_t pr = blockIdx.x; pr < pairs; pr += gridDim.x) {
         const int64_t r = pr / g.Hkv, h = pr % g.Hkv, b = dec_row_seq(g, r);
         const int64_t x = g.tk0[b] + r - g.cu[b], row = dec_prow(g, b, x);
-        for (int c = 0; c < nk; c++) {
-            const DecIn s = c == 0 ? src0 : c == 1 ? src1 : src2;
-            const DecCache d = c == 0 ? dst0 : c == 1 ? dst1 : dst2;
-            const int64_t D = c == 0 ? D0 : c == 1 ? D1 : D2;
-            const T *sp = (const T *)s.p + r * s.st + h * s.sh;
-            T *dp = (T *)d.p + row * d.st + h * d.sh;
-            for (int64_t e = threadIdx.x; e < D; e += blockDim.x) dp[e] = sp[e];
+        for (int c = 0; c < ap.n; c++) {
+            const T *sp = (const T *)ap.src[c].p + r * ap.src[c].st + h * ap.src[c].sh;
+            T *dp = (T *)ap.dst[c].p + row * ap.dst[c].st + h * ap.dst[c].sh;
+            for (int64_t e = threadIdx.x; e < ap.D[c]; e += blockDim.x) dp[e] = sp[e];
         }
     }
 }
@@ -188,6 +205,7 @@ template <typename T>
 __global__ void compress_kernel(const DecGeom g, DecCache kraw, DecCache vraw, const T *wk, const T *wv, const T *pek,
                                 const T *pev, DecCache kc, DecCache vc)
 {
+    dec_pdl_enter();
     if (dec_failed(g)) return;
     const int64_t rows = dec_rows(g), pairs = rows * g.Hkv;
     for (int64_t pr = blockIdx.x; pr < pairs; pr += gridDim.x) {
@@ -253,6 +271,7 @@ __global__ void __launch_bounds__(DW * 32) attn_kernel(const DecGeom g, const De
     extern __shared__ float sm[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r = blockIdx.x;
+    dec_pdl_enter();
     if (dec_failed(g) || r >= dec_rows(g)) return;
     const int nhc = (int)((g.G + sp.hc - 1) / sp.hc);
     const int64_t gi = blockIdx.y / nhc, h0 = gi * g.G + (int64_t)(blockIdx.y % nhc) * sp.hc;
@@ -305,6 +324,7 @@ __global__ void __launch_bounds__(DW * 32) attn_kernel(const DecGeom g, const De
 /* the splits of one (row, head), in split order: o_b and the LSE */
 __global__ void __launch_bounds__(DW * 32) merge_kernel(const DecGeom g, const DecSplit sp, const DecAttnIn a)
 {
+    dec_pdl_enter();
     if (dec_failed(g)) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t pairs = dec_rows(g) * g.Hq;
@@ -342,6 +362,7 @@ __global__ void __launch_bounds__(128) probs_kernel(const DecGeom g, const DecSp
                                                     DecIn lse, float *pbuf, int64_t max_nc)
 {
     const int64_t r = blockIdx.x, gi = blockIdx.y;
+    dec_pdl_enter();
     if (dec_failed(g) || r >= dec_rows(g)) return;
     const int64_t b = dec_row_seq(g, r), t = g.tk0[b] + r - g.cu[b], nc = nsa_cmp_visible(t, g.l, g.d);
     const int64_t k_lo = (int64_t)blockIdx.z * sp.chunk, k_hi = nsa_min64(k_lo + sp.chunk, nc);
@@ -363,6 +384,7 @@ __global__ void __launch_bounds__(128) select_kernel(const DecGeom dg, const flo
                                                      int *idx, int64_t ist, int64_t ish)
 {
     __shared__ uint64_t cand[4][TOPN_CAND];
+    dec_pdl_enter();
     if (dec_failed(dg)) return;
     Geom g = {};
     g.ls = dg.ls;
@@ -396,6 +418,7 @@ template <typename T>
 __global__ void combine_kernel(const DecGeom g, DecIn g0, DecIn g1, DecIn g2, DecIn o0, DecIn o1, DecIn o2, T *o,
                                int64_t ost, int64_t osh)
 {
+    dec_pdl_enter();
     if (dec_failed(g)) return;
     const int64_t n = dec_rows(g) * g.Hq * g.Dv;
     const DecIn gate[3] = {g0, g1, g2}, ob[3] = {o0, o1, o2};
@@ -415,27 +438,35 @@ __global__ void combine_kernel(const DecGeom g, DecIn g0, DecIn g1, DecIn g2, De
 
 /* ------------------------------------------------------------------ launchers */
 
+bool dec_pdl_available(int major)
+{
+    if (major < 9) return false;
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, check_shared_kernel) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return fa.ptxVersion >= 90;
+}
+
 cudaError_t dec_check(const DecGeom &g, const DecCheckMem &m, cudaStream_t s)
 {
     const int64_t cols = nsa_max64(nsa_max64(g.max_pages, g.max_cmp_pages), 1);
+    /* the first kernel follows the step's memset: a plain launch */
     check_entries_kernel<<<grid_for(g.B * cols, 256), 256, 0, s>>>(g, m, cols);
-    check_shared_kernel<<<grid_for(g.B * cols, 256), 256, 0, s>>>(g, m, cols);
-    check_verdict_kernel<<<1, 1, 0, s>>>(g, m);
-    return cudaGetLastError();
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        e = dec_launch(g.pdl, check_shared_kernel, grid_for(g.B * cols, 256), 256, 0, s, g, m, cols);
+    return e;
 }
 
-cudaError_t dec_append(const DecGeom &g, int nk, const DecIn *src, const DecCache *dst, const int64_t *D,
-                       cudaStream_t s)
+cudaError_t dec_append(const DecGeom &g, const DecAppend &ap, cudaStream_t s)
 {
-    if (nk == 0) return cudaSuccess;
-    DecIn sp[3] = {src[0], nk > 1 ? src[1] : src[0], nk > 2 ? src[2] : src[0]};
-    DecCache dp[3] = {dst[0], nk > 1 ? dst[1] : dst[0], nk > 2 ? dst[2] : dst[0]};
-    const int64_t DD[3] = {D[0], nk > 1 ? D[1] : D[0], nk > 2 ? D[2] : D[0]};
+    if (ap.n == 0) return cudaSuccess;
+    if (ap.n < 0 || ap.n > 6) return cudaErrorInvalidValue;
     const unsigned grid = grid_for(g.MT * g.Hkv, 1);
-    NSA_DISPATCH_DTYPE(g.dtype, T,
-                       append_kernel<T><<<grid, 128, 0, s>>>(g, nk, sp[0], sp[1], sp[2], dp[0], dp[1], dp[2], DD[0],
-                                                             DD[1], DD[2]));
-    return cudaGetLastError();
+    NSA_DISPATCH_DTYPE(g.dtype, T, return dec_launch(g.pdl, append_kernel<T>, grid, 128, 0, s, g, ap));
+    return cudaErrorInvalidValue;
 }
 
 cudaError_t dec_compress(const DecGeom &g, DecCache kraw, DecCache vraw, const void *wk, const void *wv,
@@ -443,9 +474,9 @@ cudaError_t dec_compress(const DecGeom &g, DecCache kraw, DecCache vraw, const v
 {
     const unsigned grid = grid_for(g.MT * g.Hkv, 1);
     NSA_DISPATCH_DTYPE(g.dtype, T,
-                       compress_kernel<T><<<grid, 128, 0, s>>>(g, kraw, vraw, (const T *)wk, (const T *)wv,
-                                                               (const T *)pek, (const T *)pev, kc, vc));
-    return cudaGetLastError();
+                       return dec_launch(g.pdl, compress_kernel<T>, grid, 128, 0, s, g, kraw, vraw, (const T *)wk,
+                                         (const T *)wv, (const T *)pek, (const T *)pev, kc, vc));
+    return cudaErrorInvalidValue;
 }
 
 size_t dec_attn_smem(int64_t Dqk, int64_t Dv) { return (size_t)DW * ((Dqk + Dv + 32) * 4 + 32 * 8); }
@@ -454,8 +485,7 @@ size_t dec_attn_smem(int64_t Dqk, int64_t Dv) { return (size_t)DW * ((Dqk + Dv +
 static cudaError_t dec_merge(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, cudaStream_t s)
 {
     if (g.MT == 0) return cudaSuccess;
-    merge_kernel<<<grid_for(g.MT * g.Hq, DW), DW * 32, 0, s>>>(g, sp, a);
-    return cudaGetLastError();
+    return dec_launch(g.pdl, merge_kernel, grid_for(g.MT * g.Hq, DW), DW * 32, 0, s, g, sp, a);
 }
 
 template <typename T, int MODE>
@@ -467,11 +497,8 @@ static cudaError_t attn_t(const DecGeom &g, const DecSplit &sp, const DecAttnIn 
     /* 16-byte K loads: aligned base, strides and head dim */
     const int64_t ve = 16 / (int64_t)sizeof(T);
     const bool vec = ((uintptr_t)a.k.p % 16) == 0 && a.k.st % ve == 0 && a.k.sh % ve == 0 && g.Dqk % ve == 0;
-    if (vec)
-        attn_kernel<T, MODE, true><<<grid, DW * 32, smem, s>>>(g, sp, a);
-    else
-        attn_kernel<T, MODE, false><<<grid, DW * 32, smem, s>>>(g, sp, a);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = vec ? dec_launch(g.pdl, attn_kernel<T, MODE, true>, grid, DW * 32, smem, s, g, sp, a)
+                        : dec_launch(g.pdl, attn_kernel<T, MODE, false>, grid, DW * 32, smem, s, g, sp, a);
     if (e != cudaSuccess) return e;
     return dec_merge(g, sp, a, s);
 }
@@ -497,8 +524,9 @@ cudaError_t dec_select(const DecGeom &g, const DecSplit &sp, DecIn q, DecCache k
 {
     if (max_nc > 0) {
         const dim3 grid((unsigned)g.MT, (unsigned)g.Hkv, (unsigned)sp.ns);
-        NSA_DISPATCH_DTYPE(g.dtype, T, probs_kernel<T><<<grid, 128, 0, s>>>(g, sp, q, kc, lse_cmp, pbuf, max_nc));
-        cudaError_t e = cudaGetLastError();
+        cudaError_t e = cudaErrorInvalidValue;
+        NSA_DISPATCH_DTYPE(g.dtype, T,
+                           e = dec_launch(g.pdl, probs_kernel<T>, grid, 128, 0, s, g, sp, q, kc, lse_cmp, pbuf, max_nc));
         if (e != cudaSuccess) return e;
     }
     return dec_rank(g, pbuf, max_nc, rows, idx, ist, ish, s);
@@ -508,8 +536,8 @@ cudaError_t dec_rank(const DecGeom &g, const float *pbuf, int64_t max_nc, float 
                      int64_t ish, cudaStream_t s)
 {
     if (g.MT == 0) return cudaSuccess;
-    select_kernel<<<grid_for(g.MT * g.Hkv, 4), 128, 0, s>>>(g, pbuf, max_nc, rows, idx, ist, ish);
-    return cudaGetLastError();
+    return dec_launch(g.pdl, select_kernel, grid_for(g.MT * g.Hkv, 4), 128, 0, s, g, pbuf, max_nc, rows, idx, ist,
+                      ish);
 }
 
 cudaError_t dec_combine(const DecGeom &g, const DecIn gate[3], const DecIn ob[3], void *o, int64_t ost, int64_t osh,
@@ -517,9 +545,9 @@ cudaError_t dec_combine(const DecGeom &g, const DecIn gate[3], const DecIn ob[3]
 {
     const unsigned grid = grid_for(g.MT * g.Hq * g.Dv, 256);
     NSA_DISPATCH_DTYPE(g.dtype, T,
-                       combine_kernel<T><<<grid, 256, 0, s>>>(g, gate[0], gate[1], gate[2], ob[0], ob[1], ob[2],
-                                                              (T *)o, ost, osh));
-    return cudaGetLastError();
+                       return dec_launch(g.pdl, combine_kernel<T>, grid, 256, 0, s, g, gate[0], gate[1], gate[2], ob[0],
+                                         ob[1], ob[2], (T *)o, ost, osh));
+    return cudaErrorInvalidValue;
 }
 
 } // namespace nsa_cuda

@@ -52,20 +52,38 @@ struct DecGeom {
     int64_t cbt_st;
     int *rec;       /* the step's record [NSA_DR_FIELDS] (plan memory) */
     int *status;    /* the caller's status tensor [2], or NULL */
+    int pdl;        /* launch the step's kernels after the first with programmatic dependent launch
+                     * (dec_pdl_available; decode_dev.cuh, dec_launch) */
 };
 
-/* Plan memory of the checks: two 64-bit flags then the page counts; zeroed
+/* Whether a device of compute capability major.x runs this module's decode kernels
+ * with programmatic dependent launch: sm_90 or newer, and the kernels' code built
+ * from sm_90+ PTX (so that it holds the griddepcontrol instructions, not an older
+ * target's code JIT-compiled for the device). */
+bool dec_pdl_available(int major);
+
+/* Plan memory of the checks: two 64-bit flags, the arrival counter of the
+ * second kernel's CTAs (8 bytes with padding), then the page counts; zeroed
  * (cudaMemsetAsync, capturable) at the start of every step. */
+constexpr size_t DEC_CHECK_HEAD = 24;
 struct DecCheckMem {
     unsigned long long *flags; /* [2]: phase-1 and shared-page failures, as UINT64_MAX - b (0: none) */
+    unsigned *arrive;          /* CTAs of check_shared done (the last one writes the verdict) */
     int *pcount, *ccount;      /* [num_pages], [num_cmp_pages] */
 };
 
 cudaError_t dec_check(const DecGeom &g, const DecCheckMem &m, cudaStream_t s);
 
-/* Appends k[b], v[b] of the new tokens to the distinct caches (nk of them). */
-cudaError_t dec_append(const DecGeom &g, int nk, const DecIn *src, const DecCache *dst, const int64_t *D,
-                       cudaStream_t s);
+/* Appends the new tokens' rows to the distinct caches, in one launch: src[c]
+ * (k or v of a branch, D[c] wide) into dst[c], for c < n (at most 6: the k and
+ * v caches of three branches). */
+struct DecAppend {
+    int n;
+    DecIn src[6];
+    DecCache dst[6];
+    int64_t D[6];
+};
+cudaError_t dec_append(const DecGeom &g, const DecAppend &ap, cudaStream_t s);
 
 /* MEAN / LINEAR: the compressed rows the step completes, from the cached
  * tokens of the compressed branch's caches (kraw, vraw) into kc / vc. */

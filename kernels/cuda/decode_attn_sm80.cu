@@ -319,6 +319,7 @@ __global__ void __launch_bounds__(DM_WARPS * 32, 3) /* 3 CTAs per SM at D 128: a
                          const __grid_constant__ DecBranch b1)
 {
     const int z = (int)blockIdx.z;
+    dec_pdl_enter();
     if constexpr (MODE2 < 0)
         dm_split<T, DQK, DV, MODE, PROBS>(g, b0.sp, b0.a, b0.t, z);
     else if (z < b0.sp.ns)
@@ -588,7 +589,7 @@ static cudaError_t launch_dm(const DecGeom &g, bool probs, const DecBranch &b0, 
         if (prep) {
             if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         } else {
-            kern<<<grid, DM_WARPS * 32, smem, s>>>(g, b0, b1 ? *b1 : none);
+            if (e == cudaSuccess) e = dec_launch(g.pdl, kern, grid, DM_WARPS * 32, smem, s, g, b0, b1 ? *b1 : none);
         }
     };
     if (prep) {
@@ -603,7 +604,7 @@ static cudaError_t launch_dm(const DecGeom &g, bool probs, const DecBranch &b0, 
         run(dec_attn_sm80_kernel<T, DQK, DV, 0, false, 2>);
     else
         run(dec_attn_sm80_kernel<T, DQK, DV, 1, false, -1>);
-    return cudaGetLastError();
+    return e;
 }
 
 /* dec_rank_wide (decode.h): part z of (row r, KV head gi)'s selection blocks. Shared memory:
@@ -620,6 +621,7 @@ __global__ void __launch_bounds__(RW_THREADS)
     __shared__ __align__(8) uint64_t cand[TOPN_CAND];
     __shared__ int last;
     const int64_t r = blockIdx.x;
+    dec_pdl_enter();
     if (dec_failed(g) || r >= dec_rows(g)) return;
     const int64_t gi = blockIdx.y, h0 = gi * g.G;
     const int tid = threadIdx.x, nh = (int)g.G;
@@ -756,8 +758,8 @@ namespace nsa_cuda {
 cudaError_t dec_rank_wide(const DecGeom &g, const DecRankWide &w, cudaStream_t s)
 {
     if (w.parts < 1 || w.parts > 65535 || g.MT < 1 || g.Hkv > 65535) return cudaErrorInvalidValue;
-    dec_rank_wide_kernel<<<dim3((unsigned)g.MT, (unsigned)g.Hkv, (unsigned)w.parts), RW_THREADS, 0, s>>>(g, w);
-    return cudaGetLastError();
+    return dec_launch(g.pdl, dec_rank_wide_kernel, dim3((unsigned)g.MT, (unsigned)g.Hkv, (unsigned)w.parts),
+                      RW_THREADS, 0, s, g, w);
 }
 
 int dec_rank_wide_parts(int64_t MT, int64_t Hkv, int64_t max_ns, int64_t l, int64_t d, int64_t ls, int sms, bool force)

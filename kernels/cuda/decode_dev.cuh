@@ -11,6 +11,39 @@
 
 namespace nsa_cuda {
 
+/* Programmatic dependent launch (dec_launch with g.pdl, sm_90+): a kernel of the
+ * step may be launched while its predecessor still runs. Every decode kernel
+ * calls this first: it waits until the predecessor has completed and its
+ * writes are visible (griddepcontrol.wait), so nothing is read or written
+ * before, then lets its own successor launch (its CTAs start and wait in turn).
+ * What overlaps is the launch, not the work: results are those of plain stream
+ * order. Without the attribute, or below sm_90, both are no-ops. */
+NSA_DEV void dec_pdl_enter()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launches kern<<<grid, block, smem, s>>>(args...), with programmatic dependent
+ * launch where pdl is set (only kernels that begin with dec_pdl_enter). */
+template <typename... P, typename... A>
+cudaError_t dec_launch(bool pdl, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
+}
+
 NSA_DEV int64_t dnum_cmp(const DecGeom &g, int64_t x) { return x >= g.l ? (x - g.l) / g.d + 1 : 0; }
 NSA_DEV bool dec_failed(const DecGeom &g) { return *(volatile const int *)g.rec != 0; }
 NSA_DEV int64_t dec_rows(const DecGeom &g) { return g.cu[g.B]; }
