@@ -27,10 +27,13 @@
  * decode_prepare). The splits are fixed by the plan and merged in split
  * order, so results are bitwise the same run to run.
  *
- * A step on the tensor-core path (decode_attn_sm80.cu) is eight kernels and
- * a memset: the checks (three kernels), the append (k, v), the compressed
- * rows, then the compressed branch with the window beside it in one launch,
- * and the selected branch. Each branch's last CTA per (row, KV head) merges
+ * A step on the tensor-core path (decode_attn_sm80.cu) is five kernels and
+ * a memset (six with decode_sm80_wide's ranking): the checks (two kernels),
+ * the append of k and v with the compressed rows the step completes, then the
+ * compressed branch with the window beside it in one launch, and the selected
+ * branch; on sm_90 each kernel after the first launches while its
+ * predecessor ends (programmatic dependent launch, decode_dev.cuh). Each
+ * branch's last CTA per (row, KV head) merges
  * its splits, the compressed one also ranking the blocks from the q.k
  * products its splits kept, and the selected one (the later of the compressed
  * and window ones when n = 0) combining the branches. decode.cu's kernels
@@ -251,22 +254,33 @@ nsa_status run_append(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
         ap.dst[ap.n] = vd[i];
         ap.D[ap.n] = vD[i];
     }
-    DLAUNCH(dec_append(g, ap, c->stream));
-    /* the compressed rows the step completes (EXTERNAL: the caller wrote them) */
+    /* the compressed rows the step completes (EXTERNAL: the caller wrote them), in the append's launch */
     const nsa_config &cfg = pl->cfg;
+    DecCompress cp = {};
     /* (without compressed caches, num_cmp_pages = 0, a step that passes its checks forms no row) */
     if (cfg.compress != NSA_COMPRESS_EXTERNAL && pl->max_nc > 0 && a->dec_kc_cache.buf) {
         DNEED(a->dec_k_cache[NSA_BRANCH_CMP], "k_cache[cmp]");
         DNEED(a->dec_v_cache[NSA_BRANCH_CMP], "v_cache[cmp]");
+        DNEED(a->k[NSA_BRANCH_CMP], "k (new tokens)");
+        DNEED(a->v[NSA_BRANCH_CMP], "v (new tokens)");
         DNEED(a->dec_vc_cache, "vc_cache");
         if (cfg.compress == NSA_COMPRESS_LINEAR) {
             DNEED(a->w_k, "w_k");
             DNEED(a->w_v, "w_v");
         }
-        DLAUNCH(dec_compress(g, dcache(a->dec_k_cache[NSA_BRANCH_CMP]), dcache(a->dec_v_cache[NSA_BRANCH_CMP]),
-                             ptr(a->w_k), ptr(a->w_v), ptr(a->pe_k), ptr(a->pe_v), dcache(a->dec_kc_cache),
-                             dcache(a->dec_vc_cache), c->stream));
+        cp.on = 1;
+        cp.kraw = dcache(a->dec_k_cache[NSA_BRANCH_CMP]);
+        cp.vraw = dcache(a->dec_v_cache[NSA_BRANCH_CMP]);
+        cp.kc = dcache(a->dec_kc_cache);
+        cp.vc = dcache(a->dec_vc_cache);
+        cp.kin = din(a->k[NSA_BRANCH_CMP]);
+        cp.vin = din(a->v[NSA_BRANCH_CMP]);
+        cp.wk = ptr(a->w_k);
+        cp.wv = ptr(a->w_v);
+        cp.pek = ptr(a->pe_k);
+        cp.pev = ptr(a->pe_v);
     }
+    DLAUNCH(dec_append(g, ap, cp, c->stream));
     return NSA_SUCCESS;
 }
 

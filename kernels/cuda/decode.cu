@@ -182,7 +182,54 @@ unsigned grid_for(int64_t items, int threads)
 
 /* ------------------------------------------------------------------ append and compress */
 
-template <typename T> __global__ void append_kernel(const DecGeom g, const __grid_constant__ DecAppend ap)
+/* The compressed row (if any) whose block ends at new position x of sequence b,
+ * for KV head h: fp32 sums in the forward's order, rounded once. Position p of
+ * the block: the step's input row cu[b] + p - tk0[b] where p >= tk0[b] (the
+ * append of this launch writes it to the cache), else the cached row. */
+template <typename T>
+NSA_DEV void compress_row(const DecGeom &g, const DecCompress &cp, int64_t b, int64_t h, int64_t x)
+{
+    if (x + 1 < g.l || (x + 1 - g.l) % g.d != 0) return; /* no block ends at x */
+    const int64_t i = (x + 1 - g.l) / g.d, crow = dec_crow(g, b, i), tk0 = g.tk0[b], r0 = g.cu[b];
+    const T *W = (const T *)cp.wk, *pe = (const T *)cp.pek;
+    for (int kv = 0; kv < 2; kv++) {
+        const DecCache src = kv ? cp.vraw : cp.kraw, dst = kv ? cp.vc : cp.kc;
+        const DecIn in = kv ? cp.vin : cp.kin;
+        const int64_t D = kv ? g.Dv : g.Dqk;
+        if (kv) W = (const T *)cp.wv, pe = (const T *)cp.pev;
+        auto rowp = [&](int64_t j) {
+            const int64_t p = i * g.d + j;
+            return p >= tk0 ? (const T *)in.p + (r0 + p - tk0) * in.st + h * in.sh
+                            : (const T *)src.p + dec_prow(g, b, p) * src.st + h * src.sh;
+        };
+        T *out = (T *)dst.p + crow * dst.st + h * dst.sh;
+        for (int64_t o = threadIdx.x; o < D; o += blockDim.x) {
+            float acc = 0.f;
+            if (g.compress == NSA_COMPRESS_MEAN) {
+                for (int64_t j = 0; j < g.l; j++) acc += to_f(rowp(j)[o]);
+                acc *= 1.0f / (float)g.l;
+            } else {
+                for (int64_t j = 0; j < g.l; j++) {
+                    const T *xr = rowp(j);
+                    const T *wj = W + (h * g.l + j) * D * D + o;
+                    const T *pj = pe ? pe + (h * g.l + j) * D : nullptr;
+                    for (int64_t k = 0; k < D; k++) {
+                        float xv = to_f(xr[k]);
+                        if (pj) xv += to_f(pj[k]);
+                        acc += xv * to_f(wj[k * D]);
+                    }
+                }
+            }
+            out[o] = from_f<T>(acc);
+        }
+    }
+}
+
+/* one CTA per (new row, KV head): the row into every distinct cache, then the
+ * compressed row its position completes */
+template <typename T>
+__global__ void append_kernel(const DecGeom g, const __grid_constant__ DecAppend ap,
+                              const __grid_constant__ DecCompress cp)
 {
     dec_pdl_enter();
     if (dec_failed(g)) return;
@@ -195,50 +242,7 @@ template <typename T> __global__ void append_kernel(const DecGeom g, const __gri
             T *dp = (T *)ap.dst[c].p + row * ap.dst[c].st + h * ap.dst[c].sh;
             for (int64_t e = threadIdx.x; e < ap.D[c]; e += blockDim.x) dp[e] = sp[e];
         }
-    }
-}
-
-/* x rounded to T and back: a value the caches hold */
-template <typename T> NSA_DEV float dround(float x) { return to_f(from_f<T>(x)); }
-
-template <typename T>
-__global__ void compress_kernel(const DecGeom g, DecCache kraw, DecCache vraw, const T *wk, const T *wv, const T *pek,
-                                const T *pev, DecCache kc, DecCache vc)
-{
-    dec_pdl_enter();
-    if (dec_failed(g)) return;
-    const int64_t rows = dec_rows(g), pairs = rows * g.Hkv;
-    for (int64_t pr = blockIdx.x; pr < pairs; pr += gridDim.x) {
-        const int64_t r = pr / g.Hkv, h = pr % g.Hkv, b = dec_row_seq(g, r);
-        const int64_t x = g.tk0[b] + r - g.cu[b];
-        if (x + 1 < g.l || (x + 1 - g.l) % g.d != 0) continue; /* no block ends at x */
-        const int64_t i = (x + 1 - g.l) / g.d, crow = dec_crow(g, b, i);
-        for (int kv = 0; kv < 2; kv++) {
-            const DecCache src = kv ? vraw : kraw, dst = kv ? vc : kc;
-            const int64_t D = kv ? g.Dv : g.Dqk;
-            const T *W = kv ? wv : wk, *pe = kv ? pev : pek;
-            T *out = (T *)dst.p + crow * dst.st + h * dst.sh;
-            for (int64_t o = threadIdx.x; o < D; o += blockDim.x) {
-                float acc = 0.f;
-                if (g.compress == NSA_COMPRESS_MEAN) {
-                    for (int64_t j = 0; j < g.l; j++)
-                        acc += to_f(((const T *)src.p)[dec_prow(g, b, i * g.d + j) * src.st + h * src.sh + o]);
-                    acc *= 1.0f / (float)g.l;
-                } else {
-                    for (int64_t j = 0; j < g.l; j++) {
-                        const T *xr = (const T *)src.p + dec_prow(g, b, i * g.d + j) * src.st + h * src.sh;
-                        const T *wj = W + (h * g.l + j) * D * D + o;
-                        const T *pj = pe ? pe + (h * g.l + j) * D : nullptr;
-                        for (int64_t k = 0; k < D; k++) {
-                            float xv = to_f(xr[k]);
-                            if (pj) xv += to_f(pj[k]);
-                            acc += xv * to_f(wj[k * D]);
-                        }
-                    }
-                }
-                out[o] = from_f<T>(acc);
-            }
-        }
+        if (cp.on) compress_row<T>(g, cp, b, h, x);
     }
 }
 
@@ -460,22 +464,12 @@ cudaError_t dec_check(const DecGeom &g, const DecCheckMem &m, cudaStream_t s)
     return e;
 }
 
-cudaError_t dec_append(const DecGeom &g, const DecAppend &ap, cudaStream_t s)
+cudaError_t dec_append(const DecGeom &g, const DecAppend &ap, const DecCompress &cp, cudaStream_t s)
 {
-    if (ap.n == 0) return cudaSuccess;
+    if (ap.n == 0 && !cp.on) return cudaSuccess;
     if (ap.n < 0 || ap.n > 6) return cudaErrorInvalidValue;
     const unsigned grid = grid_for(g.MT * g.Hkv, 1);
-    NSA_DISPATCH_DTYPE(g.dtype, T, return dec_launch(g.pdl, append_kernel<T>, grid, 128, 0, s, g, ap));
-    return cudaErrorInvalidValue;
-}
-
-cudaError_t dec_compress(const DecGeom &g, DecCache kraw, DecCache vraw, const void *wk, const void *wv,
-                         const void *pek, const void *pev, DecCache kc, DecCache vc, cudaStream_t s)
-{
-    const unsigned grid = grid_for(g.MT * g.Hkv, 1);
-    NSA_DISPATCH_DTYPE(g.dtype, T,
-                       return dec_launch(g.pdl, compress_kernel<T>, grid, 128, 0, s, g, kraw, vraw, (const T *)wk,
-                                         (const T *)wv, (const T *)pek, (const T *)pev, kc, vc));
+    NSA_DISPATCH_DTYPE(g.dtype, T, return dec_launch(g.pdl, append_kernel<T>, grid, 128, 0, s, g, ap, cp));
     return cudaErrorInvalidValue;
 }
 

@@ -83,12 +83,17 @@ struct DecAppend {
     DecCache dst[6];
     int64_t D[6];
 };
-cudaError_t dec_append(const DecGeom &g, const DecAppend &ap, cudaStream_t s);
-
-/* MEAN / LINEAR: the compressed rows the step completes, from the cached
- * tokens of the compressed branch's caches (kraw, vraw) into kc / vc. */
-cudaError_t dec_compress(const DecGeom &g, DecCache kraw, DecCache vraw, const void *wk, const void *wv,
-                         const void *pek, const void *pev, DecCache kc, DecCache vc, cudaStream_t s);
+/* MEAN / LINEAR (on != 0): the compressed rows the step completes, into kc /
+ * vc. A block's positions cached before the step are read from the compressed
+ * branch's caches (kraw, vraw), the step's own from its inputs (kin, vin: the
+ * values the append writes), so the rows form in the append's launch. */
+struct DecCompress {
+    int on;
+    DecCache kraw, vraw, kc, vc;
+    DecIn kin, vin;
+    const void *wk, *wv, *pek, *pev;
+};
+cudaError_t dec_append(const DecGeom &g, const DecAppend &ap, const DecCompress &cp, cudaStream_t s);
 
 /* The split attention of one branch (mode 0 compressed, 1 selected, 2 window):
  * grid (rows, Hkv x head chunks, ns splits of chunk keys each), partial
