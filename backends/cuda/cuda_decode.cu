@@ -217,43 +217,25 @@ nsa_status run_append(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
     /* the checks first: they write the record every later kernel reads */
     CU(cudaMemsetAsync(d->chk_mem, 0, d->chk_bytes, c->stream), "decode_append (cudaMemsetAsync)");
     DLAUNCH(dec_check(g, d->chk, c->stream));
-    /* the new tokens into each distinct cache, once */
-    DecIn ks[3], vs[3];
-    DecCache kd[3], vd[3];
-    int64_t kD[3], vD[3];
-    int nk = 0, nv = 0;
+    /* the new tokens into each distinct cache, once: every k cache, then every v cache */
     for (int br = 0; br < 3; br++) {
         if (!a->dec_k_cache[br].buf) continue;
         DNEED(a->k[br], "k (new tokens)");
         DNEED(a->v[br], "v (new tokens)");
         DNEED(a->dec_v_cache[br], "v_cache");
-        bool kdup = false, vdup = false;
-        for (int e = 0; e < br; e++) {
-            kdup |= same_cache(a->dec_k_cache[e], a->dec_k_cache[br]);
-            vdup |= same_cache(a->dec_v_cache[e], a->dec_v_cache[br]);
-        }
-        if (!kdup) {
-            ks[nk] = din(a->k[br]);
-            kd[nk] = dcache(a->dec_k_cache[br]);
-            kD[nk++] = g.Dqk;
-        }
-        if (!vdup) {
-            vs[nv] = din(a->v[br]);
-            vd[nv] = dcache(a->dec_v_cache[br]);
-            vD[nv++] = g.Dv;
-        }
     }
     DecAppend ap = {};
-    for (int i = 0; i < nk; i++, ap.n++) {
-        ap.src[ap.n] = ks[i];
-        ap.dst[ap.n] = kd[i];
-        ap.D[ap.n] = kD[i];
-    }
-    for (int i = 0; i < nv; i++, ap.n++) {
-        ap.src[ap.n] = vs[i];
-        ap.dst[ap.n] = vd[i];
-        ap.D[ap.n] = vD[i];
-    }
+    for (int kv = 0; kv < 2; kv++)
+        for (int br = 0; br < 3; br++) {
+            const nsa_bk_tensor *cache = kv ? a->dec_v_cache : a->dec_k_cache;
+            if (!a->dec_k_cache[br].buf) continue;
+            bool dup = false;
+            for (int e = 0; e < br; e++) dup |= same_cache(cache[e], cache[br]);
+            if (dup) continue;
+            ap.src[ap.n] = din(kv ? a->v[br] : a->k[br]);
+            ap.dst[ap.n] = dcache(cache[br]);
+            ap.D[ap.n++] = kv ? g.Dv : g.Dqk;
+        }
     /* the compressed rows the step completes (EXTERNAL: the caller wrote them), in the append's launch */
     const nsa_config &cfg = pl->cfg;
     DecCompress cp = {};
@@ -268,7 +250,6 @@ nsa_status run_append(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
             DNEED(a->w_k, "w_k");
             DNEED(a->w_v, "w_v");
         }
-        cp.on = 1;
         cp.kraw = dcache(a->dec_k_cache[NSA_BRANCH_CMP]);
         cp.vraw = dcache(a->dec_v_cache[NSA_BRANCH_CMP]);
         cp.kc = dcache(a->dec_kc_cache);

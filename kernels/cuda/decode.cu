@@ -191,12 +191,11 @@ NSA_DEV void compress_row(const DecGeom &g, const DecCompress &cp, int64_t b, in
 {
     if (x + 1 < g.l || (x + 1 - g.l) % g.d != 0) return; /* no block ends at x */
     const int64_t i = (x + 1 - g.l) / g.d, crow = dec_crow(g, b, i), tk0 = g.tk0[b], r0 = g.cu[b];
-    const T *W = (const T *)cp.wk, *pe = (const T *)cp.pek;
     for (int kv = 0; kv < 2; kv++) {
         const DecCache src = kv ? cp.vraw : cp.kraw, dst = kv ? cp.vc : cp.kc;
         const DecIn in = kv ? cp.vin : cp.kin;
         const int64_t D = kv ? g.Dv : g.Dqk;
-        if (kv) W = (const T *)cp.wv, pe = (const T *)cp.pev;
+        const T *W = (const T *)(kv ? cp.wv : cp.wk), *pe = (const T *)(kv ? cp.pev : cp.pek);
         auto rowp = [&](int64_t j) {
             const int64_t p = i * g.d + j;
             return p >= tk0 ? (const T *)in.p + (r0 + p - tk0) * in.st + h * in.sh
@@ -242,7 +241,7 @@ __global__ void append_kernel(const DecGeom g, const __grid_constant__ DecAppend
             T *dp = (T *)ap.dst[c].p + row * ap.dst[c].st + h * ap.dst[c].sh;
             for (int64_t e = threadIdx.x; e < ap.D[c]; e += blockDim.x) dp[e] = sp[e];
         }
-        if (cp.on) compress_row<T>(g, cp, b, h, x);
+        if (cp.kc.p) compress_row<T>(g, cp, b, h, x);
     }
 }
 
@@ -466,7 +465,7 @@ cudaError_t dec_check(const DecGeom &g, const DecCheckMem &m, cudaStream_t s)
 
 cudaError_t dec_append(const DecGeom &g, const DecAppend &ap, const DecCompress &cp, cudaStream_t s)
 {
-    if (ap.n == 0 && !cp.on) return cudaSuccess;
+    if (ap.n == 0 && !cp.kc.p) return cudaSuccess;
     if (ap.n < 0 || ap.n > 6) return cudaErrorInvalidValue;
     const unsigned grid = grid_for(g.MT * g.Hkv, 1);
     NSA_DISPATCH_DTYPE(g.dtype, T, return dec_launch(g.pdl, append_kernel<T>, grid, 128, 0, s, g, ap, cp));

@@ -83,12 +83,11 @@ struct DecAppend {
     DecCache dst[6];
     int64_t D[6];
 };
-/* MEAN / LINEAR (on != 0): the compressed rows the step completes, into kc /
+/* MEAN / LINEAR (kc.p != NULL): the compressed rows the step completes, into kc /
  * vc. A block's positions cached before the step are read from the compressed
  * branch's caches (kraw, vraw), the step's own from its inputs (kin, vin: the
  * values the append writes), so the rows form in the append's launch. */
 struct DecCompress {
-    int on;
     DecCache kraw, vraw, kc, vc;
     DecIn kin, vin;
     const void *wk, *wv, *pek, *pev;

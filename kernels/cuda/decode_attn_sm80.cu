@@ -751,10 +751,6 @@ void dec_attn_sm80_trace_dump()
 }
 #endif
 
-} // namespace nsa_cuda
-
-namespace nsa_cuda {
-
 cudaError_t dec_rank_wide(const DecGeom &g, const DecRankWide &w, cudaStream_t s)
 {
     if (w.parts < 1 || w.parts > 65535 || g.MT < 1 || g.Hkv > 65535) return cudaErrorInvalidValue;
