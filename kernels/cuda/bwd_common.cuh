@@ -86,6 +86,42 @@ NSA_DEV void rows_sweep_step(int pass, float (&s)[NJ][4], const float (&e)[NJ][4
         }
 }
 
+/* One key tile of a rows kernel's single sweep (the selected rows kernel and
+ * bwd_rows_sm90): s (the masked logits) becomes p and e (dO . v) becomes p e,
+ * and dgp adds p e in the order rows_sweep_step's sweep 0 does, so dg is the
+ * same sum. The caller then adds B += p K and A += (p e) K; after the last tile
+ * dq = scale g (A - dg B) (rows_dq_finish), the same sum as
+ * scale sum_r g p_r (e_r - dg) k_r, formed without a second sweep. */
+template <int NJ>
+NSA_DEV void rows_single_step(float (&s)[NJ][4], float (&e)[NJ][4], const float (&L)[2], float (&dgp)[2], float sl)
+{
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int i = x >> 1;
+            const float p = fast_ex2(fmaf(s[j][x], sl, -L[i]));
+            const float pe = p * e[j][x];
+            dgp[i] += pe;
+            s[j][x] = p;
+            e[j][x] = pe;
+        }
+}
+
+/* dq = scale g (A - dg B) in place of A, for this thread's two fragment rows */
+template <int NO>
+NSA_DEV void rows_dq_finish(float (&a)[NO][4], const float (&b)[NO][4], const float (&dg)[2], const float (&gt)[2],
+                            float scale)
+{
+#pragma unroll
+    for (int j = 0; j < NO; j++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int i = x >> 1;
+            a[j][x] = scale * gt[i] * fmaf(-dg[i], b[j][x], a[j][x]);
+        }
+}
+
 /* After sweep 0: dg of this thread's rows (the quad's sum), and for the rows
  * that exist (head(i) >= 0; token t(i)) dgate = dg and delta = g dg. */
 template <typename TokFn, typename HeadFn>

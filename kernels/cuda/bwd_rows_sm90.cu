@@ -1,8 +1,8 @@
 /*
  * bwd_rows_sm90.cu -- the rows kernel (dq, dgate, delta) of the compressed
  * and window backward on Hopper's warpgroup MMA (sm_90a code): the same
- * tiles, sweeps and formulas as bwd_sm80.cu's bwd_rows_sm80_kernel (its
- * header has them), with the products on the tensor cores of a warpgroup:
+ * tiles and formulas as bwd_sm80.cu's bwd_rows_sm80_kernel (its header has
+ * them), with the products on the tensor cores of a warpgroup:
  *
  *   S = Q K^T, E = dO V^T   m64 x BN, Q / dO (the CTA's 64 rows) and the
  *                           K / V tile from 128-byte-swizzled shared memory;
@@ -12,8 +12,11 @@
  * One warpgroup per 64-row tile of bwd_attn_sm80's list; K/V tiles of BN keys
  * (64; 32 at Dqk 192) double-buffered through cp.async, a CTA barrier per
  * tile; a tile that no row of the warpgroup reads is skipped as a whole (the
- * wgmma instructions are warpgroup-wide). Two sweeps, as the sm80 kernel: dg
- * first, then dS and dq. Two CTAs per SM.
+ * wgmma instructions are warpgroup-wide). Up to Dqk 128 one sweep, as the
+ * selected rows kernel: dg = sum p e, A += (p e) K and B += p K (hi + lo in
+ * f16 too), dq = scale g (A - dg B) after the last tile; at Dqk 192 (where
+ * a second m64 x 192 accumulator does not fit the registers) two sweeps, as
+ * the sm80 kernel: dg first, then dS and dq. Two CTAs per SM.
  */
 #include "bwd_sm90.cuh"
 
@@ -31,6 +34,9 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
 {
 #ifdef NSA_WGMMA
     constexpr int BM = BWD_ROWS_BM, NT = BWD_THREADS;
+    /* one sweep (dq = scale g (A - dg B), rows_single_step) where its second accumulator fits the
+     * registers; two sweeps at Dqk 192 */
+    constexpr bool ONE = DQK <= 128;
     constexpr uint32_t QB = BM * DQK * 2, OB = BM * DV * 2, KB = BN * DQK * 2, VB = BN * DV * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *const sQ = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -78,10 +84,11 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     const float sl = g.scale * NSA_LOG2E;
     const uint64_t qd = sw128_desc(smem_u32(sQ), 16), od = sw128_desc(smem_u32(sO), 16);
     float dgp[2] = {0.f, 0.f}, dg[2] = {0.f, 0.f};
-    float dqa[DQK / 8][4];
+    float dqa[DQK / 8][4], dqb[ONE ? DQK / 8 : 1][4];
     zero_frag(dqa);
+    zero_frag(dqb);
 
-    const int passes = dq ? 2 : 1;
+    const int passes = dq && !ONE ? 2 : 1;
     for (int pass = 0; pass < passes; pass++) {
         if (nkt > 0) load_kv(0, 0);
         cp_async_commit();
@@ -119,16 +126,27 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
                     wg_hold(e);
                 }
                 wr.tile_max(s, ks, lane, mx); /* masks the keys outside the rows' ranges */
-                rows_sweep_step(pass, s, e, L, gt, dg, dgp, sl, g.scale);
-                if (pass == 1) {
+                if (ONE) rows_single_step(s, e, L, dgp, sl);
+                else rows_sweep_step(pass, s, e, L, gt, dg, dgp, sl, g.scale);
+                if (dq && (ONE || pass == 1)) {
                     /* K MN-major: 64-dim panels BN * 128 bytes apart, k-step 16 keys */
                     const uint64_t kt_ = sw128_desc(ka, BN * 128);
                     wg_fence();
+                    if constexpr (ONE) {
 #pragma unroll
-                    for (int cc = 0; cc < BN / 16; cc++) wg_rs_wide<T, DQK>(dqa, s, cc, desc_at(kt_, cc * 16 * 128), BN * 128);
+                        for (int cc = 0; cc < BN / 16; cc++) {
+                            wg_rs_wide<T, DQK, BN / 8, true>(dqb, s, cc, desc_at(kt_, cc * 16 * 128), BN * 128);
+                            wg_rs_wide<T, DQK, BN / 8, true>(dqa, e, cc, desc_at(kt_, cc * 16 * 128), BN * 128);
+                        }
+                    } else {
+#pragma unroll
+                        for (int cc = 0; cc < BN / 16; cc++)
+                            wg_rs_wide<T, DQK>(dqa, s, cc, desc_at(kt_, cc * 16 * 128), BN * 128);
+                    }
                     wg_commit();
                     wg_wait<0>();
                     wg_hold(dqa);
+                    if constexpr (ONE) wg_hold(dqb);
                 }
             }
             __syncthreads(); /* the buffer is free for the next fetch */
@@ -136,8 +154,10 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         if (pass == 0)
             rows_write_dg(in, dgp, gt, rv, dg, lane, [&](int i) { return rt[i]; }, [&](int i) { return rh[i]; });
     }
-    if (dq)
+    if (dq) {
+        if constexpr (ONE) rows_dq_finish(dqa, dqb, dg, gt, g.scale);
         warp_add_rows(dqa, g.Dqk, lane, [&](int i) { return rv[i] ? dq + rt[i] * dqst + rh[i] * dqsh : (float *)nullptr; });
+    }
 #endif
 }
 

@@ -8,16 +8,24 @@
  *
  * Per branch two kernels, no atomics: every accumulator element is summed by
  * one thread in a fixed order, so the result is bitwise the same run to run.
- *   rows (dq, dgate, delta), query-outer, two sweeps over the row's keys: the
- *     first sums dg = sum p e (S = Q K^T and E = dO V^T on the tensor cores),
- *     the second forms ds and accumulates dq += ds K.
- *     compressed / window (bwd_rows_sm80_kernel): a CTA of 64 rows (tokens x
- *       heads of one KV group, head fastest, tile_qk.cuh's mapping), 4 warps
- *       of 16 rows, K/V tiles of 32 keys shared by the warps, two buffers.
- *     selected (bwd_rows_slc_sm80_kernel): one warp per (token, 16 heads of
- *       its group; G < 16 pads), Q and dO fragments in registers, the token's
- *       blocks streamed in 16-key chunks through the warp's own two buffers
- *       (__syncwarp only, as slc_sm80_g16's phase 2).
+ *   rows (dq, dgate, delta), query-outer, S = Q K^T and E = dO V^T on the
+ *     tensor cores per key tile.
+ *     compressed / window (bwd_rows_sm80_kernel): up to Dqk 128 one sweep
+ *       as the selected kernel below; at 192 two sweeps over the row's keys,
+ *       the first sums dg = sum p e, the second forms ds and accumulates
+ *       dq += ds K. A CTA of 64 rows (tokens x heads of one KV
+ *       group, head fastest, tile_qk.cuh's mapping), 4 warps of 16 rows, K/V
+ *       tiles of 32 keys shared by the warps, two buffers.
+ *     selected (bwd_rows_slc_sm80_kernel): one sweep, summing dg = sum p e,
+ *       A = sum (p e) k and B = sum p k, then dq = scale g (A - dg B) (the
+ *       same sum as scale sum g p (e - dg) k; A and B with p and p e split
+ *       into hi + lo in f16 too, as the difference cancels): each block is
+ *       fetched once instead of twice, and this kernel is bound by that L2
+ *       stream. One warp per (token, 16 heads of its group; G < 16 pads), Q
+ *       and dO fragments in registers (at Dqk 192 read from the warp's rows
+ *       in shared memory, 3 warps per CTA: tiles.h bwd_slc_rows_*), the
+ *       token's blocks streamed in 16-key chunks through the warp's own two
+ *       buffers (__syncwarp only, as slc_sm80_g16's phase 2).
  *   keys (dk, dv), key-outer (bwd_keys_sm80_kernel): a CTA of 64 keys (a
  *     compressed or window key tile, or 64 keys of one selection block), 4
  *     warps of 16 keys; it walks the query rows that may read its keys
@@ -50,11 +58,13 @@ namespace nsa_cuda {
  * dq = sum ds k (which cancels: sum_r ds_r = 0) erred by up to 1.26x its
  * tolerance on mean-compressed keys (the corpus' G16 D=4/3 case: the rounding
  * of ds is multiplied by |k|, not by |k - mean k|), and dv by 1.45x on
- * G16-D192-ls64 (large g p of the early tokens, 16 heads, one shared v). */
-template <typename T, int D, int KS, int SX>
+ * G16-D192-ls64 (large g p of the early tokens, 16 heads, one shared v). ALL splits f16
+ * too: the single-sweep rows kernels form dq = scale g (A - dg B), which
+ * cancels as sum ds k does, from A = sum (p e) k and B = sum p k. */
+template <typename T, int D, int KS, int SX, bool ALL = false>
 NSA_DEV void warp_pv_exact(float (&acc)[D / 8][4], float (&p)[2 * KS][4], const T *sX, int lane)
 {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    if constexpr (ALL || std::is_same<T, __nv_bfloat16>::value) {
         float lo[2 * KS][4];
 #pragma unroll
         for (int j = 0; j < 2 * KS; j++)
@@ -111,11 +121,15 @@ __global__ void __launch_bounds__(BWD_THREADS)
     frag_rows(in, c, warp, lane, L, gt, rt, rh, rv);
     const float sl = g.scale * NSA_LOG2E;
     const T *sQw = sQ + warp * 16 * SQ, *sOw = sO + warp * 16 * SV;
+    /* one sweep (dq = scale g (A - dg B), rows_single_step) up to Dqk 128; at 192 the second
+     * accumulator would spill, and two sweeps run */
+    constexpr bool ONE = DQK <= 128;
     float dgp[2] = {0.f, 0.f}, dg[2] = {0.f, 0.f};
-    float dqa[DQK / 8][4];
+    float dqa[DQK / 8][4], dqb[ONE ? DQK / 8 : 1][4];
     zero_frag(dqa);
+    zero_frag(dqb);
 
-    const int passes = dq ? 2 : 1;
+    const int passes = dq && !ONE ? 2 : 1;
     for (int pass = 0; pass < passes; pass++) {
         if (nkt > 0) load_kv(0, 0);
         cp_async_commit();
@@ -133,31 +147,48 @@ __global__ void __launch_bounds__(BWD_THREADS)
                 warp_qk<T, DQK, BN / 8, SQ, false>(s, nullptr, sQw, sK + buf * BN * SQ, 0, lane);
                 wr.tile_max(s, ks, lane, mx); /* masks the keys outside the rows' ranges */
                 warp_qk<T, DV, BN / 8, SV, false>(e, nullptr, sOw, sV + buf * BN * SV, 0, lane);
-                rows_sweep_step(pass, s, e, L, gt, dg, dgp, sl, g.scale);
-                if (pass == 1) warp_pv_exact<T, DQK, BN / 16, SQ>(dqa, s, sK + buf * BN * SQ, lane);
+                if constexpr (ONE) {
+                    rows_single_step(s, e, L, dgp, sl);
+                    if (dq) {
+                        warp_pv_exact<T, DQK, BN / 16, SQ, true>(dqb, s, sK + buf * BN * SQ, lane);
+                        warp_pv_exact<T, DQK, BN / 16, SQ, true>(dqa, e, sK + buf * BN * SQ, lane);
+                    }
+                } else {
+                    rows_sweep_step(pass, s, e, L, gt, dg, dgp, sl, g.scale);
+                    if (pass == 1) warp_pv_exact<T, DQK, BN / 16, SQ>(dqa, s, sK + buf * BN * SQ, lane);
+                }
             }
             __syncthreads();
         }
         if (pass == 0)
             rows_write_dg(in, dgp, gt, rv, dg, lane, [&](int i) { return rt[i]; }, [&](int i) { return rh[i]; });
     }
-    if (dq)
+    if (dq) {
+        if constexpr (ONE) rows_dq_finish(dqa, dqb, dg, gt, g.scale);
         warp_add_rows(dqa, g.Dqk, lane, [&](int i) { return rv[i] ? dq + rt[i] * dqst + rh[i] * dqsh : (float *)nullptr; });
+    }
 }
 
 /* ------------------------------------------------------------ rows: selected */
 
 template <typename T, int DQK, int DV>
-__global__ void __launch_bounds__(BWD_THREADS)
+__global__ void __launch_bounds__(32 * bwd_slc_rows_warps(DQK))
     bwd_rows_slc_sm80_kernel(const Geom g, const BwdIn in, const T *__restrict__ k, int64_t kst, int64_t ksh,
                              const T *__restrict__ v, int64_t vst, int64_t vsh, bool qvec, bool ovec, bool kvvec,
                              float *dq, int64_t dqst, int64_t dqsh, int nch)
 {
-    constexpr int KC = BWD_SLC_KC, SQ = DQK + 8, SV = DV + 8, WARPS = BWD_THREADS / 32;
+    constexpr int KC = BWD_SLC_KC, SQ = DQK + 8, SV = DV + 8, WARPS = bwd_slc_rows_warps(DQK);
+    /* Q and dO fragments in registers up to Dqk 128; at 192 the sweep's two dq accumulators leave no
+     * room for them (464 bytes of spills with both, 180 with dO alone) and warp_qk reads them from the
+     * warp's Q and dO rows instead */
+    constexpr bool QREG = DQK <= 128;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     T *sK = (T *)smem_raw + (size_t)warp * 2 * KC * (SQ + SV); /* this warp's two K chunks, then two V chunks */
     T *sV = sK + 2 * KC * SQ;
+    /* the warp's Q and dO rows: past the chunk buffers where they stay, else loaded through the chunks */
+    T *sQw = QREG ? sK : (T *)smem_raw + (size_t)WARPS * 2 * KC * (SQ + SV) + (size_t)warp * 16 * (SQ + SV);
+    T *sOw = QREG ? sV : sQw + 16 * SQ;
     const int64_t t = (int64_t)blockIdx.x * WARPS + warp;
     if (t >= g.T) return; /* no CTA barrier below: a warp may leave */
     const int64_t gi = blockIdx.y / nch, h0 = gi * g.G + (int64_t)(blockIdx.y % nch) * 16;
@@ -166,16 +197,16 @@ __global__ void __launch_bounds__(BWD_THREADS)
     const T *q = (const T *)in.q.p, *dout = (const T *)in.dout.p;
 
     /* Q and dO of the warp's 16 rows into registers, through the chunk buffers */
-    load_tile_by<T, 16, DQK, 32>(lane, [&](int r, int cc) { return sK + r * SQ + cc * 8; }, q, g.Dqk, qvec,
+    load_tile_by<T, 16, DQK, 32>(lane, [&](int r, int cc) { return sQw + r * SQ + cc * 8; }, q, g.Dqk, qvec,
                                  [&](int r) -> int64_t { return r < hca ? t * in.q.st + (h0 + r) * in.q.sh : -1; });
-    load_tile_by<T, 16, DV, 32>(lane, [&](int r, int cc) { return sV + r * SV + cc * 8; }, dout, g.Dv, ovec,
+    load_tile_by<T, 16, DV, 32>(lane, [&](int r, int cc) { return sOw + r * SV + cc * 8; }, dout, g.Dv, ovec,
                                 [&](int r) -> int64_t { return r < hca ? t * in.dout.st + (h0 + r) * in.dout.sh : -1; });
     cp_async_commit();
     cp_async_wait<0>();
     __syncwarp();
-    uint32_t qf[DQK / 16][4], of[DV / 16][4];
-    q_frags<SQ, true>(qf, sK, lane);
-    q_frags<SV, true>(of, sV, lane);
+    uint32_t qf[QREG ? DQK / 16 : 1][4], of[QREG ? DV / 16 : 1][4];
+    q_frags<SQ, QREG>(qf, sQw, lane);
+    q_frags<SV, QREG>(of, sOw, lane);
     __syncwarp();
 
     float L[2], gt[2];
@@ -215,42 +246,44 @@ __global__ void __launch_bounds__(BWD_THREADS)
                                     });
     };
 
-    float dgp[2] = {0.f, 0.f}, dg[2] = {0.f, 0.f};
-    float dqa[DQK / 8][4];
+    /* one sweep: dg = sum p e, A = sum (p e) k, B = sum p k; dq = scale g (A - dg B) */
+    float dgp[2] = {0.f, 0.f}, dg[2];
+    float dqa[DQK / 8][4], dqb[DQK / 8][4];
     zero_frag(dqa);
-    const int passes = dq ? 2 : 1;
-    for (int pass = 0; pass < passes; pass++) {
-        Cur cur = seek(0);
-        int buf = 0;
-        if (cur.b < g.n) load(cur, 0);
+    zero_frag(dqb);
+    Cur cur = seek(0);
+    int buf = 0;
+    if (cur.b < g.n) load(cur, 0);
+    cp_async_commit();
+    while (cur.b < g.n) {
+        const Cur nx = next(cur);
+        if (nx.b < g.n) load(nx, buf ^ 1);
         cp_async_commit();
-        while (cur.b < g.n) {
-            const Cur nx = next(cur);
-            if (nx.b < g.n) load(nx, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-            __syncwarp();
-            const int nv = (int)nsa_min64(KC, cur.hi - cur.ks);
-            float s[KC / 8][4], e[KC / 8][4], mx[2];
-            zero_frag(s);
-            zero_frag(e);
-            warp_qk<T, DQK, KC / 8, SQ, true>(s, qf, nullptr, sK + buf * KC * SQ, 0, lane);
-            warp_mask_keys(s, nv, lane, mx);
-            warp_qk<T, DV, KC / 8, SV, true>(e, of, nullptr, sV + buf * KC * SV, 0, lane);
-            rows_sweep_step(pass, s, e, L, gt, dg, dgp, sl, g.scale);
-            if (pass == 1) warp_pv_exact<T, DQK, KC / 16, SQ>(dqa, s, sK + buf * KC * SQ, lane);
-            __syncwarp();
-            cur = nx;
-            buf ^= 1;
+        cp_async_wait<1>();
+        __syncwarp();
+        const int nv = (int)nsa_min64(KC, cur.hi - cur.ks);
+        float s[KC / 8][4], e[KC / 8][4], mx[2];
+        zero_frag(s);
+        zero_frag(e);
+        warp_qk<T, DQK, KC / 8, SQ, QREG>(s, qf, sQw, sK + buf * KC * SQ, 0, lane);
+        warp_mask_keys(s, nv, lane, mx);
+        warp_qk<T, DV, KC / 8, SV, QREG>(e, of, sOw, sV + buf * KC * SV, 0, lane);
+        rows_single_step(s, e, L, dgp, sl);
+        if (dq) {
+            warp_pv_exact<T, DQK, KC / 16, SQ, true>(dqb, s, sK + buf * KC * SQ, lane);
+            warp_pv_exact<T, DQK, KC / 16, SQ, true>(dqa, e, sK + buf * KC * SQ, lane);
         }
-        if (pass == 0)
-            rows_write_dg(in, dgp, gt, rv, dg, lane, [&](int) { return t; },
-                          [&](int i) { return h0 + (lane >> 2) + 8 * i; });
+        __syncwarp();
+        cur = nx;
+        buf ^= 1;
     }
-    if (dq)
+    rows_write_dg(in, dgp, gt, rv, dg, lane, [&](int) { return t; }, [&](int i) { return h0 + (lane >> 2) + 8 * i; });
+    if (dq) {
+        rows_dq_finish(dqa, dqb, dg, gt, g.scale);
         warp_add_rows(dqa, g.Dqk, lane, [&](int i) {
             return rv[i] ? dq + t * dqst + (h0 + (lane >> 2) + 8 * i) * dqsh : (float *)nullptr;
         });
+    }
 }
 
 /* ------------------------------------------------------------ keys (dk, dv) */
@@ -446,10 +479,12 @@ static cudaError_t bwd_sm80_t(const Geom &g, const Dev &dev, int mode, const Bwd
     /* rows */
     if (mode == 1) {
         auto kern = bwd_rows_slc_sm80_kernel<T, DQK, DV>;
-        if ((e = launch_smem(kern, dev, smem)) != cudaSuccess) return e;
+        constexpr int W = bwd_slc_rows_warps(DQK);
+        size_t rsmem = bwd_slc_rows_smem(DQK, DV);
+        if ((e = launch_smem(kern, dev, rsmem)) != cudaSuccess) return e;
         const int nch = (int)((g.G + 15) / 16);
-        const dim3 grid((unsigned)((g.T + BWD_THREADS / 32 - 1) / (BWD_THREADS / 32)), (unsigned)(g.Hkv * nch));
-        kern<<<grid, BWD_THREADS, smem, s>>>(g, in, kp, k.st, k.sh, vp, v.st, v.sh, qvec, ovec, kvvec, (float *)dq.p,
+        const dim3 grid((unsigned)((g.T + W - 1) / W), (unsigned)(g.Hkv * nch));
+        kern<<<grid, 32 * W, rsmem, s>>>(g, in, kp, k.st, k.sh, vp, v.st, v.sh, qvec, ovec, kvvec, (float *)dq.p,
                                              dq.st, dq.sh, nch);
     } else if (keys90) { /* the same tiles on wgmma */
         if ((e = bwd_rows_sm90(g, dev, mode, DQK, DV, bt, in, k, v, dq, s)) != cudaSuccess) return e;

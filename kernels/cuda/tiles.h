@@ -410,6 +410,18 @@ constexpr size_t bwd_sm80_smem(int dqk, int dv)
      * per-row values); selected rows: 4 warps x two K/V chunks of 16 */
     return 2 * (size_t)(BWD_ROWS_BM + 2 * BWD_ROWS_BN) * (size_t)(dqk + 8 + dv + 8) + 2 * BWD_KEYS_BM * 24;
 }
+/* The selected rows kernel (one sweep, two dq accumulators): warps per CTA and its shared memory,
+ * each warp's two K/V chunks of 16 keys and, at Dqk 192 (Q and dO read from shared memory), its
+ * 16 Q and dO rows. 3 warps at Dqk 192 (97 KB; 4 would pass the sm86 class's 99 KB), 4 below. */
+constexpr int bwd_slc_rows_warps(int dqk) { return dqk > 128 ? 3 : 4; }
+constexpr size_t bwd_slc_rows_smem(int dqk, int dv)
+{
+    return (size_t)bwd_slc_rows_warps(dqk) * 2 *
+           (2 * BWD_SLC_KC * (size_t)(dqk + 8 + dv + 8) + (dqk > 128 ? 16 * (size_t)(dqk + 8 + dv + 8) : 0));
+}
+static_assert(bwd_slc_rows_smem(128, 128) <= bwd_sm80_smem(128, 128) &&
+                  bwd_slc_rows_smem(64, 64) <= bwd_sm80_smem(64, 64) && bwd_slc_rows_smem(32, 32) <= bwd_sm80_smem(32, 32),
+              "the selected rows kernel fits where the other backward kernels do");
 /* Steps of BWD_KEYS_BM rows that `readers` tokens x G heads take in the keys kernel. */
 NSA_HD int64_t bwd_steps(int64_t readers, int64_t G) { return (readers * G + BWD_KEYS_BM - 1) / BWD_KEYS_BM; }
 /* A reader list longer than cs steps is split into ceil(steps / cs) chunks; cs is
@@ -448,7 +460,8 @@ inline BwdSlcChunks bwd_slc_chunks(int64_t entries, int64_t G, int64_t items, in
 }
 inline bool bwd_sm80_takes(int dqkp, int dvp, int64_t limit)
 {
-    return tc_pair_dims(dqkp, dvp) && (int64_t)bwd_sm80_smem(dqkp, dvp) <= limit;
+    return tc_pair_dims(dqkp, dvp) && (int64_t)bwd_sm80_smem(dqkp, dvp) <= limit &&
+           (int64_t)bwd_slc_rows_smem(dqkp, dvp) <= limit;
 }
 /* bwd_keys_sm90.cu (the compressed and window keys kernel on wgmma, class
  * sm90): one warpgroup of 64 keys, Q / dO steps of 64 rows (32 at Dqk 192),
