@@ -236,6 +236,12 @@ static void check_paper_shape()
     /* G = 4 (Llama-3-8B's 32 / 8) */
     const nsa_config g4 = config(32, 8, 128, 128, NSA_DTYPE_BF16);
     expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
+    /* the selected rows kernel: 8 rows up to G = 8 (keys on the MMA's M side), 16 above */
+    expect(CLS_SM90, g4, 1024, NSA_STAGE_BWD_SLC_ATTN, "bwd_attn_sm80[rows8,bn16,keys64x32]");
+    expect(CLS_SM86, config(64, 8, 192, 128, NSA_DTYPE_BF16), 1024, NSA_STAGE_BWD_SLC_ATTN,
+           "bwd_attn_sm80[rows8,bn16,keys64x32]");
+    expect(CLS_SM80, config(36, 4, 128, 128, NSA_DTYPE_BF16), 1024, NSA_STAGE_BWD_SLC_ATTN,
+           "bwd_attn_sm80[rows16,bn16,keys64x32]");
     /* the transposed kernel with 4 tokens per warp: 32 rows of 1024 blocks (128 KB) allow one CTA per SM, so the
      * rows go to the plan's buffer (two CTAs per SM, topn after), not into a ring; whole rows where two CTAs fit
      * with them (128 blocks) */

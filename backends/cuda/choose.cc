@@ -403,6 +403,7 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
         }
         const Kern tc = bwd_wg && st != NSA_STAGE_BWD_SLC_ATTN ? K_BWD_ATTN_SM90 : K_BWD_ATTN_SM80;
         out->st[st].k = fk != K_NONE ? fk : bwd_tc ? tc : K_BWD_ATTN_REF;
+        out->st[st].bwd_rows = st == NSA_STAGE_BWD_SLC_ATTN ? bwd_slc_rows(s.G) : BWD_ROWS_BM;
         any_bwd_tc = any_bwd_tc || out->st[st].k == K_BWD_ATTN_SM80 || out->st[st].k == K_BWD_ATTN_SM90;
     }
     out->bwd_tiles = (cfg.flags & NSA_CONFIG_TRAINING) && any_bwd_tc;
@@ -481,7 +482,7 @@ void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size)
     case K_SLC_SM80_G16: snprintf(buf, size, "%s[%s,%dbuf]", n, c.slc.panel ? "panels" : "rows", c.slc.ns); break;
     case K_SLC_SM80_BLK: snprintf(buf, size, "%s[rows%d,bn%d]", n, SBK_BM, SBK_KB); break;
     case K_BWD_ATTN_SM80:
-        snprintf(buf, size, "%s[rows%d,bn%d,keys%dx%d]", n, stage == NSA_STAGE_BWD_SLC_ATTN ? 16 : BWD_ROWS_BM,
+        snprintf(buf, size, "%s[rows%d,bn%d,keys%dx%d]", n, c.bwd_rows,
                  stage == NSA_STAGE_BWD_SLC_ATTN ? BWD_SLC_KC : BWD_ROWS_BN, BWD_KEYS_BN, BWD_KEYS_BM);
         break;
     case K_BWD_ATTN_SM90: snprintf(buf, size, "%s[rows%d,bn%d,keys%d:wgmma]", n, BWD_ROWS_BM, BWD_ROWS_BN, BWD_KEYS_BN); break;

@@ -105,6 +105,7 @@ struct StageChoice {
     ScoresTile scores; /* K_SCORES_SM80* / K_SCORES_SM90_G16 */
     SlcTile slc;       /* K_SLC_SM80_G16 */
     bool rows_smem;    /* scores: the CTA's score rows in shared memory (then the ranking can follow in-kernel) */
+    int bwd_rows;      /* K_BWD_ATTN_SM80 on BWD_SLC_ATTN: the selected rows kernel's rows per warp (bwd_slc_rows) */
 };
 
 /* Everything chosen for a plan. */

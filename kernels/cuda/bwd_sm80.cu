@@ -20,12 +20,17 @@
  *       A = sum (p e) k and B = sum p k, then dq = scale g (A - dg B) (the
  *       same sum as scale sum g p (e - dg) k; A and B with p and p e split
  *       into hi + lo in f16 too, as the difference cancels): each block is
- *       fetched once instead of twice, and this kernel is bound by that L2
- *       stream. One warp per (token, 16 heads of its group; G < 16 pads), Q
- *       and dO fragments in registers (at Dqk 192 read from the warp's rows
- *       in shared memory, 3 warps per CTA: tiles.h bwd_slc_rows_*), the
- *       token's blocks streamed in 16-key chunks through the warp's own two
- *       buffers (__syncwarp only, as slc_sm80_g16's phase 2).
+ *       fetched once instead of twice. One warp per (token, 16 heads of its
+ *       group; 8 < G < 16 pads), Q and dO fragments in registers (at Dqk 192
+ *       read from the warp's rows in shared memory, 3 warps per CTA: tiles.h
+ *       bwd_slc_rows_*), the token's blocks streamed in 16-key chunks
+ *       through the warp's own two buffers (__syncwarp only, as
+ *       slc_sm80_g16's phase 2).
+ *     selected at G <= 8 (bwd_rows_slc8_sm80_kernel): the same sweep and
+ *       stream with the MMA's roles swapped, keys on the M side and the
+ *       token's G heads (padded to 8, not 16) on the N side, the B fragments
+ *       of p and p e transposed from the C fragments by movmatrix: half the
+ *       MMAs, Q and dO in registers at every Dqk.
  *   keys (dk, dv), key-outer (bwd_keys_sm80_kernel): a CTA of 64 keys (a
  *     compressed or window key tile, or 64 keys of one selection block), 4
  *     warps of 16 keys; it walks the query rows that may read its keys
@@ -171,6 +176,44 @@ __global__ void __launch_bounds__(BWD_THREADS)
 
 /* ------------------------------------------------------------ rows: selected */
 
+/* The selected rows kernels' keys of one (token, KV head): chunks of KC keys of
+ * each eligible selected block in slot order (cur: slot b, n when done; first
+ * key ks; end of the block's visible keys hi, local), copied (cp.async) into the
+ * warp's two K chunk buffers (stride DQK + 8) and two V chunk buffers. */
+template <typename T, int KC, int DQK, int DV> struct SlcKeyChunks {
+    struct Cur {
+        int64_t b, ks, hi;
+    };
+    const Geom &g;
+    const int *ip; /* the token's n block indices for this KV head */
+    int64_t s0, tl, gi;
+    const T *k, *v;
+    int64_t kst, ksh, vst, vsh;
+    bool kvvec;
+    T *sK, *sV;
+    int lane;
+    NSA_DEV Cur seek(int64_t b) const
+    {
+        for (; b < g.n; b++) {
+            const int64_t j = ip[b];
+            if (j >= 0 && j * g.ls <= tl) return Cur{b, j * g.ls, nsa_min64(j * g.ls + g.ls, tl + 1)};
+        }
+        return Cur{g.n, 0, 0};
+    }
+    NSA_DEV Cur next(const Cur &u) const { return u.ks + KC < u.hi ? Cur{u.b, u.ks + KC, u.hi} : seek(u.b + 1); }
+    NSA_DEV void load(const Cur &u, int buf) const
+    {
+        constexpr int SQ = DQK + 8, SV = DV + 8;
+        const int64_t ks = u.ks, hi = u.hi, kb = s0 + ks;
+        load_tile_by<T, KC, DQK, 32>(lane, [&](int r, int cc) { return sK + buf * KC * SQ + r * SQ + cc * 8; }, k,
+                                     g.Dqk, kvvec,
+                                     [&](int r) -> int64_t { return ks + r < hi ? (kb + r) * kst + gi * ksh : -1; });
+        load_tile_by<T, KC, DV, 32>(lane, [&](int r, int cc) { return sV + buf * KC * SV + r * SV + cc * 8; }, v,
+                                    g.Dv, kvvec,
+                                    [&](int r) -> int64_t { return ks + r < hi ? (kb + r) * vst + gi * vsh : -1; });
+    }
+};
+
 template <typename T, int DQK, int DV>
 __global__ void __launch_bounds__(32 * bwd_slc_rows_warps(DQK))
     bwd_rows_slc_sm80_kernel(const Geom g, const BwdIn in, const T *__restrict__ k, int64_t kst, int64_t ksh,
@@ -222,42 +265,22 @@ __global__ void __launch_bounds__(32 * bwd_slc_rows_warps(DQK))
     const float sl = g.scale * NSA_LOG2E;
 
     /* the token's keys: chunks of KC keys of each eligible selected block, in slot order */
-    const int *ip = (const int *)in.idx.p + t * in.idx.st + gi * in.idx.sh;
-    struct Cur {
-        int64_t b, ks, hi; /* slot (n: done), first key, end of the block's visible keys (local) */
-    };
-    auto seek = [&](int64_t b) -> Cur {
-        for (; b < g.n; b++) {
-            const int64_t j = ip[b];
-            if (j >= 0 && j * g.ls <= tl) return Cur{b, j * g.ls, nsa_min64(j * g.ls + g.ls, tl + 1)};
-        }
-        return Cur{g.n, 0, 0};
-    };
-    auto next = [&](const Cur &u) -> Cur { return u.ks + KC < u.hi ? Cur{u.b, u.ks + KC, u.hi} : seek(u.b + 1); };
-    auto load = [&](const Cur &u, int buf) {
-        const int64_t ks = u.ks, hi = u.hi;
-        load_tile_by<T, KC, DQK, 32>(lane, [&](int r, int cc) { return sK + buf * KC * SQ + r * SQ + cc * 8; }, k,
-                                     g.Dqk, kvvec, [&](int r) -> int64_t {
-                                         return ks + r < hi ? (s0 + ks + r) * kst + gi * ksh : -1;
-                                     });
-        load_tile_by<T, KC, DV, 32>(lane, [&](int r, int cc) { return sV + buf * KC * SV + r * SV + cc * 8; }, v,
-                                    g.Dv, kvvec, [&](int r) -> int64_t {
-                                        return ks + r < hi ? (s0 + ks + r) * vst + gi * vsh : -1;
-                                    });
-    };
+    const SlcKeyChunks<T, KC, DQK, DV> kc{g,  (const int *)in.idx.p + t * in.idx.st + gi * in.idx.sh, s0, tl, gi, k, v, kst, ksh, vst,
+                                          vsh, kvvec, sK, sV, lane};
+    using Cur = typename SlcKeyChunks<T, KC, DQK, DV>::Cur;
 
     /* one sweep: dg = sum p e, A = sum (p e) k, B = sum p k; dq = scale g (A - dg B) */
     float dgp[2] = {0.f, 0.f}, dg[2];
     float dqa[DQK / 8][4], dqb[DQK / 8][4];
     zero_frag(dqa);
     zero_frag(dqb);
-    Cur cur = seek(0);
+    Cur cur = kc.seek(0);
     int buf = 0;
-    if (cur.b < g.n) load(cur, 0);
+    if (cur.b < g.n) kc.load(cur, 0);
     cp_async_commit();
     while (cur.b < g.n) {
-        const Cur nx = next(cur);
-        if (nx.b < g.n) load(nx, buf ^ 1);
+        const Cur nx = kc.next(cur);
+        if (nx.b < g.n) kc.load(nx, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncwarp();
@@ -283,6 +306,170 @@ __global__ void __launch_bounds__(32 * bwd_slc_rows_warps(DQK))
         warp_add_rows(dqa, g.Dqk, lane, [&](int i) {
             return rv[i] ? dq + t * dqst + (h0 + (lane >> 2) + 8 * i) * dqsh : (float *)nullptr;
         });
+    }
+}
+
+/* The selected rows kernel at G <= 8: the 16-row kernel above with the MMA's
+ * roles swapped. Keys go on the M side and the warp's 8 rows (the group's G
+ * heads of one token, padded to 8) on the N side: S^T = K Q^T and
+ * E^T = V dO^T (m16n8k16, 16 keys x 8 rows, Q and dO as B fragments in
+ * registers), then A^T += K^T (p e)^T and B^T += K^T p^T over the chunk's 16
+ * keys, their B fragments the C fragments of p and p e transposed by
+ * movmatrix (hi + lo, as the 16-row kernel splits them). The same sums in a
+ * fixed order: dg = sum p e (this thread's keys, then the lanes of its rows),
+ * dq = scale g (A - dg B). Half the 16-row kernel's MMAs where G <= 8 pads to
+ * 16; the same block stream (one fetch per token and KV head). */
+template <typename T, int DQK, int DV>
+__global__ void __launch_bounds__(32 * BWD_SLC8_WARPS)
+    bwd_rows_slc8_sm80_kernel(const Geom g, const BwdIn in, const T *__restrict__ k, int64_t kst, int64_t ksh,
+                              const T *__restrict__ v, int64_t vst, int64_t vsh, bool qvec, bool ovec, bool kvvec,
+                              float *dq, int64_t dqst, int64_t dqsh)
+{
+    constexpr int KC = BWD_SLC_KC, SQ = DQK + 8, SV = DV + 8, WARPS = BWD_SLC8_WARPS;
+    static_assert(KC == 16, "a chunk is one m16 tile of keys");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    T *sK = (T *)smem_raw + (size_t)warp * 2 * KC * (SQ + SV); /* this warp's two K chunks, then two V chunks */
+    T *sV = sK + 2 * KC * SQ;
+    const int64_t t = (int64_t)blockIdx.x * WARPS + warp;
+    if (t >= g.T) return; /* no CTA barrier below: a warp may leave */
+    const int64_t gi = blockIdx.y, h0 = gi * g.G;
+    const int hca = (int)g.G;
+    const int64_t seq = g.tok_seq[t], s0 = g.cu_seqlens[seq], tl = t - s0;
+
+    /* Q and dO of the warp's 8 rows (zero past G) through the chunk buffers, then as B fragments
+     * (k = dims, n = rows) in registers: x4 loads of two 16-dim k-steps */
+    load_tile_by<T, 8, DQK, 32>(lane, [&](int r, int cc) { return sK + r * SQ + cc * 8; }, (const T *)in.q.p, g.Dqk,
+                                qvec, [&](int r) -> int64_t { return r < hca ? t * in.q.st + (h0 + r) * in.q.sh : -1; });
+    load_tile_by<T, 8, DV, 32>(lane, [&](int r, int cc) { return sV + r * SV + cc * 8; }, (const T *)in.dout.p, g.Dv,
+                               ovec,
+                               [&](int r) -> int64_t { return r < hca ? t * in.dout.st + (h0 + r) * in.dout.sh : -1; });
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+    uint32_t qb[DQK / 16][2], ob[DV / 16][2];
+#pragma unroll
+    for (int k2 = 0; k2 < DQK / 32; k2++) {
+        uint32_t r[4];
+        ldsm_x4(r, sK + (lane & 7) * SQ + k2 * 32 + (lane >> 3) * 8);
+        qb[2 * k2][0] = r[0], qb[2 * k2][1] = r[1], qb[2 * k2 + 1][0] = r[2], qb[2 * k2 + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int k2 = 0; k2 < DV / 32; k2++) {
+        uint32_t r[4];
+        ldsm_x4(r, sV + (lane & 7) * SV + k2 * 32 + (lane >> 3) * 8);
+        ob[2 * k2][0] = r[0], ob[2 * k2][1] = r[1], ob[2 * k2 + 1][0] = r[2], ob[2 * k2 + 1][1] = r[3];
+    }
+    __syncwarp();
+
+    /* this thread's two rows (columns of the C fragments): 2 (lane % 4) + j */
+    float L[2], gt[2];
+    bool rv[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int r = 2 * (lane & 3) + j;
+        rv[j] = r < hca;
+        const int64_t h = h0 + r;
+        L[j] = rv[j] ? lse2_of(((const float *)in.lse.p)[t * in.lse.st + h * in.lse.sh]) : INFINITY;
+        gt[j] = rv[j] ? ((const float *)in.gate.p)[t * in.gate.st + h * in.gate.sh] : 0.f;
+    }
+    const float sl = g.scale * NSA_LOG2E;
+
+    const SlcKeyChunks<T, KC, DQK, DV> kc{g,  (const int *)in.idx.p + t * in.idx.st + gi * in.idx.sh, s0, tl, gi, k, v, kst, ksh, vst,
+                                          vsh, kvvec, sK, sV, lane};
+    using Cur = typename SlcKeyChunks<T, KC, DQK, DV>::Cur;
+    /* B fragments of x (a keys x rows C fragment) transposed, rounded (hi) and the remainder (lo) */
+    auto split_t = [](const float (&x)[4], uint32_t (&hi)[2], uint32_t (&lo)[2]) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float a = x[2 * i], b = x[2 * i + 1];
+            hi[i] = movm_t(Mma<T>::pack(a, b));
+            lo[i] = movm_t(Mma<T>::pack(a - to_f(from_f<T>(a)), b - to_f(from_f<T>(b))));
+        }
+    };
+
+    float dgp[2] = {0.f, 0.f};
+    float acca[DQK / 16][4], accb[DQK / 16][4]; /* A^T, B^T: dims x rows */
+    zero_frag(acca);
+    zero_frag(accb);
+    Cur cur = kc.seek(0);
+    int buf = 0;
+    if (cur.b < g.n) kc.load(cur, 0);
+    cp_async_commit();
+    while (cur.b < g.n) {
+        const Cur nx = kc.next(cur);
+        if (nx.b < g.n) kc.load(nx, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp();
+        const int nv = (int)nsa_min64(KC, cur.hi - cur.ks);
+        const T *cK = sK + buf * KC * SQ, *cV = sV + buf * KC * SV;
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < DQK / 16; kk++) {
+            uint32_t a[4];
+            ldsm_x4(a, cK + (lane & 15) * SQ + kk * 16 + (lane >> 4) * 8);
+            Mma<T>::run(s, a, qb[kk][0], qb[kk][1]);
+        }
+#pragma unroll
+        for (int kk = 0; kk < DV / 16; kk++) {
+            uint32_t a[4];
+            ldsm_x4(a, cV + (lane & 15) * SV + kk * 16 + (lane >> 4) * 8);
+            Mma<T>::run(e, a, ob[kk][0], ob[kk][1]);
+        }
+        /* element x: key lane / 4 + 8 (x / 2), row 2 (lane % 4) + x % 2 */
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int j = x & 1;
+            const float p = (lane >> 2) + 8 * (x >> 1) < nv ? fast_ex2(fmaf(s[x], sl, -L[j])) : 0.f;
+            const float pe = p * e[x];
+            dgp[j] += pe;
+            s[x] = p;
+            e[x] = pe;
+        }
+        if (dq) {
+            uint32_t ph[2], pl[2], eh[2], el[2];
+            split_t(s, ph, pl);
+            split_t(e, eh, el);
+#pragma unroll
+            for (int m = 0; m < DQK / 16; m++) {
+                uint32_t a[4]; /* K^T: dims m*16.. x the chunk's 16 keys */
+                ldsm_x4_t(a, cK + ((lane & 7) + ((lane >> 4) << 3)) * SQ + m * 16 + (((lane >> 3) & 1) << 3));
+                Mma<T>::run(acca[m], a, eh[0], eh[1]);
+                Mma<T>::run(acca[m], a, el[0], el[1]);
+                Mma<T>::run(accb[m], a, ph[0], ph[1]);
+                Mma<T>::run(accb[m], a, pl[0], pl[1]);
+            }
+        }
+        __syncwarp();
+        cur = nx;
+        buf ^= 1;
+    }
+    /* dg of this thread's rows: its keys' sum, then over the 8 lanes that share lane % 4 */
+    float dg[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        float x = dgp[j];
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        dg[j] = x + __shfl_xor_sync(0xffffffffu, x, 16);
+        if (rv[j] && lane < 4) {
+            const int64_t h = h0 + 2 * lane + j;
+            if (in.dgate.p) ((float *)in.dgate.p)[t * in.dgate.st + h * in.dgate.sh] = dg[j];
+            ((float *)in.delta.p)[t * in.delta.st + h * in.delta.sh] = gt[j] * dg[j];
+        }
+    }
+    if (dq) {
+        /* acca element x: dim m*16 + lane / 4 + 8 (x / 2), row 2 (lane % 4) + x % 2 */
+#pragma unroll
+        for (int m = 0; m < DQK / 16; m++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int j = x & 1, dim = m * 16 + (lane >> 2) + 8 * (x >> 1);
+                if (!rv[j] || dim >= g.Dqk) continue;
+                float *o = dq + t * dqst + (h0 + 2 * (lane & 3) + j) * dqsh + dim;
+                *o += g.scale * gt[j] * fmaf(-dg[j], accb[m][x], acca[m][x]);
+            }
     }
 }
 
@@ -477,7 +664,14 @@ static cudaError_t bwd_sm80_t(const Geom &g, const Dev &dev, int mode, const Bwd
     const T *kp = (const T *)k.p, *vp = (const T *)v.p;
     cudaError_t e;
     /* rows */
-    if (mode == 1) {
+    if (mode == 1 && bwd_slc_rows(g.G) == 8) {
+        auto kern = bwd_rows_slc8_sm80_kernel<T, DQK, DV>;
+        size_t rsmem = bwd_slc8_rows_smem(DQK, DV);
+        if ((e = launch_smem(kern, dev, rsmem)) != cudaSuccess) return e;
+        const dim3 grid((unsigned)((g.T + BWD_SLC8_WARPS - 1) / BWD_SLC8_WARPS), (unsigned)g.Hkv);
+        kern<<<grid, 32 * BWD_SLC8_WARPS, rsmem, s>>>(g, in, kp, k.st, k.sh, vp, v.st, v.sh, qvec, ovec, kvvec,
+                                                      (float *)dq.p, dq.st, dq.sh);
+    } else if (mode == 1) {
         auto kern = bwd_rows_slc_sm80_kernel<T, DQK, DV>;
         constexpr int W = bwd_slc_rows_warps(DQK);
         size_t rsmem = bwd_slc_rows_smem(DQK, DV);

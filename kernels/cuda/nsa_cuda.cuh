@@ -104,6 +104,16 @@ NSA_DEV void ldsm_x4_t(uint32_t r[4], const void *p)
                  : "r"(smem_u32(p)));
 }
 
+/* The transpose of an 8 x 8 16-bit matrix held as fragments (thread: row
+ * lane / 4, columns 2 (lane % 4), + 1, the lower column in the lower half):
+ * turns a C fragment's keys x rows into a B fragment's rows x keys. */
+NSA_DEV uint32_t movm_t(uint32_t x)
+{
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
 /* 16-byte global -> shared copy; with pred false the 16 bytes are zero-filled
  * and nothing is read (src must still be a valid address expression). */
 NSA_DEV void cp_async16(void *dst, const void *src, bool pred)

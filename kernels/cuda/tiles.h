@@ -422,6 +422,17 @@ constexpr size_t bwd_slc_rows_smem(int dqk, int dv)
 static_assert(bwd_slc_rows_smem(128, 128) <= bwd_sm80_smem(128, 128) &&
                   bwd_slc_rows_smem(64, 64) <= bwd_sm80_smem(64, 64) && bwd_slc_rows_smem(32, 32) <= bwd_sm80_smem(32, 32),
               "the selected rows kernel fits where the other backward kernels do");
+/* The selected rows kernel for a group of G heads: 16 rows (bwd_rows_slc_sm80_kernel, G > 8: the
+ * group in chunks of 16 heads) or 8 (bwd_rows_slc8_sm80_kernel, G <= 8: keys on the MMA's M side,
+ * the heads on its N side, so a group pads to 8 rows instead of 16: half the MMAs). The 8-row
+ * kernel's CTA: 4 warps, each with two K/V chunks of 16 keys (Q and dO in registers at every Dqk):
+ * 86 KB at 192/128, 70 KB at 128/128. */
+constexpr int BWD_SLC8_WARPS = 4;
+constexpr int bwd_slc_rows(int64_t G) { return G <= 8 ? 8 : 16; }
+constexpr size_t bwd_slc8_rows_smem(int dqk, int dv)
+{
+    return (size_t)BWD_SLC8_WARPS * 2 * (2 * BWD_SLC_KC * (size_t)(dqk + 8 + dv + 8));
+}
 /* Steps of BWD_KEYS_BM rows that `readers` tokens x G heads take in the keys kernel. */
 NSA_HD int64_t bwd_steps(int64_t readers, int64_t G) { return (readers * G + BWD_KEYS_BM - 1) / BWD_KEYS_BM; }
 /* A reader list longer than cs steps is split into ceil(steps / cs) chunks; cs is
@@ -461,7 +472,7 @@ inline BwdSlcChunks bwd_slc_chunks(int64_t entries, int64_t G, int64_t items, in
 inline bool bwd_sm80_takes(int dqkp, int dvp, int64_t limit)
 {
     return tc_pair_dims(dqkp, dvp) && (int64_t)bwd_sm80_smem(dqkp, dvp) <= limit &&
-           (int64_t)bwd_slc_rows_smem(dqkp, dvp) <= limit;
+           (int64_t)bwd_slc_rows_smem(dqkp, dvp) <= limit && (int64_t)bwd_slc8_rows_smem(dqkp, dvp) <= limit;
 }
 /* bwd_keys_sm90.cu (the compressed and window keys kernel on wgmma, class
  * sm90): one warpgroup of 64 keys, Q / dO steps of 64 rows (32 at Dqk 192),
