@@ -201,6 +201,26 @@ template <typename T, int KC, int DQK, int DV> struct SlcKeyChunks {
         return Cur{g.n, 0, 0};
     }
     NSA_DEV Cur next(const Cur &u) const { return u.ks + KC < u.hi ? Cur{u.b, u.ks + KC, u.hi} : seek(u.b + 1); }
+    /* The stream, double-buffered: body(buf, nv) for each chunk once it has landed in buffer buf
+     * (nv of its KC keys valid); the next chunk's copy runs meanwhile. */
+    template <typename Body> NSA_DEV void each(Body body) const
+    {
+        Cur cur = seek(0);
+        int buf = 0;
+        if (cur.b < g.n) load(cur, 0);
+        cp_async_commit();
+        while (cur.b < g.n) {
+            const Cur nx = next(cur);
+            if (nx.b < g.n) load(nx, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+            __syncwarp();
+            body(buf, (int)nsa_min64(KC, cur.hi - cur.ks));
+            __syncwarp();
+            cur = nx;
+            buf ^= 1;
+        }
+    }
     NSA_DEV void load(const Cur &u, int buf) const
     {
         constexpr int SQ = DQK + 8, SV = DV + 8;
@@ -265,26 +285,15 @@ __global__ void __launch_bounds__(32 * bwd_slc_rows_warps(DQK))
     const float sl = g.scale * NSA_LOG2E;
 
     /* the token's keys: chunks of KC keys of each eligible selected block, in slot order */
-    const SlcKeyChunks<T, KC, DQK, DV> kc{g,  (const int *)in.idx.p + t * in.idx.st + gi * in.idx.sh, s0, tl, gi, k, v, kst, ksh, vst,
-                                          vsh, kvvec, sK, sV, lane};
-    using Cur = typename SlcKeyChunks<T, KC, DQK, DV>::Cur;
+    const int *ip = (const int *)in.idx.p + t * in.idx.st + gi * in.idx.sh;
+    const SlcKeyChunks<T, KC, DQK, DV> kc{g, ip, s0, tl, gi, k, v, kst, ksh, vst, vsh, kvvec, sK, sV, lane};
 
     /* one sweep: dg = sum p e, A = sum (p e) k, B = sum p k; dq = scale g (A - dg B) */
     float dgp[2] = {0.f, 0.f}, dg[2];
     float dqa[DQK / 8][4], dqb[DQK / 8][4];
     zero_frag(dqa);
     zero_frag(dqb);
-    Cur cur = kc.seek(0);
-    int buf = 0;
-    if (cur.b < g.n) kc.load(cur, 0);
-    cp_async_commit();
-    while (cur.b < g.n) {
-        const Cur nx = kc.next(cur);
-        if (nx.b < g.n) kc.load(nx, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncwarp();
-        const int nv = (int)nsa_min64(KC, cur.hi - cur.ks);
+    kc.each([&](int buf, int nv) {
         float s[KC / 8][4], e[KC / 8][4], mx[2];
         zero_frag(s);
         zero_frag(e);
@@ -296,10 +305,7 @@ __global__ void __launch_bounds__(32 * bwd_slc_rows_warps(DQK))
             warp_pv_exact<T, DQK, KC / 16, SQ, true>(dqb, s, sK + buf * KC * SQ, lane);
             warp_pv_exact<T, DQK, KC / 16, SQ, true>(dqa, e, sK + buf * KC * SQ, lane);
         }
-        __syncwarp();
-        cur = nx;
-        buf ^= 1;
-    }
+    });
     rows_write_dg(in, dgp, gt, rv, dg, lane, [&](int) { return t; }, [&](int i) { return h0 + (lane >> 2) + 8 * i; });
     if (dq) {
         rows_dq_finish(dqa, dqb, dg, gt, g.scale);
@@ -375,9 +381,8 @@ __global__ void __launch_bounds__(32 * BWD_SLC8_WARPS)
     }
     const float sl = g.scale * NSA_LOG2E;
 
-    const SlcKeyChunks<T, KC, DQK, DV> kc{g,  (const int *)in.idx.p + t * in.idx.st + gi * in.idx.sh, s0, tl, gi, k, v, kst, ksh, vst,
-                                          vsh, kvvec, sK, sV, lane};
-    using Cur = typename SlcKeyChunks<T, KC, DQK, DV>::Cur;
+    const int *ip = (const int *)in.idx.p + t * in.idx.st + gi * in.idx.sh;
+    const SlcKeyChunks<T, KC, DQK, DV> kc{g, ip, s0, tl, gi, k, v, kst, ksh, vst, vsh, kvvec, sK, sV, lane};
     /* B fragments of x (a keys x rows C fragment) transposed, rounded (hi) and the remainder (lo) */
     auto split_t = [](const float (&x)[4], uint32_t (&hi)[2], uint32_t (&lo)[2]) {
 #pragma unroll
@@ -392,17 +397,7 @@ __global__ void __launch_bounds__(32 * BWD_SLC8_WARPS)
     float acca[DQK / 16][4], accb[DQK / 16][4]; /* A^T, B^T: dims x rows */
     zero_frag(acca);
     zero_frag(accb);
-    Cur cur = kc.seek(0);
-    int buf = 0;
-    if (cur.b < g.n) kc.load(cur, 0);
-    cp_async_commit();
-    while (cur.b < g.n) {
-        const Cur nx = kc.next(cur);
-        if (nx.b < g.n) kc.load(nx, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncwarp();
-        const int nv = (int)nsa_min64(KC, cur.hi - cur.ks);
+    kc.each([&](int buf, int nv) {
         const T *cK = sK + buf * KC * SQ, *cV = sV + buf * KC * SV;
         float s[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -441,10 +436,7 @@ __global__ void __launch_bounds__(32 * BWD_SLC8_WARPS)
                 Mma<T>::run(accb[m], a, pl[0], pl[1]);
             }
         }
-        __syncwarp();
-        cur = nx;
-        buf ^= 1;
-    }
+    });
     /* dg of this thread's rows: its keys' sum, then over the 8 lanes that share lane % 4 */
     float dg[2];
 #pragma unroll
