@@ -275,6 +275,45 @@ head -c 5000 /dev/zero | tr '\0' 'a' > "$tmp/long.jsonl"
 expect "bench --baseline with an endless line" 2 "longer than 4096" -- "$nsa" "${bench[@]}" --baseline "$tmp/long.jsonl"
 expect "bench --plot into a missing folder" 1 "cannot write" -- "$nsa" "${bench[@]}" --plot "$tmp/no/such/dir.svg"
 
+# nsa bench --groups: the T sweep once per Hq/Hkv pair, each pair's rows under a 'heads' line, the
+# baselines matched per pair; bad lists and conflicting flags are usage errors with a message
+gbench=(bench --backend cpu --T 64,96 --groups 4/1,2/2 --dqk 16 --dv 16 --n 3 --w 32 --iters 1 --warmup 0 --no-stages)
+printf '%s\n' '{"baseline": "dense", "T": 64, "hq": 4, "hkv": 1, "dqk": 16, "dv": 16, "fwd_ms": 0.25}' \
+  '{"baseline": "dense", "T": 96, "hq": 2, "hkv": 2, "dqk": 16, "dv": 16, "fwd_ms": 0.5}' \
+  '{"baseline": "dense", "T": 64, "hq": 8, "hkv": 1, "fwd_ms": 1}' > "$tmp/gbase.jsonl"
+"$nsa" "${gbench[@]}" --baseline "$tmp/gbase.jsonl" > "$tmp/out" 2>&1
+grc=$?
+if [ $grc -eq 0 ] && [ "$(grep -Ec '^heads +Hq 4, Hkv 1 \(G = 4\)$|^heads +Hq 2, Hkv 2 \(G = 1\)$' "$tmp/out")" = 2 ] &&
+   [ "$(grep -Ec '^ +(64|96) +[0-9.e-]+ ' "$tmp/out")" = 4 ] &&
+   grep -Eq '^baseline dense, T=64, Hq/Hkv 4/1: 0.25 ms; speedup [0-9.e+-]+x$' "$tmp/out" &&
+   grep -Eq '^baseline dense, T=96, Hq/Hkv 2/2: 0.5 ms; speedup [0-9.e+-]+x$' "$tmp/out" &&
+   [ "$(grep -c '^baseline' "$tmp/out")" = 2 ] && grep -q '1 record(s) .* not compared' "$tmp/out"; then
+  ok "bench --groups sweeps T per head pair, baselines matched per pair"
+else
+  echo "     (exit $grc)"; bad "bench --groups sweeps T per head pair, baselines matched per pair"
+fi
+if "$nsa" "${gbench[@]}" --baseline "$tmp/gbase.jsonl" --json 2>/dev/null | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+r = [(x["T"], x["hq"], x["hkv"], x["ok"]) for x in d["results"]]
+b = [(x["baseline"], x["T"], x["hq"], x["hkv"], x["ms"]) for x in d["baselines"]]
+sys.exit(0 if r == [(64, 4, 1, True), (96, 4, 1, True), (64, 2, 2, True), (96, 2, 2, True)] and
+         b == [("dense", 64, 4, 1, 0.25), ("dense", 96, 2, 2, 0.5)] and
+         all(x["speedup"] > 0 for x in d["baselines"]) else 1)'; then
+  ok "bench --groups --json: hq, hkv in every result and baseline"
+else
+  bad "bench --groups --json: hq, hkv in every result and baseline"
+fi
+expect_bad "bench --groups 4/3 (not a multiple)" "'4/3' is not HQ/HKV" -- "$nsa" "${gbench[@]:0:3}" --groups 4/1,4/3
+expect_bad "bench --groups 2/0" "'2/0' is not HQ/HKV" -- "$nsa" "${gbench[@]:0:3}" --groups 2/0
+expect_bad "bench --groups with junk" "'4x1' is not HQ/HKV" -- "$nsa" "${gbench[@]:0:3}" --groups 4x1
+expect_bad "bench --groups with an empty entry" "'' is not HQ/HKV" -- "$nsa" "${gbench[@]:0:3}" --groups 4/1,,2/2
+expect_bad "bench --groups, 17 pairs" "at most 16 pairs" -- "$nsa" "${gbench[@]:0:3}" \
+  --groups 1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1,1/1
+expect_bad "bench --groups with --hq" "does not take --hq" -- "$nsa" "${gbench[@]}" --hq 4
+expect_bad "bench --groups with --plot" "does not take --hq, --hkv or --plot" -- "$nsa" "${gbench[@]}" --plot "$tmp/g.svg"
+expect_bad "bench --groups with --decode" "does not take .*--groups" -- "$nsa" bench --backend cpu --decode --groups 4/1
+
 # nsa bench --decode: a B x context x TQ sweep; every point's fields are there and sane
 dbench=(bench --backend cpu --decode --hq 4 --hkv 1 --dqk 16 --dv 16 --n 3 --w 32 --dtype f32 --batch 1,3 --context 0,79 --tq 1,4 --iters 2 --page-size 16)
 expect "bench --decode prints a row per point" 0 "^ +3 +79 +4 +[0-9.e-]+ +[0-9.e-]+ +[0-9.e-]+ +[0-9.]+ +n/a +[0-9.e-]+ +-?[0-9.e-]+ +[0-9.e-]+ " -- "$nsa" "${dbench[@]}"

@@ -1,5 +1,6 @@
 /*
- * nsa bench: a sweep over T on one backend -- total time, TFLOP/s, GB/s,
+ * nsa bench: a sweep over T (and with --groups over head counts) on one
+ * backend -- total time, TFLOP/s, GB/s,
  * per-branch times estimated by difference, and the speedup over dense causal
  * attention run by the same backend in the same process.
  *
@@ -38,6 +39,7 @@
 
 #define CMD "nsa bench"
 #define MAX_T 32
+#define MAX_GROUPS 16
 
 enum { V_FULL, V_NO_SLC, V_NO_WIN, V_CMP_ONLY, V_DENSE, V_COUNT };
 static const char *const variant_name[V_COUNT] = {"full", "no-slc", "no-win", "cmp-only", "dense"};
@@ -74,6 +76,10 @@ static void usage(FILE *f, const args_opt *opts, int n)
             "  branch cannot be switched off, so its measured cmp-only time is subtracted:\n"
             "  dense = t(w=T, n=0) - t(cmp only); speedup = dense / full. The raw\n"
             "  t(w=T, n=0) is printed too. --no-dense skips it.\n"
+            "--groups HQ/HKV,..: the sweep over T for each pair of query / key-value head\n"
+            "  counts in turn (the GQA group sizes models use: 64/4,28/4,32/8,16/4,4/4), in\n"
+            "  place of --hq / --hkv; a line 'heads' starts each pair's rows (JSON: every\n"
+            "  result and baseline has hq, hkv). Not with --plot.\n"
             "--backward: also times nsa_backward for every configuration above (training\n"
             "  plans; dO drawn from the seed) and prints a 'bwd' line under each T: total,\n"
             "  TFLOP/s (2 * (3 Dqk + 2 Dv) per visible pair: S again, dP, dV, dQ, dK),\n"
@@ -302,6 +308,41 @@ static void print_head(int json, nsa_context *ctx, const tk_case *c0, const char
         printf("peak:    unknown for this device (--peak-tflops / --peak-gbps give %%peak)\n");
 }
 
+/* --groups "HQ/HKV,HQ/HKV,..": up to MAX_GROUPS pairs, HQ a multiple of HKV >= 1. Returns the
+ * count, or -1 with a message naming the entry. */
+static int parse_groups(const char *arg, int64_t *hq, int64_t *hkv)
+{
+    int n = 0;
+    const char *p = arg;
+    for (;;) {
+        char *end;
+        long long a, b = 0;
+        a = strtoll(p, &end, 10);
+        int ok = end != p && *end == '/';
+        if (ok) {
+            const char *q = end + 1;
+            b = strtoll(q, &end, 10);
+            ok = end != q && (*end == ',' || *end == '\0');
+        }
+        if (!ok || a < 1 || b < 1 || a > ((int64_t)1 << 20) || b > a || a % b != 0) {
+            int len = 0;
+            while (p[len] && p[len] != ',') len++;
+            fprintf(stderr, CMD ": --groups: '%.*s' is not HQ/HKV with HQ a multiple of HKV, 1 <= HKV <= HQ <= 2^20\n",
+                    len, p);
+            return -1;
+        }
+        if (n == MAX_GROUPS) {
+            fprintf(stderr, CMD ": --groups: at most %d pairs\n", MAX_GROUPS);
+            return -1;
+        }
+        hq[n] = a;
+        hkv[n] = b;
+        n++;
+        if (*end == '\0') return n;
+        p = end + 1;
+    }
+}
+
 int cmd_bench(int argc, char **argv)
 {
     config_flags cf;
@@ -312,7 +353,7 @@ int cmd_bench(int argc, char **argv)
     int64_t chunk = 256, page_size = DECODE_RUN_PAGE_SIZE, cmp_page_size = DECODE_RUN_CMP_PAGE_SIZE;
     double peak_tflops = 0, peak_gbps = 0;
     int json = 0, no_stages = 0, no_dense = 0, backward = 0;
-    const char *plot_path = NULL, *baseline_path = NULL;
+    const char *plot_path = NULL, *baseline_path = NULL, *groups_arg = NULL;
     args_opt opts[CONFIG_FLAGS_COUNT + 24];
     int nopts, rc, nT, exit_code = TOOL_EXIT_OK;
     int64_t Ts[MAX_T];
@@ -334,6 +375,7 @@ int cmd_bench(int argc, char **argv)
     OPT("--no-stages", ARGS_FLAG, &no_stages, NULL, "skip the per-branch estimates (n=0 / w=0 runs)");
     OPT("--no-dense", ARGS_FLAG, &no_dense, NULL, "skip the dense causal attention comparison");
     OPT("--backward", ARGS_FLAG, &backward, NULL, "time the backward pass too (a line 'bwd' under each T)");
+    OPT("--groups", ARGS_STRING, &groups_arg, "HQ/HKV,..", "sweep these head counts too (see above)");
     OPT("--json", ARGS_FLAG, &json, NULL, "print one JSON object");
     OPT("--baseline", ARGS_STRING, &baseline_path, "FILE", "other implementations' times (JSON lines) to compare with");
     OPT("--plot", ARGS_STRING, &plot_path, "FILE.svg", "draw time and speedup against T into an SVG file");
@@ -382,10 +424,22 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, CMD ": --chunk is the prefill step of --fill steps; the default --fill random runs none\n");
         return TOOL_EXIT_USAGE;
     }
-    if (decode && (T_arg || backward || no_stages || baseline_path || plot_path)) {
+    if (decode && (T_arg || backward || no_stages || baseline_path || plot_path || groups_arg)) {
         fprintf(stderr, CMD ": --decode sweeps --batch, --context and --tq; it does not take --T, --backward, "
-                        "--no-stages, --baseline or --plot\n");
+                        "--no-stages, --baseline, --plot or --groups\n");
         return TOOL_EXIT_USAGE;
+    }
+    int64_t ghq[MAX_GROUPS], ghkv[MAX_GROUPS];
+    int ngroups = 0; /* 0: the heads of --hq / --hkv */
+    if (groups_arg) {
+        if (plot_path || args_seen(opts, nopts, "--hq") || args_seen(opts, nopts, "--hkv")) {
+            fprintf(stderr, CMD ": --groups sets the heads of each sweep; it does not take --hq, --hkv or --plot\n");
+            return TOOL_EXIT_USAGE;
+        }
+        if ((ngroups = parse_groups(groups_arg, ghq, ghkv)) < 0)
+            return TOOL_EXIT_USAGE;
+        cf.hq = ghq[0];
+        cf.hkv = ghkv[0];
     }
     if (decode) {
         if ((context_arg && (dopt.ncontext = args_parse_i64_list(CMD, "--context", context_arg, dopt.context,
@@ -487,7 +541,8 @@ int cmd_bench(int argc, char **argv)
     char ferr[512] = "";
     const double first_s = first_plan(ctx, &c0, &flog, ferr, sizeof ferr); /* < 0: failed (the sweep says why) */
 
-    print_head(json, ctx, &c0, "T swept", iters, warmup, peak_tflops, peak_gbps, peak_src);
+    print_head(json, ctx, &c0, ngroups ? "heads (--groups) and T swept" : "T swept", iters, warmup, peak_tflops,
+               peak_gbps, peak_src);
     if (json) {
         printf(", \"first_plan_s\": ");
         json_num(stdout, first_s >= 0 ? first_s : NAN);
@@ -512,178 +567,242 @@ int cmd_bench(int argc, char **argv)
                "%peak", "GB/s", "%peak", "cmp ms", "slc ms", "win ms", "dense ms", "dense raw", "speedup");
     }
 
-    double full_ms[MAX_T], dense_ms[MAX_T];
-    for (int i = 0; i < nT; i++) {
-        full_ms[i] = dense_ms[i] = NAN;
-        int64_t lens[TK_MAX_BATCH];
-        tk_case c;
-        tk_inputs in;
-        measure m[V_COUNT];
-        for (int64_t b = 0; b < batch; b++)
-            lens[b] = Ts[i];
-        if (config_flags_case(CMD, &cf, lens, batch, &c) != 0) {
-            exit_code = TOOL_EXIT_USAGE;
-            break;
+    static double full_ms[MAX_GROUPS][MAX_T], dense_ms[MAX_GROUPS][MAX_T];
+    const int npass = ngroups ? ngroups : 1;
+    for (int gp = 0; gp < npass; gp++)
+        for (int i = 0; i < nT; i++) full_ms[gp][i] = dense_ms[gp][i] = NAN;
+    int passes = 0; /* groups swept (a bad configuration stops the sweep) */
+    for (int gp = 0; gp < npass && exit_code != TOOL_EXIT_USAGE; gp++, passes++) {
+        if (ngroups) {
+            cf.hq = ghq[gp];
+            cf.hkv = ghkv[gp];
+            if (!json)
+                printf("heads    Hq %lld, Hkv %lld (G = %lld)\n", (long long)cf.hq, (long long)cf.hkv,
+                       (long long)(cf.hq / cf.hkv));
         }
-        tool_progress(CMD " T=%lld: drawing inputs", (long long)Ts[i]);
-        s = tk_inputs_make(&c, &in);
-        tool_progress_end();
-        if (s != NSA_SUCCESS) {
-            fprintf(stderr, CMD ": T=%lld: drawing inputs failed: %s\n", (long long)Ts[i],
-                    nsa_status_string(s));
-            exit_code = TOOL_EXIT_FAIL;
-            break;
-        }
-        memset(m, 0, sizeof m);
-        for (int v = 0; v < V_COUNT; v++) {
-            if ((v == V_NO_SLC || v == V_NO_WIN) && no_stages)
-                continue;
-            if (v == V_CMP_ONLY && no_stages && no_dense)
-                continue;
-            if (v == V_DENSE && no_dense)
-                continue;
-            run_variant(ctx, &c, &in, v, (int)warmup, (int)iters, backward, &m[v]);
-            if (!m[v].ran && m[v].note[0]) {
-                fprintf(stderr, CMD ": T=%lld %s: %s\n", (long long)Ts[i], variant_name[v], m[v].note);
-                if (v == V_FULL)
-                    exit_code = TOOL_EXIT_FAIL;
-            }
-            if (v == V_FULL && !m[v].ran)
+        for (int i = 0; i < nT; i++) {
+            int64_t lens[TK_MAX_BATCH];
+            tk_case c;
+            tk_inputs in;
+            measure m[V_COUNT];
+            for (int64_t b = 0; b < batch; b++)
+                lens[b] = Ts[i];
+            if (config_flags_case(CMD, &cf, lens, batch, &c) != 0) {
+                exit_code = TOOL_EXIT_USAGE;
                 break;
-        }
-        tk_inputs_free(&in);
-        const estimate fe = estimate_of(m, &c.cfg, 0), be = estimate_of(m, &c.cfg, 1);
-        if (backward && m[V_FULL].ran && !m[V_FULL].bwd_ran) {
-            fprintf(stderr, CMD ": T=%lld backward: %s\n", (long long)Ts[i], m[V_FULL].note);
-            exit_code = TOOL_EXIT_FAIL;
-        }
-        if (m[V_FULL].ran)
-            full_ms[i] = m[V_FULL].time_s * 1e3;
-        if (fe.dense > 0)
-            dense_ms[i] = fe.dense * 1e3;
-
-        if (json) {
-            printf("%s{\"T\": %lld, \"batch\": %lld, \"ok\": %s", i ? ", " : "", (long long)Ts[i],
-                   (long long)batch, m[V_FULL].ran ? "true" : "false");
+            }
+            tool_progress(CMD " T=%lld: drawing inputs", (long long)Ts[i]);
+            s = tk_inputs_make(&c, &in);
+            tool_progress_end();
+            if (s != NSA_SUCCESS) {
+                fprintf(stderr, CMD ": T=%lld: drawing inputs failed: %s\n", (long long)Ts[i],
+                        nsa_status_string(s));
+                exit_code = TOOL_EXIT_FAIL;
+                break;
+            }
+            memset(m, 0, sizeof m);
             for (int v = 0; v < V_COUNT; v++) {
-                printf(", \"%s\": ", variant_name[v]);
-                if (!m[v].ran) {
-                    printf("null");
+                if ((v == V_NO_SLC || v == V_NO_WIN) && no_stages)
                     continue;
+                if (v == V_CMP_ONLY && no_stages && no_dense)
+                    continue;
+                if (v == V_DENSE && no_dense)
+                    continue;
+                run_variant(ctx, &c, &in, v, (int)warmup, (int)iters, backward, &m[v]);
+                if (!m[v].ran && m[v].note[0]) {
+                    fprintf(stderr, CMD ": T=%lld %s: %s\n", (long long)Ts[i], variant_name[v], m[v].note);
+                    if (v == V_FULL)
+                        exit_code = TOOL_EXIT_FAIL;
                 }
-                printf("{\"time_s\": ");
-                json_num(stdout, m[v].time_s);
-                printf(", \"time_min_s\": ");
-                json_num(stdout, m[v].min_s);
-                printf(", \"pairs\": ");
-                json_num(stdout, m[v].pairs);
-                printf(", \"flops\": ");
-                json_num(stdout, m[v].flops);
-                printf(", \"tflops\": ");
-                json_num(stdout, m[v].flops / m[v].time_s / 1e12);
-                printf(", \"bytes\": ");
-                json_num(stdout, m[v].bytes);
-                printf(", \"gbps\": ");
-                json_num(stdout, m[v].bytes / m[v].time_s / 1e9);
-                if (m[v].bwd_ran) {
-                    printf(", \"backward_time_s\": ");
-                    json_num(stdout, m[v].bwd_time_s);
-                    printf(", \"backward_flops\": ");
-                    json_num(stdout, m[v].bwd_flops);
-                    printf(", \"backward_tflops\": ");
-                    json_num(stdout, m[v].bwd_flops / m[v].bwd_time_s / 1e12);
-                }
-                printf("}");
+                if (v == V_FULL && !m[v].ran)
+                    break;
             }
-            printf(", \"est_cmp_s\": ");
-            json_num(stdout, fe.cmp);
-            printf(", \"est_slc_s\": ");
-            json_num(stdout, fe.slc);
-            printf(", \"est_win_s\": ");
-            json_num(stdout, fe.win);
-            printf(", \"dense_s\": ");
-            json_num(stdout, fe.dense);
-            printf(", \"dense_tflops\": ");
-            json_num(stdout, fe.dense > 0 && m[V_DENSE].ran ? m[V_DENSE].flops / fe.dense / 1e12 : NAN);
-            printf(", \"speedup_vs_dense\": ");
-            json_num(stdout, fe.speedup);
-            if (backward) {
-                printf(", \"backward\": {\"est_cmp_s\": ");
-                json_num(stdout, be.cmp);
+            tk_inputs_free(&in);
+            const estimate fe = estimate_of(m, &c.cfg, 0), be = estimate_of(m, &c.cfg, 1);
+            if (backward && m[V_FULL].ran && !m[V_FULL].bwd_ran) {
+                fprintf(stderr, CMD ": T=%lld backward: %s\n", (long long)Ts[i], m[V_FULL].note);
+                exit_code = TOOL_EXIT_FAIL;
+            }
+            if (m[V_FULL].ran)
+                full_ms[gp][i] = m[V_FULL].time_s * 1e3;
+            if (fe.dense > 0)
+                dense_ms[gp][i] = fe.dense * 1e3;
+
+            if (json) {
+                printf("%s{\"T\": %lld, \"batch\": %lld, \"hq\": %lld, \"hkv\": %lld, \"ok\": %s", i || gp ? ", " : "",
+                       (long long)Ts[i], (long long)batch, (long long)c.cfg.num_q_heads, (long long)c.cfg.num_kv_heads,
+                       m[V_FULL].ran ? "true" : "false");
+                for (int v = 0; v < V_COUNT; v++) {
+                    printf(", \"%s\": ", variant_name[v]);
+                    if (!m[v].ran) {
+                        printf("null");
+                        continue;
+                    }
+                    printf("{\"time_s\": ");
+                    json_num(stdout, m[v].time_s);
+                    printf(", \"time_min_s\": ");
+                    json_num(stdout, m[v].min_s);
+                    printf(", \"pairs\": ");
+                    json_num(stdout, m[v].pairs);
+                    printf(", \"flops\": ");
+                    json_num(stdout, m[v].flops);
+                    printf(", \"tflops\": ");
+                    json_num(stdout, m[v].flops / m[v].time_s / 1e12);
+                    printf(", \"bytes\": ");
+                    json_num(stdout, m[v].bytes);
+                    printf(", \"gbps\": ");
+                    json_num(stdout, m[v].bytes / m[v].time_s / 1e9);
+                    if (m[v].bwd_ran) {
+                        printf(", \"backward_time_s\": ");
+                        json_num(stdout, m[v].bwd_time_s);
+                        printf(", \"backward_flops\": ");
+                        json_num(stdout, m[v].bwd_flops);
+                        printf(", \"backward_tflops\": ");
+                        json_num(stdout, m[v].bwd_flops / m[v].bwd_time_s / 1e12);
+                    }
+                    printf("}");
+                }
+                printf(", \"est_cmp_s\": ");
+                json_num(stdout, fe.cmp);
                 printf(", \"est_slc_s\": ");
-                json_num(stdout, be.slc);
+                json_num(stdout, fe.slc);
                 printf(", \"est_win_s\": ");
-                json_num(stdout, be.win);
+                json_num(stdout, fe.win);
                 printf(", \"dense_s\": ");
-                json_num(stdout, be.dense);
+                json_num(stdout, fe.dense);
+                printf(", \"dense_tflops\": ");
+                json_num(stdout, fe.dense > 0 && m[V_DENSE].ran ? m[V_DENSE].flops / fe.dense / 1e12 : NAN);
                 printf(", \"speedup_vs_dense\": ");
-                json_num(stdout, be.speedup);
+                json_num(stdout, fe.speedup);
+                if (backward) {
+                    printf(", \"backward\": {\"est_cmp_s\": ");
+                    json_num(stdout, be.cmp);
+                    printf(", \"est_slc_s\": ");
+                    json_num(stdout, be.slc);
+                    printf(", \"est_win_s\": ");
+                    json_num(stdout, be.win);
+                    printf(", \"dense_s\": ");
+                    json_num(stdout, be.dense);
+                    printf(", \"speedup_vs_dense\": ");
+                    json_num(stdout, be.speedup);
+                    printf("}");
+                }
                 printf("}");
-            }
-            printf("}");
-        } else if (m[V_FULL].ran) {
-            double tf = m[V_FULL].flops / m[V_FULL].time_s / 1e12;
-            double gb = m[V_FULL].bytes / m[V_FULL].time_s / 1e9;
-            printf("%8lld %10.4g %9.4g", (long long)Ts[i], m[V_FULL].time_s * 1e3, tf);
-            print_pct(tf, peak_tflops);
-            printf(" %9.4g", gb);
-            print_pct(gb, peak_gbps);
-            print_ms(9, fe.cmp);
-            print_ms(9, fe.slc);
-            print_ms(9, fe.win);
-            print_ms(10, fe.dense);
-            print_ms(10, m[V_DENSE].ran ? m[V_DENSE].time_s : NAN);
-            if (isnan(fe.speedup))
-                printf(" %8s\n", "-");
-            else
-                printf(" %7.3gx\n", fe.speedup);
-            if (m[V_FULL].bwd_ran) { /* the backward: same columns, no GB/s */
-                double btf = m[V_FULL].bwd_flops / m[V_FULL].bwd_time_s / 1e12;
-                printf("%8s %10.4g %9.4g", "bwd", m[V_FULL].bwd_time_s * 1e3, btf);
-                print_pct(btf, peak_tflops);
-                printf(" %9s %7s", "-", "-");
-                print_ms(9, be.cmp);
-                print_ms(9, be.slc);
-                print_ms(9, be.win);
-                print_ms(10, be.dense);
-                print_ms(10, m[V_DENSE].bwd_ran ? m[V_DENSE].bwd_time_s : NAN);
-                if (isnan(be.speedup))
+            } else if (m[V_FULL].ran) {
+                double tf = m[V_FULL].flops / m[V_FULL].time_s / 1e12;
+                double gb = m[V_FULL].bytes / m[V_FULL].time_s / 1e9;
+                printf("%8lld %10.4g %9.4g", (long long)Ts[i], m[V_FULL].time_s * 1e3, tf);
+                print_pct(tf, peak_tflops);
+                printf(" %9.4g", gb);
+                print_pct(gb, peak_gbps);
+                print_ms(9, fe.cmp);
+                print_ms(9, fe.slc);
+                print_ms(9, fe.win);
+                print_ms(10, fe.dense);
+                print_ms(10, m[V_DENSE].ran ? m[V_DENSE].time_s : NAN);
+                if (isnan(fe.speedup))
                     printf(" %8s\n", "-");
                 else
-                    printf(" %7.3gx\n", be.speedup);
+                    printf(" %7.3gx\n", fe.speedup);
+                if (m[V_FULL].bwd_ran) { /* the backward: same columns, no GB/s */
+                    double btf = m[V_FULL].bwd_flops / m[V_FULL].bwd_time_s / 1e12;
+                    printf("%8s %10.4g %9.4g", "bwd", m[V_FULL].bwd_time_s * 1e3, btf);
+                    print_pct(btf, peak_tflops);
+                    printf(" %9s %7s", "-", "-");
+                    print_ms(9, be.cmp);
+                    print_ms(9, be.slc);
+                    print_ms(9, be.win);
+                    print_ms(10, be.dense);
+                    print_ms(10, m[V_DENSE].bwd_ran ? m[V_DENSE].bwd_time_s : NAN);
+                    if (isnan(be.speedup))
+                        printf(" %8s\n", "-");
+                    else
+                        printf(" %7.3gx\n", be.speedup);
+                }
+            } else {
+                printf("%8lld failed: %s\n", (long long)Ts[i], m[V_FULL].note);
             }
-        } else {
-            printf("%8lld failed: %s\n", (long long)Ts[i], m[V_FULL].note);
+            fflush(stdout);
         }
-        fflush(stdout);
     }
-    /* the baselines that match the sweep: same T, and the same heads and dims where the record says */
+    /* the baselines that match the sweep: a point (heads, T) with the record's T, and the same heads and dims
+     * where the record says; a record may match a point of several groups */
     const nsa_config *k0 = &c0.cfg;
     plot_series *series = calloc(2 + BASELINE_MAX, sizeof *series);
-    int nseries = 2, skipped = 0;
-    if (!series) {
+    typedef struct {
+        int r, gp, ti;
+    } bl_match;
+    bl_match *match = malloc((size_t)(nrecs > 0 ? nrecs : 1) * MAX_GROUPS * sizeof *match);
+    int nseries = 2, skipped = 0, nmatch = 0;
+    if (!series || !match) {
         fprintf(stderr, CMD ": out of host memory\n");
+        free(series);
+        free(match);
         nsa_context_destroy(ctx);
         return TOOL_EXIT_FAIL;
     }
+    for (int r = 0; r < nrecs; r++) {
+        const baseline_rec *b = &recs[r];
+        int matched = 0;
+        for (int gp = 0; gp < passes; gp++) {
+            const int64_t hq = ngroups ? ghq[gp] : k0->num_q_heads, hkv = ngroups ? ghkv[gp] : k0->num_kv_heads;
+            if ((b->hq >= 0 && b->hq != hq) || (b->hkv >= 0 && b->hkv != hkv) ||
+                (b->dqk >= 0 && b->dqk != k0->head_dim_qk) || (b->dv >= 0 && b->dv != k0->head_dim_v))
+                continue;
+            for (int i = 0; i < nT; i++)
+                if (Ts[i] == b->T) {
+                    match[nmatch++] = (bl_match){r, gp, i};
+                    matched = 1;
+                }
+        }
+        skipped += !matched;
+    }
+    if (skipped > 0)
+        fprintf(stderr, CMD ": %d record(s) of %s are for another T or shape; not compared\n", skipped,
+                baseline_path);
+    if (json) {
+        printf("], \"baselines\": [");
+        for (int j = 0; j < nmatch; j++) {
+            const bl_match *mt = &match[j];
+            const baseline_rec *b = &recs[mt->r];
+            printf("%s{\"baseline\": ", j ? ", " : "");
+            json_str(stdout, b->name);
+            printf(", \"T\": %lld, \"hq\": %lld, \"hkv\": %lld, \"ms\": ", (long long)b->T,
+                   (long long)(ngroups ? ghq[mt->gp] : k0->num_q_heads),
+                   (long long)(ngroups ? ghkv[mt->gp] : k0->num_kv_heads));
+            json_num(stdout, b->ms);
+            printf(", \"speedup\": ");
+            json_num(stdout, b->ms / full_ms[mt->gp][mt->ti]);
+            printf("}");
+        }
+        printf("], \"exit_code\": %d}\n", exit_code);
+    } else {
+        printf("cmp/slc/win: branch times estimated by difference (cmp = n=0,w=0 run; slc = full - "
+               "n=0; win = full - w=0)\n"
+               "dense: t(w=T, n=0) - t(cmp only) = causal attention by this backend; dense raw "
+               "includes its cmp branch; speedup = dense / nsa\n");
+        if (backward)
+            printf("bwd: nsa_backward of the same problems (dO from the seed), the same differences; TFLOP/s "
+                   "counts 2 (3 Dqk + 2 Dv) per visible pair\n");
+        for (int j = 0; j < nmatch; j++) {
+            const bl_match *mt = &match[j];
+            const baseline_rec *b = &recs[mt->r];
+            printf("baseline %s, T=%lld", b->name, (long long)b->T);
+            if (ngroups) printf(", Hq/Hkv %lld/%lld", (long long)ghq[mt->gp], (long long)ghkv[mt->gp]);
+            printf(": %.4g ms; speedup %.3gx\n", b->ms, b->ms / full_ms[mt->gp][mt->ti]);
+        }
+    }
+    /* the figure (one group: --plot is refused with --groups) */
     snprintf(series[0].name, sizeof series[0].name, "libnsa %.80s", bname);
     snprintf(series[1].name, sizeof series[1].name, "%.70s dense causal", bname);
     for (int i = 0; i < nT; i++) {
         series[0].T[i] = series[1].T[i] = (double)Ts[i];
-        series[0].ms[i] = full_ms[i];
-        series[1].ms[i] = dense_ms[i];
+        series[0].ms[i] = full_ms[0][i];
+        series[1].ms[i] = dense_ms[0][i];
     }
     series[0].n = series[1].n = nT;
-    for (int r = 0; r < nrecs; r++) {
-        const baseline_rec *b = &recs[r];
-        int ti = -1;
-        for (int i = 0; i < nT; i++)
-            if (Ts[i] == b->T) ti = i;
-        if (ti < 0 || (b->hq >= 0 && b->hq != k0->num_q_heads) || (b->hkv >= 0 && b->hkv != k0->num_kv_heads) ||
-            (b->dqk >= 0 && b->dqk != k0->head_dim_qk) || (b->dv >= 0 && b->dv != k0->head_dim_v)) {
-            skipped++;
-            continue;
-        }
+    for (int j = 0; j < nmatch; j++) {
+        const baseline_rec *b = &recs[match[j].r];
         int s2 = 2;
         while (s2 < nseries && strcmp(series[s2].name, b->name) != 0) s2++;
         if (s2 == nseries) {
@@ -696,42 +815,6 @@ int cmd_bench(int argc, char **argv)
             ps->ms[ps->n] = b->ms;
             ps->n++;
         }
-    }
-    if (skipped > 0)
-        fprintf(stderr, CMD ": %d record(s) of %s are for another T or shape; not compared\n", skipped,
-                baseline_path);
-    if (json) {
-        printf("], \"baselines\": [");
-        int first = 1;
-        for (int s2 = 2; s2 < nseries; s2++)
-            for (int i = 0; i < series[s2].n; i++) {
-                double nsa_ms = NAN;
-                for (int j = 0; j < nT; j++)
-                    if ((double)Ts[j] == series[s2].T[i]) nsa_ms = full_ms[j];
-                printf("%s{\"baseline\": ", first ? "" : ", ");
-                json_str(stdout, series[s2].name);
-                printf(", \"T\": %.0f, \"ms\": ", series[s2].T[i]);
-                json_num(stdout, series[s2].ms[i]);
-                printf(", \"speedup\": ");
-                json_num(stdout, series[s2].ms[i] / nsa_ms);
-                printf("}");
-                first = 0;
-            }
-        printf("], \"exit_code\": %d}\n", exit_code);
-    } else {
-        printf("cmp/slc/win: branch times estimated by difference (cmp = n=0,w=0 run; slc = full - "
-               "n=0; win = full - w=0)\n"
-               "dense: t(w=T, n=0) - t(cmp only) = causal attention by this backend; dense raw "
-               "includes its cmp branch; speedup = dense / nsa\n");
-        if (backward)
-            printf("bwd: nsa_backward of the same problems (dO from the seed), the same differences; TFLOP/s "
-                   "counts 2 (3 Dqk + 2 Dv) per visible pair\n");
-        for (int s2 = 2; s2 < nseries; s2++)
-            for (int i = 0; i < series[s2].n; i++)
-                for (int j = 0; j < nT; j++)
-                    if ((double)Ts[j] == series[s2].T[i])
-                        printf("baseline %s, T=%lld: %.4g ms; speedup %.3gx\n", series[s2].name, (long long)Ts[j],
-                               series[s2].ms[i], series[s2].ms[i] / full_ms[j]);
     }
     if (plot_path) {
         char title[256], err[512];
@@ -746,6 +829,7 @@ int cmd_bench(int argc, char **argv)
         }
     }
     free(series);
+    free(match);
     nsa_context_destroy(ctx);
     return exit_code;
 }
