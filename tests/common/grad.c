@@ -28,6 +28,25 @@
 
 #define IDX3(a, b, c, B, C) (((a) * (B) + (b)) * (C) + (c))
 
+/* tk_ref64_emulate (testkit.h): off by default, and then every product below is the reference's */
+static int g_emu;
+static nsa_dtype g_emu_dt = NSA_DTYPE_BF16;
+void tk_ref64_emulate(int mode, nsa_dtype dt)
+{
+    g_emu = mode;
+    g_emu_dt = dt;
+}
+static double emu16(int bit, double x)
+{
+    if (!(g_emu & bit)) return x;
+    uint16_t h;
+    double y;
+    if (nsa_convert(&x, NSA_DTYPE_F64, &h, g_emu_dt, 1) != NSA_SUCCESS ||
+        nsa_convert(&h, g_emu_dt, &y, NSA_DTYPE_F64, 1) != NSA_SUCCESS)
+        return NAN;
+    return y;
+}
+
 /* Element counts of the tensors of case c (tk_ref64 layout). */
 static void counts(const tk_case *c, int64_t n[TK_G_COUNT])
 {
@@ -180,8 +199,11 @@ static nsa_status run64(const tk_case *c, const tk_ref64 *x, const int32_t *sel,
     double *dvc = calloc((size_t)(max_nc * Hkv * Dv) + 1, sizeof *dvc);
     double *p = malloc((size_t)mk * sizeof *p), *ob = malloc(((size_t)Dv + 1) * sizeof *ob);
     int64_t *keys = malloc((size_t)mk * sizeof *keys);
+    /* TK_EMU_CENTER: the branches' mean keys per KV head; TK_EMU_ONE: a row's two dq sums */
+    double *kmean = g_emu ? malloc(((size_t)(3 * Hkv * Dk) + 1) * sizeof *kmean) : NULL;
+    double *ab = g_emu ? malloc(((size_t)(2 * Dk) + 1) * sizeof *ab) : NULL;
     nsa_status st = NSA_SUCCESS;
-    if (!kc || !vc || !dkc || !dvc || !p || !ob || !keys) {
+    if (!kc || !vc || !dkc || !dvc || !p || !ob || !keys || (g_emu && (!kmean || !ab))) {
         st = NSA_ERR_OUT_OF_MEMORY;
         goto done;
     }
@@ -191,6 +213,16 @@ static nsa_status run64(const tk_case *c, const tk_ref64 *x, const int32_t *sel,
         const int64_t base = c->cu_seqlens[seq], len = c->cu_seqlens[seq + 1] - base;
         const int64_t nc = tk_num_cmp_blocks(g, len);
         compress64(c, x, seq, nc, cmp_base, round, kc, vc);
+        if (g_emu & TK_EMU_CENTER)
+            for (int b = 0; b < 3; b++)
+                for (int64_t h = 0; h < Hkv && on[b]; h++)
+                    for (int64_t e = 0; e < Dk; e++) {
+                        const int64_t rows = b == 0 ? nc : len;
+                        double s = 0.0;
+                        for (int64_t r = 0; r < rows; r++)
+                            s += b == 0 ? kc[IDX3(r, h, e, Hkv, Dk)] : x->t[TK_G_K + b][IDX3(base + r, h, e, Hkv, Dk)];
+                        kmean[IDX3(b, h, e, Hkv, Dk)] = rows ? s / (double)rows : 0.0;
+                    }
         if (grad) {
             memset(dkc, 0, (size_t)(nc * Hkv * Dk) * sizeof *dkc);
             memset(dvc, 0, (size_t)(nc * Hkv * Dv) * sizeof *dvc);
@@ -235,20 +267,33 @@ static nsa_status run64(const tk_case *c, const tk_ref64 *x, const int32_t *sel,
                     D = gate * dg; /* dO_b . o_b */
                     double *dK = b == 0 ? dkc : grad->t[TK_G_K + b], *dV = b == 0 ? dvc : grad->t[TK_G_V + b];
                     double *dq = grad->t[TK_G_Q] + IDX3(tg, h, 0, Hq, Dk);
+                    const double *kbar = g_emu & TK_EMU_CENTER ? kmean + IDX3(b, kh, 0, Hkv, Dk) : NULL;
+                    const int one = (g_emu & TK_EMU_ONE) != 0;
+                    if (one) memset(ab, 0, (size_t)(2 * Dk) * sizeof *ab);
                     for (int64_t r = 0; r < m; r++) {
                         const double *kr = K + IDX3(kb + keys[r], kh, 0, Hkv, Dk);
                         const double *vr = V + IDX3(kb + keys[r], kh, 0, Hkv, Dv);
                         double dp = 0.0;
                         for (int64_t e = 0; e < Dv; e++) dp += gate * dOr[e] * vr[e];
                         const double ds = p[r] * (dp - D);
+                        const double sdq = emu16(TK_EMU_DQ, scale * ds), sdk = emu16(TK_EMU_DK, scale * ds);
+                        const double pv = emu16(TK_EMU_DV, p[r] * gate);
+                        const double pa = one ? emu16(TK_EMU_ONE, p[r] * dp) : 0.0, pb = one ? emu16(TK_EMU_ONE, p[r]) : 0.0;
                         double *dkr = dK + IDX3(kb + keys[r], kh, 0, Hkv, Dk);
                         double *dvr = dV + IDX3(kb + keys[r], kh, 0, Hkv, Dv);
                         for (int64_t e = 0; e < Dk; e++) {
-                            dq[e] += scale * ds * kr[e];
-                            dkr[e] += scale * ds * qv[e];
+                            if (one) {
+                                ab[e] += pa * kr[e];
+                                ab[Dk + e] += pb * kr[e];
+                            } else {
+                                dq[e] += sdq * (kbar ? emu16(TK_EMU_CENTER, kr[e] - kbar[e]) : kr[e]);
+                            }
+                            dkr[e] += sdk * qv[e];
                         }
-                        for (int64_t e = 0; e < Dv; e++) dvr[e] += p[r] * gate * dOr[e];
+                        for (int64_t e = 0; e < Dv; e++) dvr[e] += pv * dOr[e];
                     }
+                    if (one)
+                        for (int64_t e = 0; e < Dk; e++) dq[e] += scale * (ab[e] - D * ab[Dk + e]);
                 }
             }
         }
@@ -303,6 +348,8 @@ done:
     free(p);
     free(ob);
     free(keys);
+    free(kmean);
+    free(ab);
     return st;
 }
 

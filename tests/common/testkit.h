@@ -289,6 +289,17 @@ nsa_status tk_ref64_forward(const tk_case *c, const tk_ref64 *x, const int32_t *
  * the library computes them); 0 for finite differences. */
 nsa_status tk_ref64_backward(const tk_case *c, const tk_ref64 *x, const int32_t *sel, int round, const double *dO,
                              tk_ref64 *grad);
+/* The backward as a GPU kernel computes it with 16-bit products, for
+ * dev/precision/bwd_rounding.c: mode 0 (the default) is the reference; the bits
+ * round to dt, before their products, scale ds for dq (TK_EMU_DQ), for dk
+ * (TK_EMU_DK) and g p for dv (TK_EMU_DV); TK_EMU_CENTER multiplies dq's ds by
+ * k - mean k (the mean of the branch's keys of the sequence and KV head, the
+ * difference rounded too), which sum_r ds_r = 0 allows; TK_EMU_ONE forms dq as
+ * scale (sum (p dp) k - D sum p k) with p dp and p rounded once (the one-sweep
+ * rows kernels without their hi + lo split). Process-wide; not thread-safe. */
+enum { TK_EMU_DQ = 1, TK_EMU_DK = 2, TK_EMU_DV = 4, TK_EMU_CENTER = 8, TK_EMU_ONE = 16 };
+void tk_ref64_emulate(int mode, nsa_dtype dt);
+
 /* Section 11: the backward of the shard of packed rows [r0, r1) alone, added into
  * grad (tk_ref64_alloc'd by the caller): dq and dg of those rows (nothing elsewhere)
  * and the partial key-side gradients of their sums. */
