@@ -18,6 +18,9 @@
  *               the difference rounded too
  *   one         dq = scale (sum (p dp) k - D sum p k) with p dp and p rounded
  *               (the one-sweep rows kernels without their split)
+ * "operands in f16": the same roundings to f16 in a bf16 call (a kernel that
+ * multiplies in f16, its other operand converted from bf16 exactly, which holds
+ * where that operand's values lie in f16's range).
  * Outputs are rounded to the dtype (dgate to fp32) as a backend returns them.
  *
  * Build and run from the repository root, after a meson build in build-cu:
@@ -37,6 +40,7 @@
 typedef struct {
     const char *name;
     int mode;
+    int f16;                  /* round the operands to f16 whatever the call's dtype */
     double worst[TK_G_COUNT]; /* per tensor, over the corpus */
     char where[TK_G_COUNT][96];
     int fails;                /* (case, tensor) pairs past the tolerance */
@@ -65,6 +69,8 @@ int main(int argc, char **argv)
         {.name = "dq center, dk, dv", .mode = TK_EMU_DQ | TK_EMU_CENTER | TK_EMU_DK | TK_EMU_DV},
         {.name = "one", .mode = TK_EMU_ONE},
         {.name = "one, dk, dv", .mode = TK_EMU_ONE | TK_EMU_DK | TK_EMU_DV},
+        {.name = "dq dk dv, operands in f16", .mode = TK_EMU_DQ | TK_EMU_DK | TK_EMU_DV, .f16 = 1},
+        {.name = "one, dk, dv, operands in f16", .mode = TK_EMU_ONE | TK_EMU_DK | TK_EMU_DV, .f16 = 1},
     };
     const int nv = (int)(sizeof vs / sizeof vs[0]);
     nsa_context *ctx = NULL;
@@ -114,7 +120,7 @@ int main(int argc, char **argv)
             if (tk_ref64_backward(&c, &x, sel, 1, dO64, &ref) != NSA_SUCCESS) return 1;
             for (int k = 0; k < nv; k++) {
                 tk_ref64 emu;
-                tk_ref64_emulate(vs[k].mode, dt);
+                tk_ref64_emulate(vs[k].mode, vs[k].f16 ? NSA_DTYPE_F16 : dt);
                 const nsa_status s = tk_ref64_backward(&c, &x, sel, 1, dO64, &emu);
                 tk_ref64_emulate(0, dt);
                 if (s != NSA_SUCCESS) return 1;
