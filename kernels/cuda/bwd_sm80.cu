@@ -41,9 +41,8 @@
  *     dv += (g P)^T dO and dk += dS^T Q with the probabilities taken straight
  *     from the accumulators.
  * The probabilities and dS enter their products as the input type: rounded
- * once in f16 (as FlashAttention does), split into hi + lo in bf16 for dq and
- * dv (warp_pv_exact says why); dk takes dS rounded once. Everything
- * accumulates in fp32.
+ * once in f16 (as FlashAttention does), split into hi + lo in bf16 for dq, dk
+ * and dv (warp_pv_exact says why). Everything accumulates in fp32.
  *
  * Head dims are padded with zeros to 32/32, 64/64, 128/128 or 192/128.
  */
@@ -59,13 +58,13 @@ namespace nsa_cuda {
  * row-major tile X of those rows (stride SX): dq += ds K (rows kernels) and
  * dv += (g p)^T dO (keys kernel). In bf16, p is split into hi + lo, two
  * products, so the result is as if p were fp32; f16 rounds once (its 2^-12
- * passes the corpus at 0.35 of the tolerance). With p rounded to bf16 once,
- * dq = sum ds k (which cancels: sum_r ds_r = 0) erred by up to 1.26x its
- * tolerance on mean-compressed keys (the corpus' G16 D=4/3 case: the rounding
- * of ds is multiplied by |k|, not by |k - mean k|), and dv by 1.45x on
- * G16-D192-ls64 (large g p of the early tokens, 16 heads, one shared v). ALL splits f16
- * too: the single-sweep rows kernels form dq = scale g (A - dg B), which
- * cancels as sum ds k does, from A = sum (p e) k and B = sum p k. */
+ * passes the corpus at 0.35 of the tolerance). Rounded to bf16 once, dq, dk
+ * and dv each exceed their tolerance on the full corpus, by up to 1.38x,
+ * 1.39x and 2.08x (dev/precision/bwd_rounding.c: dq = sum ds k cancels,
+ * sum_r ds_r = 0; dv sums the large g p of early tokens). ALL splits f16 too:
+ * the single-sweep rows kernels form dq = scale g (A - dg B), which cancels as
+ * sum ds k does, from A = sum (p e) k and B = sum p k (rounded once in f16,
+ * 1.09x). */
 template <typename T, int D, int KS, int SX, bool ALL = false>
 NSA_DEV void warp_pv_exact(float (&acc)[D / 8][4], float (&p)[2 * KS][4], const T *sX, int lane)
 {
