@@ -292,7 +292,7 @@ if [ $grc -eq 0 ] && [ "$(grep -Ec '^heads +Hq 4, Hkv 1 \(G = 4\)$|^heads +Hq 2,
 else
   echo "     (exit $grc)"; bad "bench --groups sweeps T per head pair, baselines matched per pair"
 fi
-if "$nsa" "${gbench[@]}" --baseline "$tmp/gbase.jsonl" --json 2>/dev/null | python3 -c '
+if "$nsa" "${gbench[@]}" --baseline "$tmp/gbase.jsonl" --json 2>&1 | head -n 1 | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 r = [(x["T"], x["hq"], x["hkv"], x["ok"]) for x in d["results"]]

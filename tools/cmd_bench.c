@@ -757,9 +757,6 @@ int cmd_bench(int argc, char **argv)
         }
         skipped += !matched;
     }
-    if (skipped > 0)
-        fprintf(stderr, CMD ": %d record(s) of %s are for another T or shape; not compared\n", skipped,
-                baseline_path);
     if (json) {
         printf("], \"baselines\": [");
         for (int j = 0; j < nmatch; j++) {
@@ -792,6 +789,11 @@ int cmd_bench(int argc, char **argv)
             printf(": %.4g ms; speedup %.3gx\n", b->ms, b->ms / full_ms[mt->gp][mt->ti]);
         }
     }
+    /* after the report, so that the JSON object is not cut by it where both streams go to one file */
+    fflush(stdout);
+    if (skipped > 0)
+        fprintf(stderr, CMD ": %d record(s) of %s are for another T or shape; not compared\n", skipped,
+                baseline_path);
     /* the figure (one group: --plot is refused with --groups) */
     snprintf(series[0].name, sizeof series[0].name, "libnsa %.80s", bname);
     snprintf(series[1].name, sizeof series[1].name, "%.70s dense causal", bname);
