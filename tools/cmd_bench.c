@@ -750,9 +750,10 @@ int cmd_bench(int argc, char **argv)
                 (b->dqk >= 0 && b->dqk != k0->head_dim_qk) || (b->dv >= 0 && b->dv != k0->head_dim_v))
                 continue;
             for (int i = 0; i < nT; i++)
-                if (Ts[i] == b->T) {
+                if (Ts[i] == b->T) { /* one point per group: match holds nrecs x MAX_GROUPS */
                     match[nmatch++] = (bl_match){r, gp, i};
                     matched = 1;
+                    break;
                 }
         }
         skipped += !matched;
