@@ -68,7 +68,12 @@ static float *draw_dout(const tk_case *c, uint64_t stream)
     return dO;
 }
 
-static void check_case(const tk_case *c0, nsa_dtype dt)
+static void scale_inputs(const tk_case *c, tk_inputs *in, float *dO, const int *e);
+
+/* Case c0 in dtype dt against the fp64 reference, its inputs first scaled by
+ * powers of two (scale_inputs) where e is given, and the tolerance's floor
+ * (tk_compare_grads: a tenth of dO's RMS) raised by 2^e[5]. */
+static void check_case_scaled(const tk_case *c0, nsa_dtype dt, const int *e)
 {
     tk_case c = *c0;
     tk_case_set_dtype(&c, dt);
@@ -76,6 +81,7 @@ static void check_case(const tk_case *c0, nsa_dtype dt)
     tk_inputs in;
     ck_assert_int_eq(tk_inputs_make(&c, &in), NSA_SUCCESS);
     float *dO = draw_dout(&c, 901);
+    if (e) scale_inputs(&c, &in, dO, e);
     tk_grads got;
     int32_t *sel = NULL;
     run_backward(g_ctx, &c, &in, dO, &got, &sel);
@@ -89,6 +95,7 @@ static void check_case(const tk_case *c0, nsa_dtype dt)
         rms_do += dO64[e] * dO64[e];
     }
     rms_do = no ? sqrt(rms_do / (double)no) : 0.0;
+    if (e) rms_do = ldexp(rms_do, e[5]);
     ck_assert_int_eq(tk_ref64_backward(&c, &x, sel, 1, dO64, &ref), NSA_SUCCESS);
     if (got.shared) tk_ref64_sum_shared(&ref);
     tk_grad_verdict v;
@@ -119,8 +126,109 @@ static void check_case(const tk_case *c0, nsa_dtype dt)
     tk_inputs_free(&in);
 }
 
+static void check_case(const tk_case *c0, nsa_dtype dt) { check_case_scaled(c0, dt, NULL); }
+
 static tk_case *g_cases_list;
 static int g_ncases;
+
+/* Scales the case's q, keys, values, gates and dO by 2^e[0..4] (each distinct
+ * array once: branches that share k or v share the pointer). */
+static void scale_inputs(const tk_case *c, tk_inputs *in, float *dO, const int *e)
+{
+    const int64_t T = tk_case_tokens(c), Hq = c->cfg.num_q_heads, Hkv = c->cfg.num_kv_heads;
+    const int64_t nq = T * Hq * c->cfg.head_dim_qk, nk = T * Hkv * c->cfg.head_dim_qk;
+    const int64_t nv = T * Hkv * c->cfg.head_dim_v, no = T * Hq * c->cfg.head_dim_v;
+    for (int64_t i = 0; i < nq; i++) in->q[i] = ldexpf(in->q[i], e[0]);
+    for (int b = 0; b < 3; b++) {
+        int dup_k = 0, dup_v = 0;
+        for (int j = 0; j < b; j++) {
+            dup_k |= in->k[j] == in->k[b];
+            dup_v |= in->v[j] == in->v[b];
+        }
+        if (in->k[b] && !dup_k)
+            for (int64_t i = 0; i < nk; i++) in->k[b][i] = ldexpf(in->k[b][i], e[1]);
+        if (in->v[b] && !dup_v)
+            for (int64_t i = 0; i < nv; i++) in->v[b][i] = ldexpf(in->v[b][i], e[2]);
+        if (in->gate[b])
+            for (int64_t i = 0; i < T * Hq; i++) in->gate[b][i] = ldexpf(in->gate[b][i], e[3]);
+    }
+    for (int64_t i = 0; i < no; i++) dO[i] = ldexpf(dO[i], e[4]);
+}
+
+/* bf16 MEAN cases of the corpus (T <= 700), up to max of them, spread over it */
+static int pick_mean_cases(int max, int *idx)
+{
+    int n = 0, seen = 0;
+    for (int i = 0; i < g_ncases; i++) {
+        const tk_case *c = &g_cases_list[i];
+        if (c->cfg.compress != NSA_COMPRESS_MEAN || tk_case_tokens(c) > 700 || c->fixed_indices) continue;
+        if (seen++ % 3 == 0 && n < max) idx[n++] = i;
+    }
+    return n;
+}
+
+/* The backward commutes with powers of two (semantics section 9: a bf16
+ * kernel may scale its operands by powers of two, every factor undone in
+ * fp32). With q, k, v, the gates and dO of a MEAN case scaled by 2^-8, 2^8,
+ * 2^6, 2^10, 2^-10, every gradient is the unscaled run's times its power,
+ * bit for bit: dq 2^14, dk 2^-2, dv 2^0, dgate 2^-4 (ds = g p (dO . v - dg)
+ * scales by 2^6, dg by 2^-4). */
+START_TEST(test_bf16_pow2)
+{
+    static const int e[5] = {-8, 8, 6, 10, -10};
+    int idx[8];
+    const int n = pick_mean_cases(8, idx);
+    ck_assert_int_ge(n, 3);
+    for (int ci = 0; ci < n; ci++) {
+        tk_case c = g_cases_list[idx[ci]];
+        tk_case_set_dtype(&c, NSA_DTYPE_BF16);
+        tk_inputs in;
+        ck_assert_int_eq(tk_inputs_make(&c, &in), NSA_SUCCESS);
+        float *dO = draw_dout(&c, 903);
+        tk_grads g0, g1;
+        int32_t *s0 = NULL, *s1 = NULL;
+        run_backward(g_ctx, &c, &in, dO, &g0, &s0);
+        scale_inputs(&c, &in, dO, e);
+        run_backward(g_ctx, &c, &in, dO, &g1, &s1);
+        const int64_t ns = tk_case_tokens(&c) * c.cfg.num_kv_heads * c.cfg.num_selected;
+        if (ns > 0) ck_assert_msg(memcmp(s0, s1, (size_t)ns * sizeof *s0) == 0, "%s: the selection changed", c.label);
+        int checked = 0;
+        for (int i = 0; i < TK_G_COUNT; i++) {
+            if (!g0.t[i] || g0.n[i] == 0) continue;
+            ck_assert_int_eq(g1.n[i], g0.n[i]);
+            const int pw = i == TK_G_Q ? 14 : i < TK_G_V ? -2 : i < TK_G_GATE ? 0 : -4;
+            ck_assert_msg(i <= TK_G_GATE + 2, "%s: unexpected gradient %s", c.label, tk_ref64_name(i));
+            for (int64_t x = 0; x < g0.n[i]; x++)
+                ck_assert_msg(g1.t[i][x] == ldexp(g0.t[i][x], pw), "%s: %s[%lld] = %.9g scaled, %.9g x 2^%d unscaled",
+                              c.label, tk_ref64_name(i), (long long)x, g1.t[i][x], g0.t[i][x], pw);
+            checked++;
+        }
+        ck_assert_int_ge(checked, 3);
+        tk_grads_free(&g0);
+        tk_grads_free(&g1);
+        free(s0);
+        free(s1);
+        free(dO);
+        tk_inputs_free(&in);
+    }
+}
+END_TEST
+
+/* q at 2^60 and the keys at 2^-60 (the same logits): past the range of the
+ * CUDA backend's f16 operands (bwd_f16.cu), whose bf16 kernels then run;
+ * the gradients still meet the reference. dk is 2^60 times its usual size,
+ * and so is its rounding error where it cancels to 0 (a one-key row has
+ * ds = p (e - dg) = 0 exactly, p = 1 only to rounding), so the floor is
+ * raised by 2^60: the check then bears on dk alone. */
+START_TEST(test_bf16_far_range)
+{
+    static const int e[6] = {60, -60, 0, 0, 0, 60};
+    int idx[4];
+    const int n = pick_mean_cases(4, idx);
+    ck_assert_int_ge(n, 2);
+    for (int ci = 0; ci < n; ci++) check_case_scaled(&g_cases_list[idx[ci]], NSA_DTYPE_BF16, e);
+}
+END_TEST
 
 static void run_mode(nsa_dtype dt)
 {
@@ -320,7 +428,11 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 1800);
     if (has_mode("f32")) tcase_add_test(tc, test_f32);
     if (has_mode("f16")) tcase_add_test(tc, test_f16);
-    if (has_mode("bf16")) tcase_add_test(tc, test_bf16);
+    if (has_mode("bf16")) {
+        tcase_add_test(tc, test_bf16);
+        tcase_add_test(tc, test_bf16_pow2);
+        tcase_add_test(tc, test_bf16_far_range);
+    }
     if (has_mode("f64")) tcase_add_test(tc, test_f64);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_stage_kernels);

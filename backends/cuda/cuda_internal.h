@@ -80,6 +80,12 @@ struct CudaPlan {
     void *blk_o;           /* and one pass's partial states: o_s / l_s in the 16-bit dtype */
     float *blk_ml;         /* and their (m, l) */
     BwdTiles bwd;      /* training plans on bwd_attn_sm80: its work lists (on the device) */
+    /* bf16 training plans on bwd_attn_sm80: the keys kernels' f16 copies (bwd_f16.cu) of q
+     * [T, Hq, dq8], dO [T, Hq, dv8] and a branch's keys / values (k16, v16: [T, Hkv, dq8 / dv8],
+     * or the compressed rows [total_cmp, Hkv, dqkp / dvp]), and their scale block */
+    void *q16, *o16, *k16, *v16;
+    F16Scale *f16s;
+    int dq8, dv8;
     int64_t *bwd_dev[4]; /* their lists: rows tiles, compressed and window key items, compressed reduce items */
     size_t bytes;        /* all of the above (nsa_plan_info.backend_bytes) */
     bool has_slc_map;

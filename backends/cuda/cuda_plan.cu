@@ -64,6 +64,9 @@ void cu_plan_release(void *bctx, nsa_bk_plan *plan)
     void *bwd[] = {p->bwd.slc_nch, p->bwd.slc_nsl, p->bwd.slc_choff, p->bwd.slc_sloff, p->bwd.slc_tmp, p->bwd.scratch};
     for (void *x : bwd)
         if (x) cudaFree(x);
+    void *f16[] = {p->q16, p->o16, p->k16, p->v16, p->f16s};
+    for (void *x : f16)
+        if (x) cudaFree(x);
     if (p->kc16) cudaFree(p->kc16);
     if (p->vc16) cudaFree(p->vc16);
     if (p->sc_rows) cudaFree(p->sc_rows);
@@ -346,6 +349,30 @@ static nsa_status make_slc_map(const nsa_bk_plan *plan, CudaPlan *p, int64_t tok
     return NSA_SUCCESS;
 }
 
+/* The keys kernels' f16 copies of a bf16 training plan (bwd_f16.cu): q and dO
+ * [T, Hq, D rounded up to 8], one branch's keys and values at a time (the
+ * larger of [T, Hkv, D8] and the packed compressed rows), the scale block. */
+static nsa_status make_f16_copies(const nsa_bk_plan *plan, CudaPlan *p)
+{
+    const nsa_config *cfg = &plan->cfg;
+    p->dq8 = (int)((cfg->head_dim_qk + 7) / 8 * 8);
+    p->dv8 = (int)((cfg->head_dim_v + 7) / 8 * 8);
+    const double T = (double)plan->total_tokens, Hq = (double)cfg->num_q_heads, Hkv = (double)cfg->num_kv_heads;
+    const double nc = (double)plan->total_cmp;
+    const double qb = T * Hq * p->dq8 * 2.0, ob = T * Hq * p->dv8 * 2.0;
+    const double kb = std::max(T * Hkv * p->dq8, nc * Hkv * p->ch.dqkp) * 2.0;
+    const double vb = std::max(T * Hkv * p->dv8, nc * Hkv * p->ch.dvp) * 2.0;
+    if (qb + ob + kb + vb > 1e15)
+        return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: the backward's f16 copies would take %.3g bytes",
+                    qb + ob + kb + vb);
+    CU(palloc(&p->bytes, &p->q16, (size_t)qb), "plan_prepare (backward f16 copy of q)");
+    CU(palloc(&p->bytes, &p->o16, (size_t)ob), "plan_prepare (backward f16 copy of dO)");
+    CU(palloc(&p->bytes, &p->k16, (size_t)kb), "plan_prepare (backward f16 copy of the keys)");
+    CU(palloc(&p->bytes, &p->v16, (size_t)vb), "plan_prepare (backward f16 copy of the values)");
+    CU(palloc(&p->bytes, &p->f16s, sizeof(F16Scale)), "plan_prepare (backward f16 scales)");
+    return NSA_SUCCESS;
+}
+
 static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
 {
     const nsa_config *cfg = &plan->cfg;
@@ -385,6 +412,8 @@ static nsa_status prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
         if (bytes > 1e15)
             return FAIL(NSA_ERR_UNSUPPORTED, "cuda backend: the backward's partial sums would take %.3g bytes", bytes);
         if (slots > 0) CU(palloc(&p->bytes, &p->bwd.scratch, (size_t)bytes), "plan_prepare (backward partial sums)");
+        if (cfg->dtype == NSA_DTYPE_BF16 && plan->total_tokens > 0 && (s = make_f16_copies(plan, p)) != NSA_SUCCESS)
+            return s;
     }
     const size_t rows = (size_t)plan->total_cmp * (size_t)cfg->num_kv_heads;
     if (p->ch.kc16 && rows > 0) {

@@ -352,6 +352,44 @@ void print_profile(CudaCtx *c, const nsa_bk_plan *pl, nsa_stage last)
 
 /* ---- backward (bwd_sm80.cu, bwd_ref.cu) */
 
+/* bf16 plans with f16 copies (bwd_f16.cu): the compressed stage, which runs
+ * first in every backward call (core/backend.h), converts q and dO for the
+ * call, whichever kernel it runs itself */
+static nsa_status f16_q_dout(const Run &r)
+{
+    const nsa_bk_args *a = r.a;
+    F16Scale *f = r.p->f16s;
+    LAUNCH(cudaMemsetAsync(f->mx, 0, 2 * sizeof(unsigned), r.s));
+    LAUNCH(f16_amax(false, view(a->q), r.g.T, r.g.Hq, r.g.Dqk, &f->mx[0], r.s));
+    LAUNCH(f16_amax(false, view(a->dout), r.g.T, r.g.Hq, r.g.Dv, &f->mx[1], r.s));
+    LAUNCH(f16_scales(f, 0, r.g.scale, r.g.Dv, r.s));
+    LAUNCH(f16_convert(false, view(a->q), r.g.T, r.g.Hq, r.g.Dqk, r.p->dq8, &f->ex[0], r.p->q16, r.s));
+    LAUNCH(f16_convert(false, view(a->dout), r.g.T, r.g.Hq, r.g.Dv, r.p->dv8, &f->ex[1], r.p->o16, r.s));
+    return NSA_SUCCESS;
+}
+
+/* and each branch's keys, values and factors, into f (the keys kernels' views) */
+static nsa_status f16_branch(const Run &r, int mode, View k, View v, View gate, BwdF16 *out)
+{
+    F16Scale *f = r.p->f16s;
+    const bool cmp = mode == 0;
+    const int64_t rows = cmp ? r.g.total_cmp : r.g.T;
+    const int dk = cmp ? r.p->ch.dqkp : r.p->dq8, dv = cmp ? r.p->ch.dvp : r.p->dv8;
+    LAUNCH(cudaMemsetAsync(&f->mx[2], 0, 3 * sizeof(unsigned), r.s));
+    LAUNCH(f16_amax(cmp, k, rows, r.g.Hkv, r.g.Dqk, &f->mx[2], r.s));
+    LAUNCH(f16_amax(cmp, v, rows, r.g.Hkv, r.g.Dv, &f->mx[3], r.s));
+    LAUNCH(f16_amax(true, gate, r.g.T, r.g.Hq, 1, &f->mx[4], r.s));
+    LAUNCH(f16_scales(f, 1, r.g.scale, r.g.Dv, r.s));
+    LAUNCH(f16_convert(cmp, k, rows, r.g.Hkv, r.g.Dqk, dk, &f->ex[2], r.p->k16, r.s));
+    LAUNCH(f16_convert(cmp, v, rows, r.g.Hkv, r.g.Dv, dv, &f->ex[3], r.p->v16, r.s));
+    out->ks = f->ks;
+    out->q = View{r.p->q16, r.g.Hq * r.p->dq8, r.p->dq8};
+    out->dout = View{r.p->o16, r.g.Hq * r.p->dv8, r.p->dv8};
+    out->k = View{r.p->k16, r.g.Hkv * dk, dk};
+    out->v = View{r.p->v16, r.g.Hkv * dv, dv};
+    return NSA_SUCCESS;
+}
+
 nsa_status run_bwd_attn(const Run &r, int b)
 {
     const nsa_bk_args *a = r.a;
@@ -380,6 +418,8 @@ nsa_status run_bwd_attn(const Run &r, int b)
         map = &r.p->slc_map;
     }
     const int mode = b == NSA_BRANCH_CMP ? 0 : b == NSA_BRANCH_SLC ? 1 : 2;
+    nsa_status st;
+    if (mode == 0 && r.p->f16s && (st = f16_q_dout(r)) != NSA_SUCCESS) return st;
     if (r.ch().k != K_BWD_ATTN_SM80 && r.ch().k != K_BWD_ATTN_SM90) {
         LAUNCH(bwd_attn_ref(r.g, mode, in, view(k), view(v), mview(a->dq_acc), dk, dv, map, r.s));
         return NSA_SUCCESS;
@@ -392,8 +432,12 @@ nsa_status run_bwd_attn(const Run &r, int b)
         kk = r.kc16();
         vv = r.vc16();
     }
+    BwdF16 f16 = {};
+    if (r.p->f16s && (dk.p || dv.p) && (st = f16_branch(r, mode, mode == 0 ? view(a->kc) : kk, mode == 0 ? view(a->vc) : vv,
+                                                        view(a->gate[b]), &f16)) != NSA_SUCCESS)
+        return st;
     LAUNCH(bwd_attn_sm80(r.g, r.c->dev, mode, dqkp, dvp, r.p->bwd, in, kk, vv, mview(a->dq_acc), dk, dv, map,
-                         r.ch().k == K_BWD_ATTN_SM90, r.s));
+                         r.ch().k == K_BWD_ATTN_SM90, f16, r.s));
     return NSA_SUCCESS;
 }
 

@@ -230,7 +230,7 @@ NSA_DEV void keys_load_step(const Geom &g, const BwdIn &in, int64_t rb, int64_t 
 template <int NJ>
 NSA_DEV void keys_step_probs(float (&s)[NJ][4], float (&e)[NJ][4], const int64_t (&klo)[2], const int64_t (&khi)[2],
                              const int64_t *tq, const float *L, const float *G, const float *D, float sl, float scale,
-                             int lane)
+                             float emul, float gmul, int lane)
 {
 #pragma unroll
     for (int j = 0; j < NJ; j++)
@@ -240,9 +240,43 @@ NSA_DEV void keys_step_probs(float (&s)[NJ][4], float (&e)[NJ][4], const int64_t
             const int64_t t = tq[col];
             const bool vis = t >= klo[i] && t <= khi[i];
             const float p = vis ? fast_ex2(fmaf(s[j][x], sl, -lse2_of(L[col]))) : 0.f;
-            s[j][x] = p * G[col];                              /* g p: dv */
-            e[j][x] = p * (G[col] * e[j][x] - D[col]) * scale; /* scale ds: dk */
+            const float dl = D[col] * emul;                   /* delta in e's units */
+            s[j][x] = p * G[col] * gmul;                       /* g p: dv */
+            e[j][x] = p * (G[col] * e[j][x] - dl) * scale;     /* scale ds: dk */
         }
+}
+
+/* Which keys kernel of a call runs, and its factors (bwd_f16.cu): ONLY, the
+ * call has no f16 copies (factors 1); F16, the f16 kernel on the copies, where
+ * ks[KS_USE] is set; BF16, the bf16 kernel on the inputs, where it is not.
+ * A bf16 call queues both; every CTA of the other returns at once. */
+enum { KEYS_ROLE_ONLY, KEYS_ROLE_F16, KEYS_ROLE_BF16 };
+struct KeysFactors {
+    float lmul = 1.f, emul = 1.f, gmul = 1.f, dkmul = 1.f, dvmul = 1.f;
+    /* false: the other kernel of the pair runs */
+    NSA_DEV bool load(const float *ks, int role)
+    {
+        if (role == KEYS_ROLE_ONLY) return true;
+        const bool use = ks[KS_USE] != 0.f;
+        if (use != (role == KEYS_ROLE_F16)) return false;
+        if (use) {
+            lmul = ks[KS_LMUL];
+            emul = ks[KS_EMUL];
+            gmul = ks[KS_GMUL];
+            dkmul = ks[KS_DKMUL];
+            dvmul = ks[KS_DVMUL];
+        }
+        return true;
+    }
+};
+
+/* acc *= m (a power of two: exact) */
+template <int N> NSA_DEV void scale_frag(float (&acc)[N][4], float m)
+{
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) acc[j][x] *= m;
 }
 
 /* A compressed (MODE 0) or window (MODE 2) keys item: CTA blockIdx.x of the

@@ -38,9 +38,11 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     bwd_keys_sm90_kernel(const Geom g, const int64_t *ktiles, const BwdIn in, const T *__restrict__ k, int64_t kst,
                          int64_t ksh, const T *__restrict__ v, int64_t vst, int64_t vsh, int64_t kd, int64_t vd,
                          bool qvec, bool ovec, bool kvvec, float *dk, int64_t dkst, int64_t dksh, float *dv,
-                         int64_t dvst, int64_t dvsh, int64_t cs, float *scratch)
+                         int64_t dvst, int64_t dvsh, int64_t cs, float *scratch, const float *ks, int role)
 {
 #ifdef NSA_WGMMA
+    KeysFactors kf;
+    if (!kf.load(ks, role)) return;
     constexpr int KN = KEYS90_KN, NT = BWD_THREADS;
     constexpr uint32_t KB = KN * DQK * 2, VB = KN * DV * 2, QB = KM * DQK * 2, OB = KM * DV * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
     if (nst > 0) load_step(0, 0);
     cp_async_commit();
 
-    const float sl = g.scale * NSA_LOG2E;
+    const float sl = g.scale * NSA_LOG2E * kf.lmul;
     const KeyRows<MODE> kr(g, k0, nk, warp, lane);
     const uint64_t kdsc = sw128_desc(smem_u32(sK), 16), vdsc = sw128_desc(smem_u32(sV), 16);
     float dka[DQK / 8][4], dva[DV / 8][4];
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         }
         const float *L = sL + buf * KM, *G = sG + buf * KM, *D = sD + buf * KM;
         const int64_t *tq = sT + buf * KM;
-        keys_step_probs(s, e, kr.lo, kr.hi, tq, L, G, D, sl, g.scale, lane);
+        keys_step_probs(s, e, kr.lo, kr.hi, tq, L, G, D, sl, g.scale, kf.emul, kf.gmul, lane);
         {
             /* B operands MN-major: 64-column panels KM * 128 bytes apart, k-step 16 rows */
             const uint64_t qt = sw128_desc(qa, KM * 128), ot = sw128_desc(oa, KM * 128);
@@ -135,13 +137,17 @@ __global__ void __launch_bounds__(BWD_THREADS, 2)
         }
         __syncthreads(); /* the step's buffers are free for the next fetch */
     }
+    if (role == KEYS_ROLE_F16) {
+        scale_frag(dka, kf.dkmul);
+        scale_frag(dva, kf.dvmul);
+    }
     keys_store(g, dka, dva, kr.kv, kr.kk, it.slot, it.kbase, gi, warp, lane, scratch, dk, dkst, dksh, dv, dvst, dvsh);
 #endif
 }
 
 template <typename T, int DQK, int DV, int MODE>
 cudaError_t launch_keys90(const Geom &g, const Dev &dev, const BwdTiles &bt, const BwdIn &in, View k, View v,
-                          MView dk, MView dv, cudaStream_t s)
+                          MView dk, MView dv, const float *ks, int role, cudaStream_t s)
 {
     constexpr int KM = keys90_km<DQK>();
     const int64_t n = MODE == 0 ? bt.n_cmp : bt.n_win;
@@ -156,29 +162,31 @@ cudaError_t launch_keys90(const Geom &g, const Dev &dev, const BwdTiles &bt, con
     if (e != cudaSuccess) return e;
     kern<<<dim3((unsigned)n, (unsigned)g.Hkv), BWD_THREADS, smem, s>>>(
         g, MODE == 0 ? bt.kt_cmp : bt.kt_win, in, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh, kd, vd, qvec,
-        ovec, kvvec, (float *)dk.p, dk.st, dk.sh, (float *)dv.p, dv.st, dv.sh, MODE == 0 ? bt.cmp_cs : 0, bt.scratch);
+        ovec, kvvec, (float *)dk.p, dk.st, dk.sh, (float *)dv.p, dv.st, dv.sh, MODE == 0 ? bt.cmp_cs : 0, bt.scratch,
+        ks, role);
     return cudaGetLastError();
 }
 
 template <typename T, int DQK, int DV>
 cudaError_t keys90_t(const Geom &g, const Dev &dev, int mode, const BwdTiles &bt, const BwdIn &in, View k, View v,
-                     MView dk, MView dv, cudaStream_t s)
+                     MView dk, MView dv, const float *ks, int role, cudaStream_t s)
 {
     if constexpr (!keys90_dims(DQK, DV)) {
         return cudaErrorInvalidValue;
     } else {
-        return mode == 0 ? launch_keys90<T, DQK, DV, 0>(g, dev, bt, in, k, v, dk, dv, s)
-                         : launch_keys90<T, DQK, DV, 2>(g, dev, bt, in, k, v, dk, dv, s);
+        return mode == 0 ? launch_keys90<T, DQK, DV, 0>(g, dev, bt, in, k, v, dk, dv, ks, role, s)
+                         : launch_keys90<T, DQK, DV, 2>(g, dev, bt, in, k, v, dk, dv, ks, role, s);
     }
 }
 
 } // namespace
 
 cudaError_t bwd_keys_sm90(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
-                          const BwdIn &in, View k, View v, MView dk, MView dv, cudaStream_t s)
+                          const BwdIn &in, View k, View v, MView dk, MView dv, const float *ks, int role,
+                          cudaStream_t s)
 {
     if (mode != 0 && mode != 2) return cudaErrorInvalidValue;
-    NSA_SLC_DISPATCH(keys90_t, g, dqkp, dvp, g, dev, mode, bt, in, k, v, dk, dv, s);
+    NSA_SLC_DISPATCH(keys90_t, g, dqkp, dvp, g, dev, mode, bt, in, k, v, dk, dv, ks, role, s);
 }
 
 } // namespace nsa_cuda

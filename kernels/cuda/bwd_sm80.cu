@@ -473,8 +473,10 @@ __global__ void __launch_bounds__(BWD_THREADS)
                          bool qvec, bool ovec, bool kvvec, float *dk, int64_t dkst, int64_t dksh, float *dv,
                          int64_t dvst, int64_t dvsh, const int *mlist, const int *moff, const int64_t *blk_off,
                          int64_t nb, int nsub, const int *choff, const int *sloff, int64_t nitems, int64_t cs,
-                         float *scratch)
+                         float *scratch, const float *ks, int role)
 {
+    KeysFactors kf;
+    if (!kf.load(ks, role)) return;
     constexpr int KN = BWD_KEYS_BN, KM = BWD_KEYS_BM, NT = BWD_THREADS, SQ = DQK + 8, SV = DV + 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sK = (T *)smem_raw;
@@ -545,7 +547,7 @@ __global__ void __launch_bounds__(BWD_THREADS)
     if (st0 < st1) load_step(st0, 0);
     cp_async_commit();
 
-    const float sl = g.scale * NSA_LOG2E;
+    const float sl = g.scale * NSA_LOG2E * kf.lmul;
     const T *sKw = sK + warp * 16 * SQ, *sVw = sV + warp * 16 * SV;
     const KeyRows<MODE> kr(g, k0, nk, warp, lane);
     float dka[DQK / 8][4], dva[DV / 8][4];
@@ -568,11 +570,15 @@ __global__ void __launch_bounds__(BWD_THREADS)
             zero_frag(e);
             warp_qk<T, DQK, KM / 8, SQ, false>(s, nullptr, sKw, sQb, 0, lane);
             warp_qk<T, DV, KM / 8, SV, false>(e, nullptr, sVw, sOb, 0, lane);
-            keys_step_probs(s, e, kr.lo, kr.hi, tq, L, G, D, sl, g.scale, lane);
+            keys_step_probs(s, e, kr.lo, kr.hi, tq, L, G, D, sl, g.scale, kf.emul, kf.gmul, lane);
             warp_pv_exact<T, DV, KM / 16, SV>(dva, s, sOb, lane);
             warp_pv_exact<T, DQK, KM / 16, SQ>(dka, e, sQb, lane);
         }
         __syncthreads();
+    }
+    if (role == KEYS_ROLE_F16) {
+        scale_frag(dka, kf.dkmul);
+        scale_frag(dva, kf.dvmul);
     }
     keys_store(g, dka, dva, kr.kv, kr.kk, slot, kbase, gi, warp, lane, scratch, dk, dkst, dksh, dv, dvst, dvsh);
 }
@@ -642,9 +648,38 @@ __global__ void slc_chunks_kernel(const Geom g, const int *moff, int nsub, int64
 
 /* ------------------------------------------------------------ launch */
 
+/* The keys kernel of a branch (wgmma for the compressed and window branches
+ * where keys90) on k, v, in.q, in.dout of type T, in the role `role`
+ * (KeysFactors) */
+template <typename T, int DQK, int DV>
+static cudaError_t keys_launch(const Geom &g, const Dev &dev, int mode, const BwdTiles &bt, const BwdIn &in, View k,
+                               View v, MView dk, MView dv, const SlcMap *map, bool keys90, dim3 grid,
+                               const int64_t *kt, int64_t cs, int nsub, int64_t nitems, const float *ks, int role,
+                               cudaStream_t s)
+{
+    if (keys90 && mode != 1) /* the same items and scratch on wgmma */
+        return bwd_keys_sm90(g, dev, mode, DQK, DV, bt, in, k, v, dk, dv, ks, role, s);
+    const bool qvec = vec_ok(in.q.p, in.q.st, in.q.sh, g.Dqk), ovec = vec_ok(in.dout.p, in.dout.st, in.dout.sh, g.Dv);
+    const bool kvvec = mode == 0 || (vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv));
+    const int64_t kd = mode == 0 ? DQK : g.Dqk, vd = mode == 0 ? DV : g.Dv;
+    auto kern = mode == 0   ? bwd_keys_sm80_kernel<T, DQK, DV, 0>
+                : mode == 1 ? bwd_keys_sm80_kernel<T, DQK, DV, 1>
+                            : bwd_keys_sm80_kernel<T, DQK, DV, 2>;
+    size_t smem = bwd_sm80_smem(DQK, DV);
+    cudaError_t e = launch_smem(kern, dev, smem);
+    if (e != cudaSuccess) return e;
+    kern<<<grid, BWD_THREADS, smem, s>>>(g, kt, in, (const T *)k.p, k.st, k.sh, (const T *)v.p, v.st, v.sh, kd, vd,
+                                         qvec, ovec, kvvec, (float *)dk.p, dk.st, dk.sh, (float *)dv.p, dv.st, dv.sh,
+                                         map ? map->list_out : nullptr, map ? map->off : nullptr,
+                                         map ? map->blk_off : nullptr, map ? map->nb : 0, nsub, bt.slc_choff,
+                                         bt.slc_sloff, nitems, cs, bt.scratch, ks, role);
+    return cudaGetLastError();
+}
+
 template <typename T, int DQK, int DV>
 static cudaError_t bwd_sm80_t(const Geom &g, const Dev &dev, int mode, const BwdTiles &bt, const BwdIn &in, View k,
-                              View v, MView dq, MView dk, MView dv, const SlcMap *map, bool keys90, cudaStream_t s)
+                              View v, MView dq, MView dk, MView dv, const SlcMap *map, bool keys90,
+                              const BwdF16 &f16, cudaStream_t s)
 {
     if (g.T == 0) return cudaSuccess;
     size_t smem = bwd_sm80_smem(DQK, DV);
@@ -711,20 +746,23 @@ static cudaError_t bwd_sm80_t(const Geom &g, const Dev &dev, int mode, const Bwd
         cs = mode == 0 ? bt.cmp_cs : 0;
         grid = dim3((unsigned)n, (unsigned)g.Hkv);
     }
-    if (keys90 && mode != 1) { /* the same items and scratch on wgmma */
-        if ((e = bwd_keys_sm90(g, dev, mode, DQK, DV, bt, in, k, v, dk, dv, s)) != cudaSuccess) return e;
-    } else {
-        auto kern = mode == 0   ? bwd_keys_sm80_kernel<T, DQK, DV, 0>
-                    : mode == 1 ? bwd_keys_sm80_kernel<T, DQK, DV, 1>
-                                : bwd_keys_sm80_kernel<T, DQK, DV, 2>;
-        smem = bwd_sm80_smem(DQK, DV);
-        if ((e = launch_smem(kern, dev, smem)) != cudaSuccess) return e;
-        kern<<<grid, BWD_THREADS, smem, s>>>(g, kt, in, kp, k.st, k.sh, vp, v.st, v.sh, kd, vd, qvec, ovec, kvvec,
-                                             (float *)dk.p, dk.st, dk.sh, (float *)dv.p, dv.st, dv.sh,
-                                             map ? map->list_out : nullptr, map ? map->off : nullptr,
-                                             map ? map->blk_off : nullptr, map ? map->nb : 0, nsub, bt.slc_choff,
-                                             bt.slc_sloff, nitems, cs, bt.scratch);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (f16.ks) { /* bf16 with the f16 copies: both kernels queued, one runs (KeysFactors) */
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+            Geom gh = g;
+            gh.dtype = 1;
+            BwdIn inh = in;
+            inh.q = f16.q;
+            inh.dout = f16.dout;
+            if ((e = keys_launch<__half, DQK, DV>(gh, dev, mode, bt, inh, f16.k, f16.v, dk, dv, map, keys90, grid, kt,
+                                                  cs, nsub, nitems, f16.ks, KEYS_ROLE_F16, s)) != cudaSuccess)
+                return e;
+        }
+        if ((e = keys_launch<T, DQK, DV>(g, dev, mode, bt, in, k, v, dk, dv, map, keys90, grid, kt, cs, nsub, nitems,
+                                         f16.ks, KEYS_ROLE_BF16, s)) != cudaSuccess)
+            return e;
+    } else if ((e = keys_launch<T, DQK, DV>(g, dev, mode, bt, in, k, v, dk, dv, map, keys90, grid, kt, cs, nsub,
+                                            nitems, nullptr, KEYS_ROLE_ONLY, s)) != cudaSuccess) {
+        return e;
     }
     /* the split items' partial sums, in chunk order */
     if (mode == 1) {
@@ -748,9 +786,9 @@ size_t bwd_slc_scan_bytes(int64_t items)
 
 cudaError_t bwd_attn_sm80(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
                           const BwdIn &in, View k, View v, MView dq, MView dk, MView dv, const SlcMap *map,
-                          bool keys90, cudaStream_t s)
+                          bool keys90, const BwdF16 &f16, cudaStream_t s)
 {
-    NSA_SLC_DISPATCH(bwd_sm80_t, g, dqkp, dvp, g, dev, mode, bt, in, k, v, dq, dk, dv, map, keys90, s);
+    NSA_SLC_DISPATCH(bwd_sm80_t, g, dqkp, dvp, g, dev, mode, bt, in, k, v, dq, dk, dv, map, keys90, f16, s);
 }
 
 } // namespace nsa_cuda

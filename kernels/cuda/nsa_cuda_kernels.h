@@ -226,18 +226,47 @@ struct BwdTiles {
     size_t slc_tmp_bytes;
     float *scratch;
 };
+/* bwd_f16.cu: the keys kernels' f16 operands in a bf16 call (its header has
+ * the scheme). One block per plan, in device memory: the largest magnitudes
+ * (float bits) of q, dO, and of the running branch's keys, values and gate;
+ * the exponents of q (a), dO (c), keys (b), values (d); and the factors the
+ * keys kernels read (ks[KS_*]; ks[KS_USE] = 0: the bf16 kernels run). */
+enum { KS_LMUL, KS_EMUL, KS_GMUL, KS_DKMUL, KS_DVMUL, KS_USE, KS_COUNT };
+struct F16Scale {
+    unsigned mx[5]; /* q, dO, keys, values, gate */
+    int ex[4];      /* a, c, b, d */
+    int qo_ok;
+    float ks[KS_COUNT];
+};
+/* atomicMax of |x|'s bits over x (bf16, or f32 where fsrc) [rows, heads, D] into *out */
+cudaError_t f16_amax(bool fsrc, View x, int64_t rows, int64_t heads, int64_t D, unsigned *out, cudaStream_t s);
+/* stage 0: q's and dO's exponents from mx[0], mx[1]; stage 1: the branch's
+ * (mx[2..4]) and ks, for a softmax scale and value width Dv */
+cudaError_t f16_scales(F16Scale *f, int stage, float scale, int64_t Dv, cudaStream_t s);
+/* dst (f16 [rows, heads, DP], DP a multiple of 8, zero past D) = x 2^(*ex) */
+cudaError_t f16_convert(bool fsrc, View x, int64_t rows, int64_t heads, int64_t D, int DP, const int *ex, void *dst,
+                        cudaStream_t s);
+/* The f16 copies the keys kernels read in a bf16 call (ks: F16Scale.ks on the
+ * device; NULL: none, the keys kernels run in the call's dtype alone) */
+struct BwdF16 {
+    const float *ks;
+    View q, dout, k, v;
+};
 /* CUB temporary bytes of the scans over the selected items' chunk counts */
 size_t bwd_slc_scan_bytes(int64_t items);
 /* keys90: the compressed / window keys kernel on wgmma (bwd_keys_sm90, class
  * sm90, the dims keys90_dims takes); the rows kernels and the selected
- * branch stay on mma.sync */
+ * branch stay on mma.sync. f16.ks set (bf16 calls): the keys kernels run on
+ * the f16 copies in f16.q, dout, k, v, or in bf16 where ks[KS_USE] is 0. */
 cudaError_t bwd_attn_sm80(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
                           const BwdIn &in, View k, View v, MView dq, MView dk, MView dv, const SlcMap *map,
-                          bool keys90, cudaStream_t s);
+                          bool keys90, const BwdF16 &f16, cudaStream_t s);
 /* bwd_keys_sm90.cu: dk, dv of the compressed (mode 0) or window (2) branch;
- * split items' partial sums go to bt.scratch for bwd_attn_sm80's reduce */
+ * split items' partial sums go to bt.scratch for bwd_attn_sm80's reduce.
+ * ks, role: KEYS_ROLE_* (bwd_common.cuh); in, k, v of the kernel's type. */
 cudaError_t bwd_keys_sm90(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
-                          const BwdIn &in, View k, View v, MView dk, MView dv, cudaStream_t s);
+                          const BwdIn &in, View k, View v, MView dk, MView dv, const float *ks, int role,
+                          cudaStream_t s);
 /* bwd_rows_sm90.cu: dq, dgate, delta of the compressed (mode 0) or window (2) branch on bt.rows' tiles */
 cudaError_t bwd_rows_sm90(const Geom &g, const Dev &dev, int mode, int dqkp, int dvp, const BwdTiles &bt,
                           const BwdIn &in, View k, View v, MView dq, cudaStream_t s);
