@@ -346,7 +346,9 @@ typedef struct nsa_plan_info {
                               * sequences' offsets, each token's sequence) and what the
                               * backend allocated for its kernels (CUDA: tile lists, packed
                               * compressed rows; for training plans the selection's inverse
-                              * map and the backward's partial sums; OpenCL: LINEAR's
+                              * map, the backward's partial sums and, in bf16, the f16
+                              * copies of q, dO, K and V its keys kernels read (about
+                              * T x Hq x (Dqk + Dv) x 2 bytes); OpenCL: LINEAR's
                               * staging buffers) */
     int num_bwd_stages;      /* stages nsa_backward runs (0 unless the plan was made with
                               * NSA_CONFIG_TRAINING) */
