@@ -14,9 +14,6 @@ tb sm90 bf16 small /tmp/bs.log
 wait $OLD_PID; note "[$(el)] old build $(tail -1 /tmp/old_build.log)"
 bench old --dqk 128 --dv 128; bench new --dqk 128 --dv 128
 bench new --hq 32 --hkv 8 --dqk 128 --dv 128; bench old --hq 32 --hkv 8 --dqk 128 --dv 128
-sdpa() { timeout 120 python3 .bench/sdpa_baseline.py --T 65536 "$@" --iters 5 > /tmp/sd.log 2>&1; note "[$(el)] sdpa $* rc=$?"; tail -6 /tmp/sd.log | tee -a "$SUM"; }
-[ -f .bench/sdpa_baseline.py ] && sdpa --hq 64 --hkv 4 --dqk 128 --dv 128
-[ -f .bench/sdpa_baseline.py ] && sdpa --hq 32 --hkv 8 --dqk 128 --dv 128
 tb sm90 bf16 full "$OUT/backward_sm90.log"
 tb sm90 f16 small "$OUT/backward_sm90_f16.log"
 CK_FORK=no timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/test_backward cuda bf16 small > /tmp/bsan.log 2>&1
@@ -28,6 +25,9 @@ for i in $(seq 1 8); do
   if [ $rc = 0 ] && [ -s /tmp/bdet/dq.npy ] && [ -s /tmp/bdet/dk.npy ]; then cat /tmp/bdet/d*.npy | md5sum; else echo "failed rc=$rc"; fi
 done | sort | uniq -c > /tmp/bdet.txt
 note "[$(el)] backward determinism: 8 processes, $(wc -l < /tmp/bdet.txt) distinct hash(es): $(cat /tmp/bdet.txt | tr '\n' ' ')"
+sdpa() { timeout 120 python3 .bench/sdpa_baseline.py --T 65536 "$@" --iters 5 > /tmp/sd.log 2>&1; note "[$(el)] sdpa $* rc=$?"; tail -6 /tmp/sd.log | tee -a "$SUM"; }
+[ -f .bench/sdpa_baseline.py ] && sdpa --hq 64 --hkv 4 --dqk 128 --dv 128
+[ -f .bench/sdpa_baseline.py ] && sdpa --hq 32 --hkv 8 --dqk 128 --dv 128
 tb sm80 bf16 small "$OUT/backward_sm80.log"
 tb sm86 bf16 small "$OUT/backward_sm86.log"
 bench old --dqk 192 --dv 128; bench new --dqk 192 --dv 128
