@@ -56,8 +56,9 @@ __global__ void amax_kernel(const S *x, int64_t st, int64_t sh, int64_t rows, in
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t c = e % nc, pr = e / nc, h = pr % heads, r = pr / heads;
         const S *p = x + r * st + h * sh + c * 8;
-        const int64_t k1 = D - c * 8 < 8 ? D - c * 8 : 8;
-        for (int k = 0; k < k1; k++) m = max(m, __float_as_uint(src_abs(p + k)));
+#pragma unroll
+        for (int k = 0; k < 8; k++) /* unrolled: the 8 loads in flight at once */
+            if (c * 8 + k < D) m = max(m, __float_as_uint(src_abs(p + k)));
     }
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0 && m) atomicMax(out, m);
