@@ -368,7 +368,7 @@ static nsa_status f16_q_dout(const Run &r)
     return NSA_SUCCESS;
 }
 
-/* and each branch's keys, values and factors, into f (the keys kernels' views) */
+/* and each stage its branch's keys, values and factors; *out: the views the keys kernels read */
 static nsa_status f16_branch(const Run &r, int mode, View k, View v, View gate, BwdF16 *out)
 {
     F16Scale *f = r.p->f16s;

@@ -8,8 +8,9 @@
  *   S^T = K Q^T     m64 x KM, A = the CTA's 64 keys, B = KM query rows, both
  *   E^T = V dO^T    read from 128-byte-swizzled shared memory (K-major);
  *   dv += (g P)^T dO   A = g P from the registers that hold S^T (split into
- *   dk += dS^T Q       hi + lo in bf16, as warp_pv_exact), B = dO / Q of the
- *                      same step, MN-major (transposed by the MMA).
+ *   dk += dS^T Q       hi + lo in bf16, as warp_pv_exact; a bf16 call runs
+ *                      the f16 form on scaled copies, bwd_f16.cu), B = dO / Q
+ *                      of the same step, MN-major (transposed by the MMA).
  *
  * A CTA is one warpgroup (128 threads) and one item of the plan's key-tile
  * list (64 keys of one KV head, or a chunk of a long reader list); each

@@ -41,8 +41,11 @@
  *     dv += (g P)^T dO and dk += dS^T Q with the probabilities taken straight
  *     from the accumulators.
  * The probabilities and dS enter their products as the input type: rounded
- * once in f16 (as FlashAttention does), split into hi + lo in bf16 for dq, dk
- * and dv (warp_pv_exact says why). Everything accumulates in fp32.
+ * once in f16 (as FlashAttention does), split into hi + lo in bf16 for dq
+ * (warp_pv_exact says why). In a bf16 call the keys kernels run as f16
+ * kernels on copies of q, dO, K and V scaled by powers of two (bwd_f16.cu),
+ * rounding g p and dS once; their bf16 form, with the splits, runs where the
+ * scales are out of range. Everything accumulates in fp32.
  *
  * Head dims are padded with zeros to 32/32, 64/64, 128/128 or 192/128.
  */
