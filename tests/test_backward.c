@@ -71,9 +71,9 @@ static float *draw_dout(const tk_case *c, uint64_t stream)
 static void scale_inputs(const tk_case *c, tk_inputs *in, float *dO, const int *e);
 
 /* Case c0 in dtype dt against the fp64 reference, its inputs first scaled by
- * powers of two (scale_inputs) where e is given, and the tolerance's floor
- * (tk_compare_grads: a tenth of dO's RMS) raised by 2^e[5]. */
-static void check_case_scaled(const tk_case *c0, nsa_dtype dt, const int *e)
+ * powers of two (scale_inputs) where pw is given, and the tolerance's floor
+ * (tk_compare_grads: a tenth of dO's RMS) raised by 2^pw[5]. */
+static void check_case_scaled(const tk_case *c0, nsa_dtype dt, const int *pw)
 {
     tk_case c = *c0;
     tk_case_set_dtype(&c, dt);
@@ -81,7 +81,7 @@ static void check_case_scaled(const tk_case *c0, nsa_dtype dt, const int *e)
     tk_inputs in;
     ck_assert_int_eq(tk_inputs_make(&c, &in), NSA_SUCCESS);
     float *dO = draw_dout(&c, 901);
-    if (e) scale_inputs(&c, &in, dO, e);
+    if (pw) scale_inputs(&c, &in, dO, pw);
     tk_grads got;
     int32_t *sel = NULL;
     run_backward(g_ctx, &c, &in, dO, &got, &sel);
@@ -95,7 +95,7 @@ static void check_case_scaled(const tk_case *c0, nsa_dtype dt, const int *e)
         rms_do += dO64[e] * dO64[e];
     }
     rms_do = no ? sqrt(rms_do / (double)no) : 0.0;
-    if (e) rms_do = ldexp(rms_do, e[5]);
+    if (pw) rms_do = ldexp(rms_do, pw[5]);
     ck_assert_int_eq(tk_ref64_backward(&c, &x, sel, 1, dO64, &ref), NSA_SUCCESS);
     if (got.shared) tk_ref64_sum_shared(&ref);
     tk_grad_verdict v;
