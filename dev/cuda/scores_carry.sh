@@ -1,6 +1,7 @@
 #!/bin/bash
-# dev/cuda/scores_carry.sh: one device call for the small-G scores stage (issue 14). Applies
-# dev/cuda/scores_carry_v1.patch and builds this tree
+# dev/cuda/scores_carry.sh: one device call for the small-G scores stage (issue 14), kept as the record of
+# how the carry was measured: on bb75dd8 (before it was taken) it applies dev/cuda/scores_carry_v1.patch,
+# whose NSA_XSC_CARRY switch the product no longer has (on a later tree both runs are the product). Builds
 # (the tool and the cuda module), then: ncu (stall reasons, source counters) of scores_sm80_kernel and
 # topn_kernel at 64k for Hq / Hkv 32 / 8 and 4 / 4; the carry (NSA_XSC_CARRY=1: rows in global memory
 # stored a whole periodic tile at a time, scores_map.cuh) against the plain read-add-write rows: o and
@@ -34,17 +35,17 @@ NSA_XSC_CARRY=1 timeout 200 $NSA run --backend cuda --T 20000 --hq 4 --hkv 4 --s
 note "[$(el)] check 4x4 carry rc=$? $(grep -iE 'PASS|FAIL' /tmp/chk.log | head -2 | tr '\n' ' ')"
 NSA_XSC_CARRY=1 timeout 200 $NSA run --backend cuda --T 16384 --hq 8 --hkv 4 --dqk 192 --dv 128 > /tmp/chk.log 2>&1
 note "[$(el)] check 8x4 Dqk192 carry rc=$? $(grep -iE 'PASS|FAIL' /tmp/chk.log | head -2 | tr '\n' ' ')"
-for r in 1 2; do
+for r in $(seq 1 ${ROUNDS:-2}); do
   for x in 0 1; do
     for s in "32 8" "16 4" "4 4"; do set -- $s
-      NSA_XSC_CARRY=$x NSA_CUDA_PROFILE=1 timeout 120 $NSA bench --backend cuda --T 16384,65536 --hq $1 --hkv $2 \
+      NSA_XSC_CARRY=$x NSA_CUDA_PROFILE=1 timeout 120 $NSA bench --backend cuda --T ${BENCH_T:-16384,65536} --hq $1 --hkv $2 \
         --iters 7 --warmup 1 --no-dense > /tmp/b.log 2>&1
       note "[$(el)] bench carry=$x $1/$2 rc=$? $(grep -E '^ +[0-9]+ ' /tmp/b.log | tr -s ' ' | tr '\n' '|')"
-      grep 'nsa-cuda profile' /tmp/b.log | cut -c1-400 | tee -a "$SUM"
+      grep 'nsa-cuda profile' /tmp/b.log | grep -o 'T=[0-9]*\|scores_topn [^|]*' | paste -sd' ' | cut -c1-600 | tee -a "$SUM"
     done
   done
 done
-for s in "32 8" "4 4"; do set -- $s
+[ "${NCU:-1}" = 1 ] && for s in "32 8" "4 4"; do set -- $s
   for k in scores_sm80_kernel topn_kernel; do
     timeout 200 ncu --clock-control none -k regex:$k --launch-count 1 --section SpeedOfLight --section Occupancy \
       --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis --section SourceCounters \

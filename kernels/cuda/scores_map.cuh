@@ -85,16 +85,31 @@ NSA_DEV bool overlap_entry_sum(const Geom &g, int64_t j, int64_t ks, int BN, int
  * key the CTA's tokens see; per: BN * d / l_s, the selection blocks a
  * periodic tile advances by. The lanes take (token, entry) pairs. A token
  * that sees no key of the tile is skipped: its sums there are 0, and adding
- * 0 leaves its row bitwise unchanged. */
+ * 0 leaves its row bitwise unchanged.
+ *
+ * Carry (car set; rows in global memory): a whole periodic tile's entries
+ * e < per are complete once this tile has added to them (the next tile starts
+ * at selection block (kt + 1) per), so they are stored, not read, added and
+ * written back; the ne - per <= MAP_CARRY entries the next tile shares stay
+ * in car (shared memory, [2][tokens][MAP_CARRY], the half kt & 1 written and
+ * the other read) and join that tile's own sums there: carry + acc, the same
+ * additions in the same order as row = (0 + carry) + acc. Every token takes
+ * part (a token that sees none of the tile has p = 0 there: acc = 0), so the
+ * carry is never dropped. map_tile_carry_flush stores a pending carry before
+ * a tile that is not a whole periodic one and after the last tile. */
+constexpr int MAP_CARRY = 2;
+NSA_DEV bool map_carry_ok(int ne, int64_t per) { return ne > 0 && ne - per >= 0 && ne - per <= MAP_CARRY && ne - per <= per; }
+
 template <int TPW>
 NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
                            int ntok, const int64_t *nc, const float *p, int pst, float *row, int64_t rst,
-                           int64_t rmask, int lane)
+                           int64_t rmask, int lane, float *car = nullptr)
 {
     const int64_t ks = kt * BN;
     int64_t jlo;
     int nj;
-    if (ne > 0 && ks + BN - 1 <= khi) { /* a whole periodic tile: no divisions */
+    const bool whole = ne > 0 && ks + BN - 1 <= khi;
+    if (whole) { /* a whole periodic tile: no divisions */
         jlo = kt * per;
         nj = ne;
     } else {
@@ -102,9 +117,13 @@ NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, 
         jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
         nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
     }
+    const bool carry = car != nullptr && whole;
+    const int nshare = ne - (int)per;
+    const float *cin = car + ((kt + 1) & 1) * TC_BM * MAP_CARRY;
+    float *cout = car + (kt & 1) * TC_BM * MAP_CARRY;
     for (int x = lane; x < (TPW == 1 ? nj : ntok * nj); x += 32) {
         const int tok = TPW == 1 ? 0 : x / nj, e = TPW == 1 ? x : x % nj;
-        if (ks >= nc[tok]) continue;
+        if (!carry && ks >= nc[tok]) continue;
         const float *pt = p + tok * pst;
         float *r = row + tok * rst;
         if (ne > 0) {
@@ -112,11 +131,35 @@ NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, 
             const int n = t.n[e];
             float acc = 0.f;
             for (int k = 0; k < n; k++) acc += w[k] * cc[k];
-            r[(jlo + e) & rmask] += acc;
+            if (carry) {
+                if (e < nshare) acc = (kt > 0 ? cin[tok * MAP_CARRY + e] : 0.f) + acc;
+                if (e >= per)
+                    cout[tok * MAP_CARRY + e - per] = acc;
+                else
+                    r[jlo + e] = acc;
+            } else {
+                r[(jlo + e) & rmask] += acc;
+            }
         } else {
             float acc;
             if (overlap_entry_sum(g, jlo + e, ks, BN, nc[tok], pt, acc)) r[(jlo + e) & rmask] += acc;
         }
+    }
+}
+
+/* The carry the whole periodic tile kt - 1 left (map_tile_rows) into its
+ * entries' places in the rows (which hold 0 there): before a tile that is not
+ * a whole periodic one, and after the last tile. A __syncwarp must follow
+ * before the lanes read those rows. */
+template <int TPW>
+NSA_DEV void map_tile_carry_flush(int ne, int64_t per, int64_t kt, int ntok, const float *car, float *row, int64_t rst,
+                                  int lane)
+{
+    const int nshare = ne - (int)per;
+    const float *cin = car + ((kt + 1) & 1) * TC_BM * MAP_CARRY;
+    for (int x = lane; x < ntok * nshare; x += 32) {
+        const int tok = x / nshare, e = x % nshare;
+        row[tok * rst + kt * per + e] = cin[tok * MAP_CARRY + e];
     }
 }
 
