@@ -95,10 +95,28 @@ NSA_DEV bool overlap_entry_sum(const Geom &g, int64_t j, int64_t ks, int BN, int
  * the other read) and join that tile's own sums there: carry + acc, the same
  * additions in the same order as row = (0 + carry) + acc. Every token takes
  * part (a token that sees none of the tile has p = 0 there: acc = 0), so the
- * carry is never dropped. map_tile_carry_flush stores a pending carry before
- * a tile that is not a whole periodic one and after the last tile. */
+ * carry is never dropped. A tile that is not a whole periodic one first
+ * stores the pending carry (map_tile_carry_flush) and adds as before; the
+ * caller flushes after the last tile. */
 constexpr int MAP_CARRY = 2;
 NSA_DEV bool map_carry_ok(int ne, int64_t per) { return ne > 0 && ne - per >= 0 && ne - per <= MAP_CARRY && ne - per <= per; }
+/* the half of car tile kt writes (the other one holds tile kt - 1's carry) */
+NSA_DEV float *map_carry_half(float *car, int64_t kt) { return car + (kt & 1) * TC_BM * MAP_CARRY; }
+
+/* The carry the whole periodic tile kt - 1 left into its entries' places in
+ * the rows (which hold 0 there): before a tile that is not a whole periodic
+ * one (map_tile_rows), and after the last tile. A __syncwarp must follow
+ * before the lanes read those rows. */
+NSA_DEV void map_tile_carry_flush(int ne, int64_t per, int64_t kt, int ntok, float *car, float *row, int64_t rst,
+                                  int lane)
+{
+    const int nshare = ne - (int)per;
+    const float *cin = map_carry_half(car, kt + 1);
+    for (int x = lane; x < ntok * nshare; x += 32) {
+        const int tok = x / nshare, e = x % nshare;
+        row[tok * rst + kt * per + e] = cin[tok * MAP_CARRY + e];
+    }
+}
 
 template <int TPW>
 NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
@@ -117,10 +135,14 @@ NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, 
         jlo = nsa_slc_first_overlapped(ks, g.d, g.ls);
         nj = (int)(nsa_slc_last_overlapped(last, g.l, g.d, g.ls) - jlo + 1);
     }
+    if (car && !whole && kt > 0) { /* a partial last tile: the previous (whole) tile's carry into the rows first */
+        map_tile_carry_flush(ne, per, kt, ntok, car, row, rst, lane);
+        __syncwarp();
+    }
     const bool carry = car != nullptr && whole;
     const int nshare = ne - (int)per;
-    const float *cin = car + ((kt + 1) & 1) * TC_BM * MAP_CARRY;
-    float *cout = car + (kt & 1) * TC_BM * MAP_CARRY;
+    const float *cin = carry ? map_carry_half(car, kt + 1) : nullptr;
+    float *cout = carry ? map_carry_half(car, kt) : nullptr;
     for (int x = lane; x < (TPW == 1 ? nj : ntok * nj); x += 32) {
         const int tok = TPW == 1 ? 0 : x / nj, e = TPW == 1 ? x : x % nj;
         if (!carry && ks >= nc[tok]) continue;
@@ -144,22 +166,6 @@ NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, 
             float acc;
             if (overlap_entry_sum(g, jlo + e, ks, BN, nc[tok], pt, acc)) r[(jlo + e) & rmask] += acc;
         }
-    }
-}
-
-/* The carry the whole periodic tile kt - 1 left (map_tile_rows) into its
- * entries' places in the rows (which hold 0 there): before a tile that is not
- * a whole periodic one, and after the last tile. A __syncwarp must follow
- * before the lanes read those rows. */
-template <int TPW>
-NSA_DEV void map_tile_carry_flush(int ne, int64_t per, int64_t kt, int ntok, const float *car, float *row, int64_t rst,
-                                  int lane)
-{
-    const int nshare = ne - (int)per;
-    const float *cin = car + ((kt + 1) & 1) * TC_BM * MAP_CARRY;
-    for (int x = lane; x < ntok * nshare; x += 32) {
-        const int tok = x / nshare, e = x % nshare;
-        row[tok * rst + kt * per + e] = cin[tok * MAP_CARRY + e];
     }
 }
 

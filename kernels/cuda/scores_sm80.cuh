@@ -232,9 +232,9 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     const int tab_ne = wown ? map_tab_entries(g, BN) : 0;
     const int64_t tab_per = ((int64_t)BN * g.d) / g.ls; /* selection blocks per periodic tile */
     map_tab_build(sTab, g, BN, tab_ne, tid);
-    /* rows in global memory stored a whole periodic tile at a time (accw < 0:
-     * map_tile_rows's carry, [2][tokens][MAP_CARRY] at sAcc) */
-    const bool carry = KQ && !G16 && !FUSED && accw < 0 && map_carry_ok(tab_ne, tab_per);
+    /* rows in global memory (accw 0) stored a whole periodic tile at a time
+     * (map_tile_rows's carry, [2][tokens][MAP_CARRY] at sAcc) */
+    const bool carry = KQ && !G16 && !FUSED && accw == 0 && map_carry_ok(tab_ne, tab_per);
 
     /* entry e (selection block jlo + e) of token tok for the K tile starting
      * at ks: the same arithmetic in either loop below */
@@ -329,15 +329,10 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
             __syncwarp();
             if (warp_rows) {
                 const int tok0 = warp * TPW, ntw = min(TPW, c.ntok - tok0);
-                float *car = carry ? sAcc + tok0 * MAP_CARRY : nullptr;
-                if (carry && kt > 0 && ks + BN - 1 > khi) { /* the last tile is a partial one */
-                    map_tile_carry_flush<TPW>(tab_ne, tab_per, kt, ntw, car, scg + tok0 * sst, sst, lane);
-                    __syncwarp();
-                    car = nullptr;
-                }
                 map_tile_rows<TPW>(g, sTab, tab_ne, tab_per, BN, kt, khi, ntw, sNc + tok0, sCw, SCW,
                                    FUSED || accw > 0 ? sAcc + (int64_t)tok0 * accw : scg + tok0 * sst,
-                                   FUSED || accw > 0 ? (int64_t)accw : sst, STREAM ? (int64_t)accw - 1 : -1, lane, car);
+                                   FUSED || accw > 0 ? (int64_t)accw : sst, STREAM ? (int64_t)accw - 1 : -1, lane,
+                                   carry ? sAcc + tok0 * MAP_CARRY : nullptr);
                 if (STREAM && kt + 1 < nkt) {
                     /* blocks before the next tile's first are complete: rank them */
                     __syncwarp();
@@ -422,8 +417,8 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     }
     if (carry && warp_rows && nkt > 0 && (nkt - 1) * BN + BN - 1 <= khi) { /* the last tile's carry */
         const int tok0 = warp * TPW;
-        map_tile_carry_flush<TPW>(tab_ne, tab_per, nkt, min(TPW, c.ntok - tok0), sAcc + tok0 * MAP_CARRY,
-                                  scg + tok0 * sst, sst, lane);
+        map_tile_carry_flush(tab_ne, tab_per, nkt, min(TPW, c.ntok - tok0), sAcc + tok0 * MAP_CARRY,
+                             scg + tok0 * sst, sst, lane);
     }
     cp_async_wait<0>();
     __syncthreads(); /* the rows are complete (the G16 loop ends without a barrier) */
@@ -470,7 +465,7 @@ static cudaError_t launch_sm80(const Dev &dev, bool rows_smem, bool ring, const 
                         : rows_smem ? scores_rows_smem(tl.qt, g.max_ns)
                         : carry ? 2 * (size_t)TC_BM * MAP_CARRY * sizeof(float) : 0;
     size_t smem = GP > 0 ? scores_sm80_kq_smem(DQK, BN, NB, GP, rows) : scores_sm80_smem(DQK, BN) + rows;
-    const int accw = ring ? rw : rows_smem ? (int)g.max_ns : carry ? -1 : 0;
+    const int accw = ring ? rw : rows_smem ? (int)g.max_ns : 0;
     auto kern = fused ? scores_sm80_kernel<T, DQK, BN, true, GP, NB> : scores_sm80_kernel<T, DQK, BN, false, GP, NB>;
     if constexpr (HAS_RING)
         if (ring) kern = scores_sm80_kernel<T, DQK, BN, true, GP, NB, true>;
