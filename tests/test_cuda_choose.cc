@@ -345,6 +345,14 @@ static void check_parsing()
           "decode_attn wide: %s", msg);
     CHECK(parse_force("ref", &f, msg, sizeof msg) && f.k[NSA_STAGE_DECODE_ATTN] == K_DECODE_SPLIT, "ref decodes: %s",
           msg);
+    CHECK(parse_force("ref", &f, msg, sizeof msg) && f.k[NSA_STAGE_DECODE_APPEND] == K_DECODE_APPEND,
+          "ref keeps the two check kernels: %s", msg);
+    CHECK(parse_force("decode_append:decode_append_one", &f, msg, sizeof msg) &&
+              f.k[NSA_STAGE_DECODE_APPEND] == K_DECODE_APPEND_ONE && f.k[NSA_STAGE_DECODE_ATTN] == K_NONE,
+          "decode_append: %s", msg);
+    CHECK(!parse_force("decode_append:decode_sm80", &f, msg, sizeof msg) &&
+              strstr(msg, "decode_append, decode_append_one"),
+          "decode_append's kernels named: %s", msg);
     CHECK(!parse_force("decode_attn:attn_sm80", &f, msg, sizeof msg) &&
               strstr(msg, "decode_split, decode_sm80, decode_sm80_wide, decode_sm80_probs"),
           "decode_attn's kernels named: %s", msg);

@@ -78,7 +78,7 @@ static const char *const k_names[K_COUNT] = {
     "-",           "compress_mean",   "compress_linear", "compress_copy", "attn_ref",        "attn_sm80",
     "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm80_kq", "scores_sm90_g16", "topn",
     "slc_sm80",    "slc_sm80_g16",    "slc_sm80_blk",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_attn_sm80",   "bwd_attn_sm90",   "bwd_compress_mean",
-    "bwd_compress_linear", "bwd_store", "decode_append", "decode_split", "decode_sm80", "decode_sm80_wide",
+    "bwd_compress_linear", "bwd_store", "decode_append", "decode_append_one", "decode_split", "decode_sm80", "decode_sm80_wide",
     "decode_sm80_probs",
 };
 
@@ -103,6 +103,7 @@ static const ForceKey force_keys[] = {
     {"bwd_cmp_attn", {NSA_STAGE_BWD_CMP_ATTN, NSA_STAGE_BWD_CMP_ATTN}, 1},
     {"bwd_slc_attn", {NSA_STAGE_BWD_SLC_ATTN, NSA_STAGE_BWD_SLC_ATTN}, 1},
     {"bwd_win_attn", {NSA_STAGE_BWD_WIN_ATTN, NSA_STAGE_BWD_WIN_ATTN}, 1},
+    {"decode_append", {NSA_STAGE_DECODE_APPEND, NSA_STAGE_DECODE_APPEND}, 1},
     {"decode_attn", {NSA_STAGE_DECODE_ATTN, NSA_STAGE_DECODE_ATTN}, 1},
 };
 
@@ -116,6 +117,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     static const Kern cb[] = {K_COMBINE, K_COMBINE_IN_WIN};
     static const Kern bwd[] = {K_BWD_ATTN_REF, K_BWD_ATTN_SM80, K_BWD_ATTN_SM90};
     static const Kern dec[] = {K_DECODE_SPLIT, K_DECODE_SM80, K_DECODE_SM80_WIDE, K_DECODE_SM80_PROBS};
+    static const Kern app[] = {K_DECODE_APPEND, K_DECODE_APPEND_ONE};
     switch (st) {
     case NSA_STAGE_CMP_ATTN:
     case NSA_STAGE_WIN_ATTN: *out = cmp; return 3;
@@ -128,6 +130,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     case NSA_STAGE_BWD_SLC_ATTN:
     case NSA_STAGE_BWD_WIN_ATTN: *out = bwd; return 3;
     case NSA_STAGE_DECODE_ATTN: *out = dec; return 4;
+    case NSA_STAGE_DECODE_APPEND: *out = app; return 2;
     default: *out = nullptr; return 0;
     }
 }
@@ -172,7 +175,7 @@ bool parse_force(const char *s, Force *f, char *msg, size_t msg_size)
         if (!key) {
             say(msg, msg_size,
                 "NSA_CUDA_FORCE: '%s' is not a stage (cmp_attn, block_scores, scores_topn, select_topn, slc_attn, "
-                "win_attn, combine, bwd_cmp_attn, bwd_slc_attn, bwd_win_attn, decode_attn)",
+                "win_attn, combine, bwd_cmp_attn, bwd_slc_attn, bwd_win_attn, decode_append, decode_attn)",
                 item);
             return false;
         }

@@ -77,7 +77,8 @@ enum Kern {
     K_BWD_COMPRESS_MEAN,
     K_BWD_COMPRESS_LINEAR,
     K_BWD_STORE,
-    K_DECODE_APPEND, /* decode: device checks, append, compressed rows (decode.cu) */
+    K_DECODE_APPEND, /* decode: device checks (two kernels after a memset), append, compressed rows (decode.cu) */
+    K_DECODE_APPEND_ONE, /* the same with the checks in one CTA that zeroes its memory (small batches and pools) */
     K_DECODE_SPLIT,  /* decode: the three branches split across CTAs, merged in split order (decode.cu, fp32) */
     K_DECODE_SM80,   /* decode: the same splits on mma.sync, merged by each (row, KV head)'s last CTA, which also
                         ranks (from the kept q.k) and combines (decode_attn_sm80.cu) */
@@ -91,7 +92,7 @@ const char *kern_name(Kern k);
 /* NSA_CUDA_FORCE: a comma list of "ref" (every stage on its reference kernel)
  * and "stage:kernel" items (stage: cmp_attn, block_scores (also the fused
  * scores_topn), select_topn, slc_attn, win_attn, combine, the backward's
- * bwd_*_attn, decode_attn; kernel: a name of kern_name or "ref"). For bisecting and comparing; a forced kernel that does
+ * bwd_*_attn, decode_append, decode_attn; kernel: a name of kern_name or "ref"). For bisecting and comparing; a forced kernel that does
  * not take a plan's shape makes the plan fail with a message. */
 struct Force {
     Kern k[NSA_STAGE_COUNT]; /* K_NONE: not forced */

@@ -6,8 +6,9 @@
  * Everything a step needs is allocated when the plan is made (decode_prepare):
  *   the step's record (int32 [NSA_DR_FIELDS], decode.h), which the device checks
  *     write every step and nsa_decode_check reads back;
- *   the checks' flags and page counts (16 bytes + 4 per page), zeroed by a
- *     cudaMemsetAsync at the start of every step;
+ *   the checks' flags and page counts (24 bytes + 4 per page), zeroed at the
+ *     start of every step by a cudaMemsetAsync, or by the checks' own CTA where
+ *     the batch's table columns and the counts fit one (dec_check_one_fits);
  *   the partial softmax states of the split attention
  *     (max_total_tokens x Hq x splits x (Dv + 2) floats, the largest split
  *     count of the three branches, plus the window's on the tensor-core path,
@@ -18,7 +19,7 @@
  *     x Hkv ints, zero between steps) and, with a selected branch, the
  *     compressed keys' q.k products (max_total_tokens x Hkv x max_nc x G
  *     floats) where they take at most 1 GiB.
- * A step (run) only queues kernels and one memset on the context's stream:
+ * A step (run) only queues kernels (and at most one memset) on the context's stream:
  * no host synchronisation, no allocation, no read of device data, so a step
  * can be captured in a CUDA graph and replayed with new lengths and tables.
  *
@@ -27,12 +28,14 @@
  * decode_prepare). The splits are fixed by the plan and merged in split
  * order, so results are bitwise the same run to run.
  *
- * A step on the tensor-core path (decode_attn_sm80.cu) is five kernels and
- * a memset (six with decode_sm80_wide's ranking): the checks (two kernels),
- * the append of k and v with the compressed rows the step completes, then the
- * compressed branch with the window beside it in one launch, and the selected
- * branch; on sm_90 each kernel after the first launches while its
- * predecessor ends (programmatic dependent launch, decode_dev.cuh). Each
+ * A step on the tensor-core path (decode_attn_sm80.cu) is the checks (one
+ * CTA where they fit it, else a memset and two kernels), the append of k and
+ * v with the compressed rows the step completes, then the compressed branch
+ * with the window beside it in one launch, decode_sm80_wide's ranking where it
+ * runs, and the selected branch: four to six kernels. On sm_90 each kernel
+ * after the first launches while its predecessor ends (programmatic dependent
+ * launch, decode_dev.cuh); the attention kernels read the caller's q and page
+ * tables before they wait for it. Each
  * branch's last CTA per (row, KV head) merges
  * its splits, the compressed one also ranking the blocks from the q.k
  * products its splits kept, and the selected one (the later of the compressed
@@ -66,6 +69,7 @@ struct CudaDec {
     DecSplit sp[3];    /* per branch */
     int64_t max_nc;
     bool mma;          /* decode_attn_sm80.cu's kernels (f16 / bf16, G <= 16, tensor-core dims) */
+    bool check_one;    /* the checks in one CTA, which zeroes their memory (no memset): dec_check_one */
     int dqkp, dvp;     /* their padded head dims */
 };
 
@@ -215,8 +219,9 @@ nsa_status run_append(CudaCtx *c, const CudaDec *d, const nsa_bk_args *a)
     if (pl->max_nc > 0 && pl->lim.max_cmp_pages > 0) DNEED(a->dec_cmp_block_table, "cmp_block_table");
     const DecGeom g = dgeom(c, pl, d, a);
     /* the checks first: they write the record every later kernel reads */
-    CU(cudaMemsetAsync(d->chk_mem, 0, d->chk_bytes, c->stream), "decode_append (cudaMemsetAsync)");
-    DLAUNCH(dec_check(g, d->chk, c->stream));
+    if (!d->check_one) /* else the checks' one CTA zeroes the memory */
+        CU(cudaMemsetAsync(d->chk_mem, 0, d->chk_bytes, c->stream), "decode_append (cudaMemsetAsync)");
+    DLAUNCH(dec_check(g, d->chk, d->chk_bytes, d->check_one, c->stream));
     /* the new tokens into each distinct cache, once: every k cache, then every v cache */
     for (int br = 0; br < 3; br++) {
         if (!a->dec_k_cache[br].buf) continue;
@@ -515,7 +520,19 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
         CU(dalloc(acc, &d->pbuf, (size_t)pb), "plan_prepare (decode block scores)");
         CU(dalloc(acc, &d->rows, (size_t)rw), "plan_prepare (decode block scores)");
     }
-    p->ch.st[NSA_STAGE_DECODE_APPEND].k = K_DECODE_APPEND;
+    /* the checks in one CTA where the batch's table columns and the page counts fit it
+     * (NSA_CUDA_FORCE=decode_append:decode_append keeps the two kernels and the memset) */
+    const Kern fa = c->force.k[NSA_STAGE_DECODE_APPEND];
+    const bool one_fits = dec_check_one_fits(lim.batch, std::max<int64_t>(lim.max_pages, lim.max_cmp_pages), d->chk_bytes);
+    if (fa == K_DECODE_APPEND_ONE && !one_fits)
+        return FAIL(NSA_ERR_UNSUPPORTED,
+                    "cuda backend: NSA_CUDA_FORCE asks stage decode_append to run decode_append_one, whose one CTA "
+                    "takes at most %lld (sequence, table column) items and %zu bytes of page counts (this plan: %lld "
+                    "x %lld, %zu bytes)",
+                    (long long)DEC_CHECK_ONE_ITEMS, DEC_CHECK_ONE_BYTES, (long long)lim.batch,
+                    (long long)std::max<int64_t>(lim.max_pages, lim.max_cmp_pages), d->chk_bytes);
+    d->check_one = one_fits && fa != K_DECODE_APPEND;
+    p->ch.st[NSA_STAGE_DECODE_APPEND].k = d->check_one ? K_DECODE_APPEND_ONE : K_DECODE_APPEND;
     p->ch.st[NSA_STAGE_DECODE_ATTN].k =
         !mma ? K_DECODE_SPLIT
              : rank_parts > 0                                             ? K_DECODE_SM80_WIDE

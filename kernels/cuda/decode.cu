@@ -58,33 +58,53 @@ NSA_DEV int len_reason(const DecGeom &g, int64_t b)
 
 NSA_DEV void flag(unsigned long long *f, int64_t b) { atomicMax(f, ~0ull - (unsigned long long)b); }
 
+/* phase 1 for item it = (sequence b, table column x) */
+NSA_DEV void check_entry(const DecGeom &g, const DecCheckMem &m, int64_t cols, int64_t it)
+{
+    const int64_t b = it / cols, x = it % cols;
+    if (len_reason(g, b) != NSA_DRS_OK) {
+        if (x == 0) flag(&m.flags[0], b);
+        return;
+    }
+    const int64_t tq = (int64_t)g.cu[b + 1] - g.cu[b], tk = g.tk0[b] + tq;
+    const int64_t np = nsa_min64((tk + g.ps - 1) / g.ps, g.max_pages);
+    const int64_t ncp = nsa_min64((dnum_cmp(g, tk) + g.cps - 1) / g.cps, g.max_cmp_pages);
+    if (x < np) {
+        const int e = g.bt[b * g.bt_st + x];
+        const bool in = e >= 0 && e < g.num_pages;
+        if (!in && tq > 0) flag(&m.flags[0], b);
+        if (in) atomicAdd(&m.pcount[e], 1);
+    }
+    if (g.cbt && x < ncp) {
+        const int e = g.cbt[b * g.cbt_st + x];
+        const bool in = e >= 0 && e < g.num_cmp_pages;
+        if (!in && tq > 0) flag(&m.flags[0], b);
+        if (in) atomicAdd(&m.ccount[e], 1);
+    }
+}
+
+/* phase 2 for item it, once every phase-1 count is in: a written page counted more than once
+ * (the counts through L2: other threads' atomics made them) */
+NSA_DEV void check_written(const DecGeom &g, const DecCheckMem &m, int64_t cols, int64_t it)
+{
+    const int64_t b = it / cols, x = it % cols;
+    const int64_t tq = (int64_t)g.cu[b + 1] - g.cu[b], tk0 = g.tk0[b], tk = tk0 + tq;
+    if (tq == 0) return;
+    if (x >= tk0 / g.ps && x <= (tk - 1) / g.ps && __ldcg(&m.pcount[g.bt[b * g.bt_st + x]]) != 1)
+        flag(&m.flags[1], b);
+    const int64_t nc0 = dnum_cmp(g, tk0), nc1 = dnum_cmp(g, tk);
+    if (g.compress != NSA_COMPRESS_EXTERNAL && g.cbt && nc1 > nc0 && x >= nc0 / g.cps && x <= (nc1 - 1) / g.cps &&
+        __ldcg(&m.ccount[g.cbt[b * g.cbt_st + x]]) != 1)
+        flag(&m.flags[1], b);
+}
+
 __global__ void check_entries_kernel(const DecGeom g, DecCheckMem m, int64_t cols)
 {
     dec_pdl_enter();
     const int64_t items = g.B * cols;
     for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
-         it += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t b = it / cols, x = it % cols;
-        if (len_reason(g, b) != NSA_DRS_OK) {
-            if (x == 0) flag(&m.flags[0], b);
-            continue;
-        }
-        const int64_t tq = (int64_t)g.cu[b + 1] - g.cu[b], tk = g.tk0[b] + tq;
-        const int64_t np = nsa_min64((tk + g.ps - 1) / g.ps, g.max_pages);
-        const int64_t ncp = nsa_min64((dnum_cmp(g, tk) + g.cps - 1) / g.cps, g.max_cmp_pages);
-        if (x < np) {
-            const int e = g.bt[b * g.bt_st + x];
-            const bool in = e >= 0 && e < g.num_pages;
-            if (!in && tq > 0) flag(&m.flags[0], b);
-            if (in) atomicAdd(&m.pcount[e], 1);
-        }
-        if (g.cbt && x < ncp) {
-            const int e = g.cbt[b * g.cbt_st + x];
-            const bool in = e >= 0 && e < g.num_cmp_pages;
-            if (!in && tq > 0) flag(&m.flags[0], b);
-            if (in) atomicAdd(&m.ccount[e], 1);
-        }
-    }
+         it += (int64_t)gridDim.x * blockDim.x)
+        check_entry(g, m, cols, it);
 }
 
 NSA_DEV void check_verdict(const DecGeom &g, const DecCheckMem &m);
@@ -96,19 +116,9 @@ __global__ void check_shared_kernel(const DecGeom g, DecCheckMem m, int64_t cols
     dec_pdl_enter();
     if (m.flags[0] == 0) { /* (flags[0] is phase 1's: final since the previous kernel) */
         const int64_t items = g.B * cols;
-        const bool forms = g.compress != NSA_COMPRESS_EXTERNAL;
         for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < items;
-             it += (int64_t)gridDim.x * blockDim.x) {
-            const int64_t b = it / cols, x = it % cols;
-            const int64_t tq = (int64_t)g.cu[b + 1] - g.cu[b], tk0 = g.tk0[b], tk = tk0 + tq;
-            if (tq == 0) continue;
-            if (x >= tk0 / g.ps && x <= (tk - 1) / g.ps && m.pcount[g.bt[b * g.bt_st + x]] != 1)
-                flag(&m.flags[1], b);
-            const int64_t nc0 = dnum_cmp(g, tk0), nc1 = dnum_cmp(g, tk);
-            if (forms && g.cbt && nc1 > nc0 && x >= nc0 / g.cps && x <= (nc1 - 1) / g.cps &&
-                m.ccount[g.cbt[b * g.cbt_st + x]] != 1)
-                flag(&m.flags[1], b);
-        }
+             it += (int64_t)gridDim.x * blockDim.x)
+            check_written(g, m, cols, it);
     }
     /* count in (the memset zeroed the counter); the last CTA's first thread sees every flag */
     __syncthreads();
@@ -152,15 +162,16 @@ NSA_DEV void check_verdict(const DecGeom &g, const DecCheckMem &m)
         } else if (f0 == 0) { /* the first written page that appears more than once */
             for (int64_t x = tk0 / g.ps; x <= (tk - 1) / g.ps && reason == NSA_DRS_OK; x++) {
                 const int e = g.bt[b * g.bt_st + x];
-                if (m.pcount[e] != 1)
-                    reason = NSA_DRS_SHARED, rec[NSA_DR_COL] = (int)x, rec[NSA_DR_ENTRY] = e, rec[NSA_DR_COUNT] = m.pcount[e];
+                const int c = __ldcg(&m.pcount[e]);
+                if (c != 1) reason = NSA_DRS_SHARED, rec[NSA_DR_COL] = (int)x, rec[NSA_DR_ENTRY] = e, rec[NSA_DR_COUNT] = c;
             }
             const int64_t nc0 = dnum_cmp(g, tk0), nc1 = dnum_cmp(g, tk);
             if (g.compress != NSA_COMPRESS_EXTERNAL && g.cbt && nc1 > nc0)
                 for (int64_t x = nc0 / g.cps; x <= (nc1 - 1) / g.cps && reason == NSA_DRS_OK; x++) {
                     const int e = g.cbt[b * g.cbt_st + x];
-                    if (m.ccount[e] != 1)
-                        reason = NSA_DRS_CMP_SHARED, rec[NSA_DR_COL] = (int)x, rec[NSA_DR_ENTRY] = e, rec[NSA_DR_COUNT] = m.ccount[e];
+                    const int c = __ldcg(&m.ccount[e]);
+                    if (c != 1)
+                        reason = NSA_DRS_CMP_SHARED, rec[NSA_DR_COL] = (int)x, rec[NSA_DR_ENTRY] = e, rec[NSA_DR_COUNT] = c;
                 }
         }
         rec[NSA_DR_REASON] = reason;
@@ -170,6 +181,24 @@ NSA_DEV void check_verdict(const DecGeom &g, const DecCheckMem &m)
         g.status[0] = rec[NSA_DR_STATUS];
         g.status[1] = rec[NSA_DR_SEQ];
     }
+}
+
+/* The checks of a small step in one CTA (dec_check: every item and the check memory fit
+ * it): the memory zeroed (instead of the step's memset), phase 1, phase 2 and the verdict,
+ * with barriers where the two-kernel form has kernel boundaries. */
+__global__ void __launch_bounds__(DEC_CHECK_ONE_THREADS) check_one_kernel(const DecGeom g, DecCheckMem m,
+                                                                          int64_t cols, int64_t words)
+{
+    dec_pdl_enter();
+    for (int64_t i = threadIdx.x; i < words; i += blockDim.x) ((int *)m.flags)[i] = 0;
+    __syncthreads();
+    const int64_t items = g.B * cols;
+    for (int64_t it = threadIdx.x; it < items; it += blockDim.x) check_entry(g, m, cols, it);
+    __syncthreads();
+    if (__ldcg(&m.flags[0]) == 0)
+        for (int64_t it = threadIdx.x; it < items; it += blockDim.x) check_written(g, m, cols, it);
+    __syncthreads();
+    if (threadIdx.x == 0) check_verdict(g, m);
 }
 
 unsigned grid_for(int64_t items, int threads)
@@ -452,9 +481,20 @@ bool dec_pdl_available(int major)
     return fa.ptxVersion >= 90;
 }
 
-cudaError_t dec_check(const DecGeom &g, const DecCheckMem &m, cudaStream_t s)
+bool dec_check_one_fits(int64_t batch, int64_t cols, size_t bytes)
+{
+    cols = nsa_max64(cols, 1);
+    return batch >= 1 && batch <= DEC_CHECK_ONE_ITEMS / cols && bytes % 4 == 0 && bytes <= DEC_CHECK_ONE_BYTES;
+}
+
+cudaError_t dec_check(const DecGeom &g, const DecCheckMem &m, size_t bytes, bool one, cudaStream_t s)
 {
     const int64_t cols = nsa_max64(nsa_max64(g.max_pages, g.max_cmp_pages), 1);
+    if (one) { /* the step's first kernel: a plain launch */
+        if (!dec_check_one_fits(g.B, cols, bytes)) return cudaErrorInvalidValue;
+        check_one_kernel<<<1, DEC_CHECK_ONE_THREADS, 0, s>>>(g, m, cols, (int64_t)(bytes / 4));
+        return cudaGetLastError();
+    }
     /* the first kernel follows the step's memset: a plain launch */
     check_entries_kernel<<<grid_for(g.B * cols, 256), 256, 0, s>>>(g, m, cols);
     cudaError_t e = cudaGetLastError();

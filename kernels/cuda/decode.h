@@ -64,7 +64,8 @@ bool dec_pdl_available(int major);
 
 /* Plan memory of the checks: two 64-bit flags, the arrival counter of the
  * second kernel's CTAs (8 bytes with padding), then the page counts; zeroed
- * (cudaMemsetAsync, capturable) at the start of every step. */
+ * at the start of every step (cudaMemsetAsync, capturable, or the first
+ * thing check_one_kernel does). */
 constexpr size_t DEC_CHECK_HEAD = 24;
 struct DecCheckMem {
     unsigned long long *flags; /* [2]: phase-1 and shared-page failures, as UINT64_MAX - b (0: none) */
@@ -72,7 +73,15 @@ struct DecCheckMem {
     int *pcount, *ccount;      /* [num_pages], [num_cmp_pages] */
 };
 
-cudaError_t dec_check(const DecGeom &g, const DecCheckMem &m, cudaStream_t s);
+/* Where the plan's B x (table columns) items and its check memory (bytes, from
+ * m.flags on) are small (dec_check_one_fits) and one is set, one CTA runs both
+ * phases and the verdict and zeroes the memory itself first: the caller skips
+ * the memset. */
+constexpr int DEC_CHECK_ONE_THREADS = 1024;
+constexpr int64_t DEC_CHECK_ONE_ITEMS = 4 * DEC_CHECK_ONE_THREADS;
+constexpr size_t DEC_CHECK_ONE_BYTES = 64 * 1024;
+bool dec_check_one_fits(int64_t batch, int64_t cols, size_t bytes);
+cudaError_t dec_check(const DecGeom &g, const DecCheckMem &m, size_t bytes, bool one, cudaStream_t s);
 
 /* Appends the new tokens' rows to the distinct caches, in one launch: src[c]
  * (k or v of a branch, D[c] wide) into dst[c], for c < n (at most 6: the k and

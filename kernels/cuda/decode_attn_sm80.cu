@@ -53,7 +53,8 @@ constexpr int DM_WARPS = 4, DM_CK = 16, DM_NB = 2; /* warps, keys per chunk, chu
  * "nsa-trace z row kvhead phase ns", z the grid's split index (the first
  * branch's splits first). Phases: 0 start, 1 keys done, 2 the split's state
  * stored, 3 last CTA (tail begins), 4 o_b merged, 5 p_cmp formed, 6 block
- * scores, 7 ranked. A record is one atomic and two stores (device printf in
+ * scores, 7 ranked; dec_rank_wide_kernel's: 8 start, 9 the part's block scores
+ * written, 10 the last part begins ranking, 11 ranked. A record is one atomic and two stores (device printf in
  * the phases, the first form, made each phase tens of microseconds). */
 #ifdef NSA_DEC_TRACE
 constexpr unsigned DM_TRACE_CAP = 1u << 20;
@@ -152,7 +153,8 @@ NSA_DEV void dm_split(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     T *const wbuf = sQ + 16 * SQ + (size_t)warp * dm_warp_elems<DQK, DV, PROBS>();
     const int64_t r = blockIdx.x;
-    if (dec_failed(g) || r >= dec_rows(g)) return;
+    /* before the wait (dec_pdl_wait): only the caller's inputs, which the step does not write */
+    if (r >= dec_rows(g)) return;
     DM_TRACE(0);
     const int64_t gi = blockIdx.y, h0 = gi * g.G;
     const int nh = (int)g.G;
@@ -180,6 +182,33 @@ NSA_DEV void dm_split(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     const float sl = g.scale * NSA_LOG2E;
     float oacc[DV / 8][4], m[2], ls[2];
     warp_state_init(oacc, m, ls);
+    const T *K = (const T *)a.k.p + gi * a.k.sh, *V = (const T *)a.v.p + gi * a.v.sh;
+    /* chunk i of this warp: keys k_lo + (warp + DM_WARPS i) DM_CK .. + DM_CK - 1 */
+    auto chunk_key = [&](int i) { return k_lo + (int64_t)(warp + DM_WARPS * i) * DM_CK; };
+    const int nchunks = k_hi > k_lo ? (int)((k_hi - k_lo + DM_CK - 1) / DM_CK) : 0;
+    const int mine = nchunks > warp ? (nchunks - warp + DM_WARPS - 1) / DM_WARPS : 0;
+    /* the pool rows of chunk i's keys (lanes 0-15; -1: none or not visible); before the wait
+     * (checked = false) the compressed and window keys' rows only, through the tables' own columns */
+    auto resolve = [&](int i, bool checked) -> int64_t {
+        const int64_t key = chunk_key(i) + lane;
+        if (i >= mine || lane >= DM_CK || key >= k_hi) return -1;
+        if constexpr (MODE == 1)
+            return ks.row(g, key);
+        else
+            return checked ? ks.row(g, key) : ks.row_unchecked(g, key);
+    };
+    int64_t rows_cur = -1, rows_next = -1;
+    if constexpr (MODE != 1) {
+        rows_cur = resolve(0, false);
+        rows_next = resolve(1, false);
+    }
+    /* the predecessor's writes (the record, the caches, the selected indices) from here on */
+    dec_pdl_wait();
+    if (dec_failed(g)) return;
+    if constexpr (MODE == 1) {
+        rows_cur = resolve(0, true);
+        rows_next = resolve(1, true);
+    }
     /* PROBS: this thread's rows' lse_cmp in the log2 domain (rows past G: none) */
     float lse2[2] = {INFINITY, INFINITY};
     if (PROBS) {
@@ -189,16 +218,6 @@ NSA_DEV void dm_split(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
             if (hr < nh) lse2[i] = t.lse_cmp[r * t.lst + (h0 + hr) * t.lsh] * NSA_LOG2E;
         }
     }
-    const T *K = (const T *)a.k.p + gi * a.k.sh, *V = (const T *)a.v.p + gi * a.v.sh;
-    /* chunk i of this warp: keys k_lo + (warp + DM_WARPS i) DM_CK .. + DM_CK - 1 */
-    auto chunk_key = [&](int i) { return k_lo + (int64_t)(warp + DM_WARPS * i) * DM_CK; };
-    const int nchunks = k_hi > k_lo ? (int)((k_hi - k_lo + DM_CK - 1) / DM_CK) : 0;
-    const int mine = nchunks > warp ? (nchunks - warp + DM_WARPS - 1) / DM_WARPS : 0;
-    /* the pool rows of chunk i's keys (lanes 0-15; -1: none or not visible) */
-    auto resolve = [&](int i) -> int64_t {
-        const int64_t key = chunk_key(i) + lane;
-        return i < mine && lane < DM_CK && key < k_hi ? ks.row(g, key) : -1;
-    };
     auto load = [&](int buf, int64_t row) {
         T *const dk = wbuf + (size_t)buf * DM_CK * (SQ + (PROBS ? 0 : SV));
         dm_copy_rows<DQK / 8>(dk, SQ, K, a.k.st, g.Dqk, row, lane);
@@ -207,13 +226,12 @@ NSA_DEV void dm_split(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     /* with ranking, this row's q.k products of the compressed keys ([key][G]) */
     float *const sstore = MODE == 0 && !PROBS && t.scores ? t.scores + (r * g.Hkv + gi) * t.max_nc * g.G : nullptr;
     /* the shuffles above need every lane: the loop bound is per warp (uniform) */
-    int64_t rows_cur = resolve(0), rows_next = resolve(1);
     if (mine > 0) load(0, rows_cur);
     cp_async_commit();
     for (int i = 0; i < mine; i++) {
         if (i + 1 < mine) load((i + 1) & 1, rows_next);
         cp_async_commit();
-        const int64_t rows_after = resolve(i + 2); /* its table reads overlap the copies in flight */
+        const int64_t rows_after = resolve(i + 2, true); /* its table reads overlap the copies in flight */
         cp_async_wait<1>();
         __syncwarp();
         const int buf = i & 1;
@@ -319,7 +337,7 @@ __global__ void __launch_bounds__(DM_WARPS * 32, 3) /* 3 CTAs per SM at D 128: a
                          const __grid_constant__ DecBranch b1)
 {
     const int z = (int)blockIdx.z;
-    dec_pdl_enter();
+    dec_pdl_launch(); /* dm_split waits (dec_pdl_wait) once it has read the caller's inputs */
     if constexpr (MODE2 < 0)
         dm_split<T, DQK, DV, MODE, PROBS>(g, b0.sp, b0.a, b0.t, z);
     else if (z < b0.sp.ns)
@@ -456,22 +474,44 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
     float *const sfree = (float *)(cand + TOPN_CAND);
     const int64_t nfree = ((int64_t)SMEM - (int64_t)((char *)sfree - (char *)smem)) / 4;
     const float *const part = a.part + (r * g.Hq + h0) * ns * W; /* [heads][ns][Dv + 2] */
-    /* 8 threads per head (lanes of one warp): the max, the factors, the sum over splits s = u (mod 8) */
+    /* 8 threads per head (lanes of one warp): the max, the factors, the sum over splits s = u (mod 8);
+     * up to 32 splits every max and sum is loaded at once (one trip to L2, not two) */
     {
         const int hr = tid >> 3, u = tid & 7;
-        float M = -INFINITY;
-        if (hr < nh)
+        constexpr int NR = 4;
+        float M = -INFINITY, L = 0.f, mr[NR], lr[NR];
+        const bool held = ns <= 8 * NR;
+        if (held) {
+#pragma unroll
+            for (int k = 0; k < NR; k++) {
+                const int x = u + 8 * k;
+                const bool ok = hr < nh && x < ns;
+                mr[k] = ok ? __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv) : -INFINITY;
+                lr[k] = ok ? __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv + 1) : 0.f;
+                M = fmaxf(M, mr[k]);
+            }
+        } else if (hr < nh) {
             for (int x = u; x < ns; x += 8) M = fmaxf(M, __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv));
+        }
 #pragma unroll
         for (int o = 1; o < 8; o <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        float L = 0.f;
-        if (hr < nh)
+        if (held) {
+#pragma unroll
+            for (int k = 0; k < NR; k++) {
+                const int x = u + 8 * k;
+                if (hr >= nh || x >= ns) continue;
+                const float f = mr[k] == -INFINITY ? 0.f : expf(mr[k] - M);
+                sf[hr * ns + x] = f;
+                L += f * lr[k];
+            }
+        } else if (hr < nh) {
             for (int x = u; x < ns; x += 8) {
                 const float mx = __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv);
                 const float f = mx == -INFINITY ? 0.f : expf(mx - M);
                 sf[hr * ns + x] = f;
                 L += f * __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv + 1);
             }
+        }
 #pragma unroll
         for (int o = 1; o < 8; o <<= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
         if (hr < nh && u == 0) {
@@ -482,11 +522,11 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
         }
     }
     __syncthreads();
-    /* o_b: output x = tid + NT k of the [16][DV] tile; splits outer, so PER loads are in flight at once */
+    /* o_b: output x = tid + NT k of the [16][DV] tile; splits outer, so 4 PER loads are in flight at once */
     float acc[PER];
 #pragma unroll
     for (int k = 0; k < PER; k++) acc[k] = 0.f;
-#pragma unroll 2
+#pragma unroll 4
     for (int y = 0; y < ns; y++)
 #pragma unroll
         for (int k = 0; k < PER; k++) {
@@ -623,6 +663,7 @@ __global__ void __launch_bounds__(RW_THREADS)
     const int64_t r = blockIdx.x;
     dec_pdl_enter();
     if (dec_failed(g) || r >= dec_rows(g)) return;
+    DM_TRACE(8);
     const int64_t gi = blockIdx.y, h0 = gi * g.G;
     const int tid = threadIdx.x, nh = (int)g.G;
     const int64_t b = dec_row_seq(g, r), tt = g.tk0[b] + r - g.cu[b], nc = nsa_cmp_visible(tt, g.l, g.d);
@@ -652,6 +693,7 @@ __global__ void __launch_bounds__(RW_THREADS)
                             : dm_block_score(g, j, nc, pv);
     }
     /* the last part to arrive ranks the row (every part's block scores fenced before it counts in) */
+    DM_TRACE(9);
     __threadfence();
     __syncthreads();
     if (tid == 0) {
@@ -661,6 +703,7 @@ __global__ void __launch_bounds__(RW_THREADS)
     }
     __syncthreads();
     if (!last) return;
+    DM_TRACE(10);
     __threadfence();
     const float *rr = row; /* read from L2 where it does not fit: no CTA of this SM loaded it before */
     if (E <= RW_ROWCAP) {
@@ -671,6 +714,7 @@ __global__ void __launch_bounds__(RW_THREADS)
     if (tid < 32) {
         const Geom gg = dm_rank_geom(g);
         warp_select_row(gg, rr, tt, w.idx + r * w.ist + gi * w.ish, tid, cand);
+        DM_TRACE(11);
     }
 }
 

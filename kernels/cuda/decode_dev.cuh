@@ -12,22 +12,42 @@
 namespace nsa_cuda {
 
 /* Programmatic dependent launch (dec_launch with g.pdl, sm_90+): a kernel of the
- * step may be launched while its predecessor still runs. Every decode kernel
- * calls this first: it waits until the predecessor has completed and its
- * writes are visible (griddepcontrol.wait), so nothing is read or written
- * before, then lets its own successor launch (its CTAs start and wait in turn).
- * What overlaps is the launch, not the work: results are those of plain stream
- * order. Without the attribute, or below sm_90, both are no-ops. */
-NSA_DEV void dec_pdl_enter()
+ * step may be launched while its predecessor still runs. dec_pdl_wait waits
+ * until the predecessor has completed and its writes are visible
+ * (griddepcontrol.wait); dec_pdl_launch lets this kernel's successor launch
+ * (its CTAs start and wait in turn). Most decode kernels call dec_pdl_enter
+ * first: the wait, then the launch, so nothing is read or written before the
+ * predecessor is done. The attention kernels (decode_attn_sm80.cu) split them:
+ * the launch first, then what reads only the caller's inputs, which no kernel
+ * of the step writes (q, the lengths, the page tables: the row's query tile
+ * and its first chunks' pool rows), then the wait, before anything the step
+ * writes (the record, the caches, the selected indices, plan memory) is read
+ * and before anything is written. A successor launched that early waits in
+ * turn for this kernel's completion, which follows this kernel's own wait.
+ * What overlaps is the launch and reads of inputs, not the work: results are
+ * those of plain stream order. Without the attribute, or below sm_90, these are
+ * no-ops. */
+NSA_DEV void dec_pdl_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+NSA_DEV void dec_pdl_launch()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+NSA_DEV void dec_pdl_enter()
+{
+    dec_pdl_wait();
+    dec_pdl_launch();
+}
 
 /* Launches kern<<<grid, block, smem, s>>>(args...), with programmatic dependent
- * launch where pdl is set (only kernels that begin with dec_pdl_enter). */
+ * launch where pdl is set (only kernels that call dec_pdl_wait before reading
+ * anything the step writes). */
 template <typename... P, typename... A>
 cudaError_t dec_launch(bool pdl, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args)
 {
@@ -85,6 +105,17 @@ template <int MODE> struct Keys {
         if (MODE == 2) return dec_prow(g, b, lo + k);
         const int64_t j = idx[k / g.ls], pos = j * g.ls + k % g.ls;
         return j >= 0 && pos <= t ? dec_prow(g, b, pos) : -1;
+    }
+    /* row() before the step's checks have run (compressed and window keys only:
+     * the selected ones need the ranking): the lengths may be wrong, so a
+     * column past the table reads nothing (-1). Where the checks pass, every
+     * visible key's column lies in the table and this is row(). */
+    NSA_DEV int64_t row_unchecked(const DecGeom &g, int64_t k) const
+    {
+        static_assert(MODE != 1, "the selected keys need the step's ranking");
+        if (k < 0) return -1;
+        if (MODE == 0) return k / g.cps < g.max_cmp_pages ? dec_crow(g, b, k) : -1;
+        return lo + k >= 0 && (lo + k) / g.ps < g.max_pages ? dec_prow(g, b, lo + k) : -1;
     }
 };
 
