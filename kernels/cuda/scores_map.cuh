@@ -23,10 +23,13 @@
 
 namespace nsa_cuda {
 
-constexpr int MAP_E = 48, MAP_I = 8;
+/* MAP_WS: an entry's weights' stride, odd so that lanes reading the same weight of
+ * different entries hit different banks (at 8 the entries e, e + 4, ... of a round shared
+ * a bank: up to 5-way conflicts at the paper's 17 entries) */
+constexpr int MAP_E = 48, MAP_I = 8, MAP_WS = MAP_I + 1;
 
 struct MapTab { /* lives in shared memory */
-    float w[MAP_E * MAP_I];
+    float w[MAP_E * MAP_WS];
     int f[MAP_E], n[MAP_E];
 };
 
@@ -58,7 +61,7 @@ NSA_DEV void map_tab_build(MapTab &t, const Geom &g, int BN, int ne, int tid)
         const int64_t ov = nsa_overlap(r, tid, g.l, g.d, g.ls);
         if (ov > 0) {
             if (f < 0) f = (int)r;
-            t.w[tid * MAP_I + n++] = (float)ov / (float)g.d;
+            t.w[tid * MAP_WS + n++] = (float)ov / (float)g.d;
         }
     }
     t.f[tid] = f < 0 ? 0 : f;
@@ -143,13 +146,28 @@ NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, 
     const int nshare = ne - (int)per;
     const float *cin = carry ? map_carry_half(car, kt + 1) : nullptr;
     float *cout = carry ? map_carry_half(car, kt) : nullptr;
+    /* the lane's pair (tok, e) = (x / nj, x % nj), stepped with x by 32 (32 = sq nj + sr): two
+     * divisions per call instead of one per pair */
+    const int dj = TPW == 1 || nj < 1 ? 1 : nj;
+    const int sq = 32 / dj, sr = 32 - sq * dj;
+    int xt = TPW == 1 ? 0 : lane / dj, xe = TPW == 1 ? lane : lane - xt * dj;
     for (int x = lane; x < (TPW == 1 ? nj : ntok * nj); x += 32) {
-        const int tok = TPW == 1 ? 0 : x / nj, e = TPW == 1 ? x : x % nj;
+        const int tok = xt, e = xe;
+        if (TPW == 1) {
+            xe += 32;
+        } else {
+            xt += sq;
+            xe += sr;
+            if (xe >= dj) {
+                xe -= dj;
+                xt++;
+            }
+        }
         if (!carry && ks >= nc[tok]) continue;
         const float *pt = p + tok * pst;
         float *r = row + tok * rst;
         if (ne > 0) {
-            const float *w = t.w + e * MAP_I, *cc = pt + t.f[e];
+            const float *w = t.w + e * MAP_WS, *cc = pt + t.f[e];
             const int n = t.n[e];
             float acc = 0.f;
             for (int k = 0; k < n; k++) acc += w[k] * cc[k];
