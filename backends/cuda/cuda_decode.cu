@@ -523,14 +523,15 @@ nsa_status decode_prepare(CudaCtx *c, nsa_bk_plan *plan, CudaPlan *p)
     /* the checks in one CTA where the batch's table columns and the page counts fit it
      * (NSA_CUDA_FORCE=decode_append:decode_append keeps the two kernels and the memset) */
     const Kern fa = c->force.k[NSA_STAGE_DECODE_APPEND];
-    const bool one_fits = dec_check_one_fits(lim.batch, std::max<int64_t>(lim.max_pages, lim.max_cmp_pages), d->chk_bytes);
+    const int64_t chk_cols = std::max<int64_t>(lim.max_pages, lim.max_cmp_pages);
+    const bool one_fits = dec_check_one_fits(lim.batch, chk_cols, d->chk_bytes);
     if (fa == K_DECODE_APPEND_ONE && !one_fits)
         return FAIL(NSA_ERR_UNSUPPORTED,
                     "cuda backend: NSA_CUDA_FORCE asks stage decode_append to run decode_append_one, whose one CTA "
                     "takes at most %lld (sequence, table column) items and %zu bytes of page counts (this plan: %lld "
                     "x %lld, %zu bytes)",
-                    (long long)DEC_CHECK_ONE_ITEMS, DEC_CHECK_ONE_BYTES, (long long)lim.batch,
-                    (long long)std::max<int64_t>(lim.max_pages, lim.max_cmp_pages), d->chk_bytes);
+                    (long long)DEC_CHECK_ONE_ITEMS, DEC_CHECK_ONE_BYTES, (long long)lim.batch, (long long)chk_cols,
+                    d->chk_bytes);
     d->check_one = one_fits && fa != K_DECODE_APPEND;
     p->ch.st[NSA_STAGE_DECODE_APPEND].k = d->check_one ? K_DECODE_APPEND_ONE : K_DECODE_APPEND;
     p->ch.st[NSA_STAGE_DECODE_ATTN].k =

@@ -481,17 +481,18 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
         constexpr int NR = 4;
         float M = -INFINITY, L = 0.f, mr[NR], lr[NR];
         const bool held = ns <= 8 * NR;
+        auto ml = [&](int x) { return part + ((int64_t)hr * ns + x) * W + g.Dv; }; /* split x's max, then its sum */
         if (held) {
 #pragma unroll
             for (int k = 0; k < NR; k++) {
                 const int x = u + 8 * k;
                 const bool ok = hr < nh && x < ns;
-                mr[k] = ok ? __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv) : -INFINITY;
-                lr[k] = ok ? __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv + 1) : 0.f;
+                mr[k] = ok ? __ldcg(ml(x)) : -INFINITY;
+                lr[k] = ok ? __ldcg(ml(x) + 1) : 0.f;
                 M = fmaxf(M, mr[k]);
             }
         } else if (hr < nh) {
-            for (int x = u; x < ns; x += 8) M = fmaxf(M, __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv));
+            for (int x = u; x < ns; x += 8) M = fmaxf(M, __ldcg(ml(x)));
         }
 #pragma unroll
         for (int o = 1; o < 8; o <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
@@ -506,10 +507,10 @@ NSA_DEV void dec_tail(const DecGeom &g, const DecSplit &sp, const DecAttnIn &a, 
             }
         } else if (hr < nh) {
             for (int x = u; x < ns; x += 8) {
-                const float mx = __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv);
+                const float mx = __ldcg(ml(x));
                 const float f = mx == -INFINITY ? 0.f : expf(mx - M);
                 sf[hr * ns + x] = f;
-                L += f * __ldcg(part + ((int64_t)hr * ns + x) * W + g.Dv + 1);
+                L += f * __ldcg(ml(x) + 1);
             }
         }
 #pragma unroll

@@ -113,9 +113,8 @@ template <int MODE> struct Keys {
     NSA_DEV int64_t row_unchecked(const DecGeom &g, int64_t k) const
     {
         static_assert(MODE != 1, "the selected keys need the step's ranking");
-        if (k < 0) return -1;
-        if (MODE == 0) return k / g.cps < g.max_cmp_pages ? dec_crow(g, b, k) : -1;
-        return lo + k >= 0 && (lo + k) / g.ps < g.max_pages ? dec_prow(g, b, lo + k) : -1;
+        if (MODE == 0) return k / g.cps < g.max_cmp_pages ? dec_crow(g, b, k) : -1; /* (k, lo >= 0) */
+        return (lo + k) / g.ps < g.max_pages ? dec_prow(g, b, lo + k) : -1;
     }
 };
 

@@ -121,6 +121,10 @@ NSA_DEV void map_tile_carry_flush(int ne, int64_t per, int64_t kt, int ntok, flo
     }
 }
 
+/* K tile kt is a whole periodic one (the table applies and every key of it lies at or
+ * below khi) */
+NSA_DEV bool map_tile_whole(int ne, int64_t kt, int BN, int64_t khi) { return ne > 0 && kt * BN + BN - 1 <= khi; }
+
 template <int TPW>
 NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
                            int ntok, const int64_t *nc, const float *p, int pst, float *row, int64_t rst,
@@ -129,7 +133,7 @@ NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, 
     const int64_t ks = kt * BN;
     int64_t jlo;
     int nj;
-    const bool whole = ne > 0 && ks + BN - 1 <= khi;
+    const bool whole = map_tile_whole(ne, kt, BN, khi);
     if (whole) { /* a whole periodic tile: no divisions */
         jlo = kt * per;
         nj = ne;

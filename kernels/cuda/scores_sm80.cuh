@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
             __syncthreads();
         }
     }
-    if (carry && warp_rows && nkt > 0 && (nkt - 1) * BN + BN - 1 <= khi) { /* the last tile's carry */
+    if (carry && warp_rows && nkt > 0 && map_tile_whole(tab_ne, nkt - 1, BN, khi)) { /* the last tile's carry */
         const int tok0 = warp * TPW;
         map_tile_carry_flush(tab_ne, tab_per, nkt, min(TPW, c.ntok - tok0), sAcc + tok0 * MAP_CARRY,
                              scg + tok0 * sst, sst, lane);
