@@ -10,7 +10,8 @@
 #   sdpa    .bench/sdpa_baseline.py's cuDNN forward at the same shapes (issue 14's ratio);
 #   ncu     source counters (instructions executed and stall samples per SASS line) of NCU_KERNELS (default
 #           scores_sm80_kernel), new tree, 64k, NCU_SHAPES (default 32x8 4x4), as CSV under $OUT.
-# Steps: STEPS (default "same check bench ncu").
+# Steps: STEPS (default "same check bench ncu"). QUICK=1: three same cases (64k 32 / 8 and 4 / 4, chunks), one
+# check, the bench at 32 / 8 and 4 / 4 only (a short call where device time is scarce).
 OUT=${OUT:-/tmp/nsa-out}; mkdir -p "$OUT"; SUM=$OUT/summary.txt; : > "$SUM"
 note() { echo "$*" | tee -a "$SUM"; }
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 ))s; }
@@ -35,26 +36,29 @@ same() { # label args...: both trees' outputs bitwise
 if has same; then
   same 32x8-64k --T 65536 --hq 32 --hkv 8 --dqk 128 --dv 128
   same 4x4-64k --T 65536 --hq 4 --hkv 4 --dqk 128 --dv 128
-  same 16x4-packed --T 40000 --hq 16 --hkv 4 --dqk 128 --dv 128 --seqlens 30000,10000
-  same 8x4-d192 --T 30000 --hq 8 --hkv 4
-  NSA_CUDA_TARGET=sm80 same 4x4-sm80 --T 30000 --hq 4 --hkv 4 --dqk 128 --dv 128
-  NSA_CUDA_TARGET=sm86 same 8x4-sm86-d64 --T 30000 --hq 8 --hkv 4 --dqk 64 --dv 64
+  [ "${QUICK:-0}" = 1 ] || same 16x4-packed --T 40000 --hq 16 --hkv 4 --dqk 128 --dv 128 --seqlens 30000,10000
+  [ "${QUICK:-0}" = 1 ] || same 8x4-d192 --T 30000 --hq 8 --hkv 4
+  [ "${QUICK:-0}" = 1 ] || NSA_CUDA_TARGET=sm80 same 4x4-sm80 --T 30000 --hq 4 --hkv 4 --dqk 128 --dv 128
+  [ "${QUICK:-0}" = 1 ] || NSA_CUDA_TARGET=sm86 same 8x4-sm86-d64 --T 30000 --hq 8 --hkv 4 --dqk 64 --dv 64
   NSA_CUDA_SCORE_ROWS_MAX=3000000 same 4x4-chunks --T 30000 --hq 4 --hkv 4 --dqk 128 --dv 128 --seqlens 1,63,64,65,9000,20807
 fi
 if has check; then
   chk() { run_t new 300 run --backend cuda "$@" > /tmp/chk.log 2>&1
     note "[$(el)] check $* rc=$? $(grep -iE 'PASS|FAIL|max err' /tmp/chk.log | head -3 | tr -s ' ' | tr '\n' ' ')"; }
   chk --T 20000 --hq 4 --hkv 4 --dqk 128 --dv 128 --seqlens 7000,13000
+  if [ "${QUICK:-0}" != 1 ]; then
   chk --T 65536 --hq 32 --hkv 8 --dqk 128 --dv 128
   chk --T 16384 --hq 8 --hkv 4
   NSA_CUDA_SCORE_ROWS_MAX=3000000 chk --T 24000 --hq 16 --hkv 8 --dqk 128 --dv 128 --seqlens 100,23900
   chk --decode 1 --T 20000 --prefill 18800 --hq 16 --hkv 4 --dqk 128 --dv 128
   chk --decode 4 --T 12000 --prefill 9000 --chunk 256 --hq 8 --hkv 4 --seqlens 5000,7000
+  fi
 fi
 if has bench; then
   for r in $(seq 1 ${ROUNDS:-2}); do
     for t in base new; do
-      for s in "32 8" "16 4" "4 4"; do set -- $s
+      dflt="32x8 16x4 4x4"; [ "${QUICK:-0}" = 1 ] && dflt="32x8 4x4"
+      for s in ${BENCH_SHAPES:-$dflt}; do set -- ${s%x*} ${s#*x}
         NSA_CUDA_PROFILE=1 run_t $t 150 bench --backend cuda --T ${BENCH_T:-65536} --hq $1 --hkv $2 \
           --dqk 128 --dv 128 --iters 7 --warmup 1 --no-dense > /tmp/b.log 2>&1
         note "[$(el)] bench $t $1/$2 rc=$? $(grep -E '^ +[0-9]+ ' /tmp/b.log | tr -s ' ' | tr '\n' '|')"
