@@ -6,7 +6,8 @@
 #   same    nsa run --outputs of both trees bitwise equal (o, LSEs, selected) over the rows-in-plan-memory
 #           shapes (64k at 32 / 8 and 4 / 4, score-row chunks, sm80, packed sequences) and a rows-in-shared one;
 #   check   nsa run's check against the cpu backend with the new tree (forward, and --decode over paged caches);
-#   bench   nsa bench with the stage profile (NSA_CUDA_PROFILE), trees alternating ROUNDS times at BENCH_T;
+#   bench   nsa bench with the stage profile (NSA_CUDA_PROFILE), trees alternating ROUNDS times at BENCH_T,
+#           for BENCH_SHAPES (Hq x Hkv, default 32x8 16x4 4x4; QUICK: 32x8 4x4);
 #   sdpa    .bench/sdpa_baseline.py's cuDNN forward at the same shapes (issue 14's ratio);
 #   ncu     source counters (instructions executed and stall samples per SASS line) of NCU_KERNELS (default
 #           scores_sm80_kernel), new tree, 64k, NCU_SHAPES (default 32x8 4x4), as CSV under $OUT.
@@ -16,6 +17,7 @@ OUT=${OUT:-/tmp/nsa-out}; mkdir -p "$OUT"; SUM=$OUT/summary.txt; : > "$SUM"
 note() { echo "$*" | tee -a "$SUM"; }
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 ))s; }
 has() { case " ${STEPS:-same check bench ncu} " in *" $1 "*) return 0;; esac; return 1; }
+SHAPES=${BENCH_SHAPES:-32x8 16x4 4x4}; [ "${QUICK:-0}" = 1 ] && SHAPES=${BENCH_SHAPES:-32x8 4x4} # Hq x Hkv, D 128
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$SUM"
 for t in base new; do
   xz -dkf .bench/$t/backends/cuda/libnsa_backend_cuda.so.xz || { note "$t: no module"; exit 1; }
@@ -57,8 +59,7 @@ fi
 if has bench; then
   for r in $(seq 1 ${ROUNDS:-2}); do
     for t in base new; do
-      dflt="32x8 16x4 4x4"; [ "${QUICK:-0}" = 1 ] && dflt="32x8 4x4"
-      for s in ${BENCH_SHAPES:-$dflt}; do set -- ${s%x*} ${s#*x}
+      for s in $SHAPES; do set -- ${s%x*} ${s#*x}
         NSA_CUDA_PROFILE=1 run_t $t 150 bench --backend cuda --T ${BENCH_T:-65536} --hq $1 --hkv $2 \
           --dqk 128 --dv 128 --iters 7 --warmup 1 --no-dense > /tmp/b.log 2>&1
         note "[$(el)] bench $t $1/$2 rc=$? $(grep -E '^ +[0-9]+ ' /tmp/b.log | tr -s ' ' | tr '\n' '|')"
@@ -68,7 +69,7 @@ if has bench; then
   done
 fi
 if has sdpa && [ -f .bench/sdpa_baseline.py ]; then
-  for s in "32 8" "4 4"; do set -- $s
+  for s in $SHAPES; do set -- ${s%x*} ${s#*x}
     timeout 200 python3 .bench/sdpa_baseline.py --T $(echo ${BENCH_T:-65536} | tr ',' ' ') --hq $1 --hkv $2 \
       --dqk 128 --dv 128 --iters 7 --no-backward > "$OUT/sdpa_$1x$2.log" 2>&1
     note "[$(el)] sdpa $1/$2 rc=$?"; grep -iE "cudnn" "$OUT/sdpa_$1x$2.log" | head -4 | tee -a "$SUM"
