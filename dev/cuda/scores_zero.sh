@@ -1,16 +1,17 @@
 #!/bin/bash
 # dev/cuda/scores_zero.sh: one device call for the scores stage with its rows in plan memory (issue 14),
-# written for dev/cuda/scores_map_rounds_v1.patch (base: 2acf3c8; new: 2acf3c8 with the patch applied).
-# Takes two prebuilt trees (an x86-64 build elsewhere, carried): .bench/base and .bench/new, each
-# tools/nsa, core/libnsa.so* and backends/cuda/libnsa_backend_cuda.so.xz (nvcc_archs 90a). Then:
-#   same    nsa run --outputs of both trees bitwise equal (o, LSEs, selected) over the rows-in-plan-memory
+# written for dev/cuda/scores_map_rounds_v1.patch and _v2.patch (base: 2acf3c8; v1, v2: the patches applied).
+# Takes prebuilt trees (an x86-64 build elsewhere, carried) named by TREES (default "base new"; the first is
+# the baseline), each .bench/<name> with tools/nsa, core/libnsa.so* and backends/cuda/libnsa_backend_cuda.so.xz
+# (nvcc_archs 90a). Then:
+#   same    nsa run --outputs of each later tree bitwise equal to the first's (o, LSEs, selected) over the rows-in-plan-memory
 #           shapes (64k at 32 / 8 and 4 / 4, score-row chunks, sm80, packed sequences) and a rows-in-shared one;
-#   check   nsa run's check against the cpu backend with the new tree (forward, and --decode over paged caches);
-#   bench   nsa bench with the stage profile (NSA_CUDA_PROFILE), trees alternating ROUNDS times at BENCH_T,
+#   check   nsa run's check against the cpu backend with each later tree (forward, and --decode over paged caches);
+#   bench   nsa bench with the stage profile (NSA_CUDA_PROFILE), all trees in turn ROUNDS times at BENCH_T,
 #           for BENCH_SHAPES (Hq x Hkv, default 32x8 16x4 4x4; QUICK: 32x8 4x4);
 #   sdpa    .bench/sdpa_baseline.py's cuDNN forward at the same shapes (issue 14's ratio);
 #   ncu     source counters (instructions executed and stall samples per SASS line) of NCU_KERNELS (default
-#           scores_sm80_kernel), new tree, 64k, NCU_SHAPES (default 32x8 4x4), as CSV under $OUT.
+#           scores_sm80_kernel), last tree, 64k, NCU_SHAPES (default 32x8 4x4), as CSV under $OUT.
 # Steps: STEPS (default "same check bench ncu"). QUICK=1: three same cases (64k 32 / 8 and 4 / 4, chunks), one
 # check, the bench at 32 / 8 and 4 / 4 only (a short call where device time is scarce).
 OUT=${OUT:-/tmp/nsa-out}; mkdir -p "$OUT"; SUM=$OUT/summary.txt; : > "$SUM"
@@ -19,7 +20,8 @@ T0=$(date +%s); el() { echo $(( $(date +%s) - T0 ))s; }
 has() { case " ${STEPS:-same check bench ncu} " in *" $1 "*) return 0;; esac; return 1; }
 SHAPES=${BENCH_SHAPES:-32x8 16x4 4x4}; [ "${QUICK:-0}" = 1 ] && SHAPES=${BENCH_SHAPES:-32x8 4x4} # Hq x Hkv, D 128
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$SUM"
-for t in base new; do
+TREES=${TREES:-base new}; set -- $TREES; BASE=$1; shift; LATER="$*"; LAST=${TREES##* }
+for t in $TREES; do
   xz -dkf .bench/$t/backends/cuda/libnsa_backend_cuda.so.xz || { note "$t: no module"; exit 1; }
   mkdir -p /tmp/cache_$t
 done
@@ -27,13 +29,16 @@ run_t() { # tree seconds args...: the tree's nsa with its module and kernel cach
   local t=$1 to=$2; shift 2
   NSA_BACKEND_PATH=$PWD/.bench/$t/backends/cuda NSA_CACHE_DIR=/tmp/cache_$t timeout $to .bench/$t/tools/nsa "$@"
 }
-same() { # label args...: both trees' outputs bitwise
+same() { # label args...: each later tree's outputs against the first's, bitwise
   local l=$1; shift
-  rm -rf /tmp/o0 /tmp/o1; mkdir -p /tmp/o0 /tmp/o1
-  run_t base 150 run --backend cuda "$@" --check-tokens 0 --outputs /tmp/o0 > /tmp/s0.log 2>&1; local r0=$?
-  run_t new 150 run --backend cuda "$@" --check-tokens 0 --outputs /tmp/o1 > /tmp/s1.log 2>&1; local r1=$?
-  local d=""; for f in /tmp/o0/*.npy; do cmp -s "$f" /tmp/o1/$(basename $f) || d="$d $(basename $f)"; done
-  note "[$(el)] same $l rc=$r0/$r1 files=$(ls /tmp/o0 | wc -l) differ:[${d}] $(grep -E '^ +scores' /tmp/s1.log | head -1 | tr -s ' ')"
+  rm -rf /tmp/o0; mkdir -p /tmp/o0
+  run_t $BASE 150 run --backend cuda "$@" --check-tokens 0 --outputs /tmp/o0 > /tmp/s0.log 2>&1; local r0=$?
+  for t in $LATER; do
+    rm -rf /tmp/o1; mkdir -p /tmp/o1
+    run_t $t 150 run --backend cuda "$@" --check-tokens 0 --outputs /tmp/o1 > /tmp/s1.log 2>&1; local r1=$?
+    local d=""; for f in /tmp/o0/*.npy; do cmp -s "$f" /tmp/o1/$(basename $f) || d="$d $(basename $f)"; done
+    note "[$(el)] same $l $t rc=$r0/$r1 files=$(ls /tmp/o0 | wc -l) differ:[${d}]"
+  done
 }
 if has same; then
   same 32x8-64k --T 65536 --hq 32 --hkv 8 --dqk 128 --dv 128
@@ -45,8 +50,8 @@ if has same; then
   NSA_CUDA_SCORE_ROWS_MAX=3000000 same 4x4-chunks --T 30000 --hq 4 --hkv 4 --dqk 128 --dv 128 --seqlens 1,63,64,65,9000,20807
 fi
 if has check; then
-  chk() { run_t new 300 run --backend cuda "$@" > /tmp/chk.log 2>&1
-    note "[$(el)] check $* rc=$? $(grep -iE 'PASS|FAIL|max err' /tmp/chk.log | head -3 | tr -s ' ' | tr '\n' ' ')"; }
+  chk() { for t in $LATER; do run_t $t 300 run --backend cuda "$@" > /tmp/chk.log 2>&1
+    note "[$(el)] check $t $* rc=$? $(grep -iE 'PASS|FAIL|max err' /tmp/chk.log | head -3 | tr -s ' ' | tr '\n' ' ')"; done; }
   chk --T 20000 --hq 4 --hkv 4 --dqk 128 --dv 128 --seqlens 7000,13000
   if [ "${QUICK:-0}" != 1 ]; then
   chk --T 65536 --hq 32 --hkv 8 --dqk 128 --dv 128
@@ -58,7 +63,7 @@ if has check; then
 fi
 if has bench; then
   for r in $(seq 1 ${ROUNDS:-2}); do
-    for t in base new; do
+    for t in $TREES; do
       for s in $SHAPES; do set -- ${s%x*} ${s#*x}
         NSA_CUDA_PROFILE=1 run_t $t 150 bench --backend cuda --T ${BENCH_T:-65536} --hq $1 --hkv $2 \
           --dqk 128 --dv 128 --iters 7 --warmup 1 --no-dense > /tmp/b.log 2>&1
@@ -78,10 +83,10 @@ fi
 if has ncu; then
   for s in ${NCU_SHAPES:-32x8 4x4}; do hq=${s%x*}; hkv=${s#*x}
     for k in ${NCU_KERNELS:-scores_sm80_kernel}; do
-      timeout 240 env NSA_BACKEND_PATH=$PWD/.bench/new/backends/cuda NSA_CACHE_DIR=/tmp/cache_new \
+      timeout 240 env NSA_BACKEND_PATH=$PWD/.bench/$LAST/backends/cuda NSA_CACHE_DIR=/tmp/cache_$LAST \
         ncu --clock-control none -k regex:$k --launch-count 1 --section SpeedOfLight --section Occupancy \
         --section SchedulerStats --section WarpStateStats --section SourceCounters --section InstructionStats \
-        -f -o /tmp/ncu_$k .bench/new/tools/nsa run --backend cuda --T 65536 --hq $hq --hkv $hkv --dqk 128 --dv 128 \
+        -f -o /tmp/ncu_$k .bench/$LAST/tools/nsa run --backend cuda --T 65536 --hq $hq --hkv $hkv --dqk 128 --dv 128 \
         --iters 1 --warmup 0 --check-tokens 0 > /tmp/ncu_run.log 2>&1
       note "[$(el)] ncu $k $s rc=$?"
       ncu --import /tmp/ncu_$k.ncu-rep --page details > "$OUT/ncu_${k}_$s.txt" 2>&1

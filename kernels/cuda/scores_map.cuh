@@ -174,7 +174,14 @@ NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, 
             const float *w = t.w + e * MAP_WS, *cc = pt + t.f[e];
             const int n = t.n[e];
             float acc = 0.f;
-            for (int k = 0; k < n; k++) acc += w[k] * cc[k];
+            if (n <= 5) { /* the paper's l, d, l_s: 5 or fewer, unrolled and predicated (the loop's
+                             remainder branches were a third of a pair's instructions) */
+#pragma unroll
+                for (int k = 0; k < 5; k++)
+                    if (k < n) acc = fmaf(w[k], cc[k], acc);
+            } else {
+                for (int k = 0; k < n; k++) acc = fmaf(w[k], cc[k], acc);
+            }
             if (carry) {
                 if (e < nshare) acc = (kt > 0 ? cin[tok * MAP_CARRY + e] : 0.f) + acc;
                 if (e >= per)

@@ -165,6 +165,15 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     if (nkt > 0) load_k(0, 0);
     cp_async_commit();
 
+    /* the overlap map as a table (scores_map.cuh) where the tiles are periodic */
+    __shared__ MapTab sTab;
+    const int tab_ne = KQ ? map_tab_entries(g, BN) : 0;
+    const int64_t tab_per = ((int64_t)BN * g.d) / g.ls; /* selection blocks per periodic tile */
+    map_tab_build(sTab, g, BN, tab_ne, tid);
+    /* rows in global memory (accw 0) stored a whole periodic tile at a time
+     * (map_tile_rows's carry, [2][tokens][MAP_CARRY] at sAcc) */
+    const bool carry = KQ && !G16 && !FUSED && accw == 0 && map_carry_ok(tab_ne, tab_per);
+
     /* zero the eligible part of every token's scores row */
     const int64_t width = nsa_slc_last(tlast, g.ls) + 1;
     if (STREAM) { /* every ring slot 0, every kept set empty */
@@ -176,9 +185,13 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     } else if (FUSED || accw > 0) {
         for (int e = tid; e < c.ntok * accw; e += NT) sAcc[e] = 0.f;
     } else {
-        for (int64_t e = tid; e < (int64_t)c.ntok * width; e += NT) {
-            const int64_t tok = e / width, j = e % width;
-            if (j <= nsa_slc_last(c.tl0 + tok, g.ls)) scg[tok * sst + j] = 0.f;
+        /* rows in plan memory: the eligible entries the whole periodic tiles do not store (with the
+         * carry they store [0, whole tiles x tab_per) of every token's row, map_tile_rows), a warp per
+         * token (the flat loop's 64-bit division per entry, over every entry, cost more than the map) */
+        const int64_t z0 = carry ? (khi + 1) / BN * tab_per : 0;
+        for (int tok = warp; tok < c.ntok; tok += NT / 32) {
+            const int64_t jend = nsa_slc_last(c.tl0 + tok, g.ls) + 1;
+            for (int64_t j = z0 + lane; j < jend; j += 32) scg[tok * sst + j] = 0.f;
         }
     }
 
@@ -226,15 +239,6 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
      * shuffles, overlap map by the warp's lanes), so one barrier per K tile
      * suffices (the double buffer) and warps overlap their phases */
     constexpr bool wown = KQ;
-
-    /* the overlap map as a table (scores_map.cuh) where the tiles are periodic */
-    __shared__ MapTab sTab;
-    const int tab_ne = wown ? map_tab_entries(g, BN) : 0;
-    const int64_t tab_per = ((int64_t)BN * g.d) / g.ls; /* selection blocks per periodic tile */
-    map_tab_build(sTab, g, BN, tab_ne, tid);
-    /* rows in global memory (accw 0) stored a whole periodic tile at a time
-     * (map_tile_rows's carry, [2][tokens][MAP_CARRY] at sAcc) */
-    const bool carry = KQ && !G16 && !FUSED && accw == 0 && map_carry_ok(tab_ne, tab_per);
 
     /* entry e (selection block jlo + e) of token tok for the K tile starting
      * at ks: the same arithmetic in either loop below */
@@ -289,6 +293,17 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
             float *sCw = sC + warp * TPW * SCW; /* the group sums of the warp's tokens */
             if (warp_rows) {
                 if (ks <= whi) warp_kqt<T, DQK, BN / 16, KL>(st, qf, sK + buf * KT, lane);
+                /* the tile's last visible key per column, as an int in [-1, BN]: keys are 0 .. BN - 1, so the
+                 * 32-bit test keeps the 64-bit one's answer */
+                int lim[2][2];
+#pragma unroll
+                for (int nb = 0; nb < 2; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) lim[nb][e] = (int)nsa_max64(nsa_min64(hiv[nb][e] - ks, BN), -1);
+                /* where this lane's sums go: key (lane / 4) + mb * 16 + 8 h of its column's token. Every lane of
+                 * a token's group stores (the shuffles leave the same sum in each: float addition commutes), so
+                 * no lane branches around its store */
+                float *const dst0 = sCw + (lane >> 2);
 #pragma unroll
                 for (int mb = 0; mb < BN / 16; mb++)
 #pragma unroll
@@ -302,25 +317,24 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
                             v += p(0, 1);
                             v += p(1, 0);
                             v += p(1, 1);
-                            v = key <= hiv[0][0] - ks ? v : 0.f;
+                            v = key <= lim[0][0] ? v : 0.f;
                             v += __shfl_xor_sync(0xffffffffu, v, 1);
                             v += __shfl_xor_sync(0xffffffffu, v, 2);
-                            if ((lane & 3) == 0) sCw[key] = v;
+                            dst0[mb * 16 + 8 * h] = v;
                         } else if constexpr (GP == 1) {
 #pragma unroll
                             for (int nb = 0; nb < 2; nb++)
 #pragma unroll
                                 for (int e = 0; e < 2; e++)
-                                    sCw[(nb * 8 + 2 * (lane & 3) + e) * SCW + key] =
-                                        key <= hiv[nb][e] - ks ? p(nb, e) : 0.f;
+                                    dst0[(nb * 8 + 2 * (lane & 3) + e) * SCW + mb * 16 + 8 * h] =
+                                        key <= lim[nb][e] ? p(nb, e) : 0.f;
                         } else {
 #pragma unroll
                             for (int nb = 0; nb < 2; nb++) {
                                 float v = p(nb, 0) + p(nb, 1);
                                 if (GP >= 4) v += __shfl_xor_sync(0xffffffffu, v, 1);
                                 if (GP >= 8) v += __shfl_xor_sync(0xffffffffu, v, 2);
-                                if ((lane & (GPD / 2 - 1)) == 0)
-                                    sCw[((nb * 8 + 2 * (lane & 3)) / GPD) * SCW + key] = key <= hiv[nb][0] - ks ? v : 0.f;
+                                dst0[((nb * 8 + 2 * (lane & 3)) / GPD) * SCW + mb * 16 + 8 * h] = key <= lim[nb][0] ? v : 0.f;
                             }
                         }
                     }
