@@ -59,19 +59,32 @@ namespace nsa_cuda {
 /* s[mb][nb] += K Q^T for keys mb*16 .. mb*16 + 15 of the K tile (layout L)
  * and heads nb*8 .. nb*8 + 7 of the warp's token: accumulator element e of
  * s[mb][nb] is key mb*16 + lane/4 + 8 (e/2), head nb*8 + 2 (lane%4) + e%2.
- * qb: Q as the B operand, from the row-major Q tile (q_frags_b). */
+ * qb: Q as the B operand, from the row-major Q tile (q_frags_b). ka: the
+ * lane's ldmatrix addresses in the tile (kqt_lane_addrs), so that each of
+ * the tile's MB x DQK/16 loads is one of these registers plus a constant. */
 template <typename T, int DQK, int MB, typename L>
-NSA_DEV void warp_kqt(float (&s)[MB][2][4], const uint32_t (&qb)[DQK / 16][4], const T *sK, int lane)
+NSA_DEV void warp_kqt(float (&s)[MB][2][4], const uint32_t (&qb)[DQK / 16][4], const uint32_t (&ka)[4])
 {
 #pragma unroll
     for (int kk = 0; kk < DQK / 16; kk++)
 #pragma unroll
         for (int mb = 0; mb < MB; mb++) {
             uint32_t a[4];
-            ldsm_x4(a, sK + L::off(mb * 16 + (lane & 15), kk * 16 + ((lane >> 4) << 3)));
+            ldsm_x4_a(a, ka[kk & 3] + (uint32_t)(L::off(mb * 16, (kk >> 2) * 64) * sizeof(T)));
             Mma<T>::run(s[mb][0], a, qb[kk][0], qb[kk][1]);
             Mma<T>::run(s[mb][1], a, qb[kk][2], qb[kk][3]);
         }
+}
+/* Lane addresses of warp_kqt's loads in the tile at sK: element (lane % 16,
+ * j * 16 + 8 (lane / 16)) for j < 4. The load of (mb, kk) reads
+ * off(mb * 16 + lane % 16, kk * 16 + 8 (lane / 16)), which is this address
+ * for j = kk % 4 plus off(mb * 16, 64 (kk / 4)): additive for PadTile, and
+ * for PanelTile because rows mb * 16 keep row % 8 and columns 64 (kk / 4)
+ * keep the column chunk % 8 that its swizzle XORs. */
+template <typename T, typename L> NSA_DEV void kqt_lane_addrs(uint32_t (&ka)[4], const T *sK, int lane)
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) ka[j] = smem_u32(sK + L::off(lane & 15, j * 16 + ((lane >> 4) << 3)));
 }
 /* The warp's 16 Q rows (stride SQ) as warp_kqt's B fragments: per k-step,
  * heads 0-7 dims 0-7 and 8-15, then heads 8-15 (the K-tile pattern of warp_qk_l). */
@@ -154,13 +167,38 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
         __syncthreads();
     }
     const int64_t nkt = khi >= 0 ? (khi + BN) / BN : 0;
+    /* KADDR: every thread copies the same 16-byte column of rows kr0, kr0 + KRS, ... of each K
+     * tile, and the layout moves by a constant per KRS rows, so the copies' addresses are worked
+     * out once here, not per tile (they were about 100 instructions of each tile's loop head) */
+    constexpr int CPR = DQK / 8, KRS = NT / CPR;
+    constexpr bool KADDR = NT % CPR == 0 && (BN * CPR) % NT == 0 && KL::rstep(KRS) != 0;
+    const int kr0 = tid / CPR;
+    const int koff = kr0 * (int)kst + (tid % CPR) * 8;
+    const uint32_t kdst = smem_u32(sK + KL::off(kr0, (tid % CPR) * 8));
     auto load_k = [&](int64_t kt, int buf) {
         const int64_t ks = kt * BN;
         const int nv = (int)nsa_min64(BN, khi - ks + 1);
         /* packed rows: aligned, kst = Hkv * DQK (the launcher checks rs32_ok) */
-        T *dst = sK + buf * KT;
-        load_rows_vec_to<T, BN, DQK, NT>([&](int r, int cc) { return dst + KL::off(r, cc * 8); }, kg + ks * kst,
-                                         (int)kst, nv, DQK);
+        const T *tb = kg + ks * kst;
+        if constexpr (KADDR) {
+            const uint32_t d = kdst + (uint32_t)(buf * KT * sizeof(T));
+            const T *src = tb + koff;
+            if (nv == BN) { /* every tile but the last: no row past khi */
+#pragma unroll
+                for (int i = 0; i < BN * CPR / NT; i++)
+                    cp_async16_a(d + (uint32_t)(KL::rstep(i * KRS) * sizeof(T)), src + i * KRS * (int)kst, true);
+            } else {
+#pragma unroll
+                for (int i = 0; i < BN * CPR / NT; i++) {
+                    const bool ok = kr0 + i * KRS < nv;
+                    cp_async16_a(d + (uint32_t)(KL::rstep(i * KRS) * sizeof(T)), ok ? src + i * KRS * (int)kst : tb, ok);
+                }
+            }
+        } else {
+            T *dst = sK + buf * KT;
+            load_rows_vec_to<T, BN, DQK, NT>([&](int r, int cc) { return dst + KL::off(r, cc * 8); }, tb, (int)kst, nv,
+                                             DQK);
+        }
     };
     if (nkt > 0) load_k(0, 0);
     cp_async_commit();
@@ -260,6 +298,8 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
     /* ALIAS: the loop's first barrier orders the zeroed rows and the map
      * table before their first use */
     const float sl = g.scale * NSA_LOG2E;
+    uint32_t ka0[4] = {0, 0, 0, 0}; /* TRANS: warp_kqt's lane addresses in K buffer 0 */
+    if (TRANS) kqt_lane_addrs<T, KL>(ka0, sK, lane);
 
     for (int64_t kt = 0; kt < nkt; kt++) {
         if (wown) {
@@ -292,7 +332,12 @@ __global__ void __launch_bounds__(TC_THREADS, GP > 0 ? 2 : 1)
                 for (int nb = 0; nb < 2; nb++) st[mb][nb][0] = st[mb][nb][1] = st[mb][nb][2] = st[mb][nb][3] = 0.f;
             float *sCw = sC + warp * TPW * SCW; /* the group sums of the warp's tokens */
             if (warp_rows) {
-                if (ks <= whi) warp_kqt<T, DQK, BN / 16, KL>(st, qf, sK + buf * KT, lane);
+                if (ks <= whi) {
+                    uint32_t ka[4];
+#pragma unroll
+                    for (int j = 0; j < 4; j++) ka[j] = ka0[j] + (uint32_t)(buf * KT * sizeof(T));
+                    warp_kqt<T, DQK, BN / 16, KL>(st, qf, ka);
+                }
                 /* the tile's last visible key per column, as an int in [-1, BN]: keys are 0 .. BN - 1, so the
                  * 32-bit test keeps the 64-bit one's answer */
                 int lim[2][2];

@@ -117,13 +117,17 @@ template <int SQ, bool QREG, int NK> NSA_DEV void q_frags(uint32_t (&qf)[NK][4],
  * per sector of data and copies into panels 1.0 (docs/cuda.md;
  * dev/cuda/ldgsts_l2.cu measured it). attn_sm90, scores_sm90 and slc_sm80_g16
  * (where the dims are multiples of 64) use panels. */
+/* rstep(k): the offset of row r + k from row r's, where the layout makes it a
+ * constant (0 where it does not) */
 template <int SS, int ROWS> struct PadTile {
     static constexpr int elems = ROWS * SS;
+    static constexpr int rstep(int k) { return k * SS; }
     static NSA_DEV int off(int r, int e) { return r * SS + e; }
 };
 template <int D, int ROWS> struct PanelTile {
     static_assert(D % 64 == 0, "PanelTile: dims in panels of 64");
     static constexpr int elems = ROWS * D;
+    static constexpr int rstep(int k) { return k % 8 == 0 ? k * 64 : 0; }
     static NSA_DEV int off(int r, int e) { return (e >> 6) * ROWS * 64 + r * 64 + ((((e >> 3) & 7) ^ (r & 7)) << 3); }
 };
 
