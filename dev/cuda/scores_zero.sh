@@ -6,7 +6,7 @@
 # (nvcc_archs 90a). Then:
 #   same    nsa run --outputs of each later tree bitwise equal to the first's (o, LSEs, selected) over the rows-in-plan-memory
 #           shapes (64k at 32 / 8 and 4 / 4, score-row chunks, sm80, packed sequences), rows in shared memory
-#           (G 7), G 16 as sm80 (scores_sm80_g16) and G 32 (scores_sm80);
+#           (G 7), G 16 as sm80 (scores_sm80_g16), G 32 (scores_sm80), slc_sm80_blk in passes;
 #   check   nsa run's check against the cpu backend with each later tree (forward, and --decode over paged caches);
 #   bench   nsa bench with the stage profile (NSA_CUDA_PROFILE), all trees in turn ROUNDS times at BENCH_T,
 #           for BENCH_SHAPES (Hq x Hkv, default 32x8 16x4 4x4; QUICK: 32x8 4x4);
@@ -51,6 +51,7 @@ if has same; then
   [ "${QUICK:-0}" = 1 ] || NSA_CUDA_TARGET=sm80 same 64x4-sm80-g16 --T 20000 --hq 64 --hkv 4 --dqk 128 --dv 128
   [ "${QUICK:-0}" = 1 ] || same 28x4 --T 20000 --hq 28 --hkv 4 --dqk 128 --dv 128
   [ "${QUICK:-0}" = 1 ] || same 32x1-g32 --T 8000 --hq 32 --hkv 1 --dqk 128 --dv 128
+  [ "${QUICK:-0}" = 1 ] || NSA_CUDA_SLC_PASS_MAX=20000000 same 8x4-slcpass --T 20000 --hq 8 --hkv 4 --dqk 128 --dv 128 --seqlens 5,12000,7995
   NSA_CUDA_SCORE_ROWS_MAX=3000000 same 4x4-chunks --T 30000 --hq 4 --hkv 4 --dqk 128 --dv 128 --seqlens 1,63,64,65,9000,20807
 fi
 if has check; then
