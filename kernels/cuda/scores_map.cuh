@@ -125,6 +125,9 @@ NSA_DEV void map_tile_carry_flush(int ne, int64_t per, int64_t kt, int ntok, flo
  * below khi) */
 NSA_DEV bool map_tile_whole(int ne, int64_t kt, int BN, int64_t khi) { return ne > 0 && kt * BN + BN - 1 <= khi; }
 
+/* Rejected: the lanes over entries rather than (token, entry) pairs with the carry, the shared
+ * entry rebuilt from the tile's last two group sums (dev/cuda/scores_map_rounds_v2.patch): bitwise
+ * the same and 2 rounds instead of 3 at G 4, but no faster (3 % slower at G 1; H100, 2026-12-07). */
 template <int TPW>
 NSA_DEV void map_tile_rows(const Geom &g, const MapTab &t, int ne, int64_t per, int BN, int64_t kt, int64_t khi,
                            int ntok, const int64_t *nc, const float *p, int pst, float *row, int64_t rst,
