@@ -19,7 +19,8 @@ OUT=${OUT:-/tmp/nsa-out}; mkdir -p "$OUT"; SUM=$OUT/summary.txt; : > "$SUM"
 note() { echo "$*" | tee -a "$SUM"; }
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 ))s; }
 has() { case " ${STEPS:-same check bench ncu} " in *" $1 "*) return 0;; esac; return 1; }
-SHAPES=${BENCH_SHAPES:-32x8 16x4 4x4}; [ "${QUICK:-0}" = 1 ] && SHAPES=${BENCH_SHAPES:-32x8 4x4} # Hq x Hkv, D 128
+full() { [ "${QUICK:-0}" != 1 ]; } # the long form
+SHAPES=${BENCH_SHAPES:-32x8 16x4 4x4}; full || SHAPES=${BENCH_SHAPES:-32x8 4x4} # Hq x Hkv, D 128
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$SUM"
 TREES=${TREES:-base new}; set -- $TREES; BASE=$1; shift; LATER="$*"; LAST=${TREES##* }
 for t in $TREES; do
@@ -44,21 +45,21 @@ same() { # label args...: each later tree's outputs against the first's, bitwise
 if has same; then
   same 32x8-64k --T 65536 --hq 32 --hkv 8 --dqk 128 --dv 128
   same 4x4-64k --T 65536 --hq 4 --hkv 4 --dqk 128 --dv 128
-  [ "${QUICK:-0}" = 1 ] || same 16x4-packed --T 40000 --hq 16 --hkv 4 --dqk 128 --dv 128 --seqlens 30000,10000
-  [ "${QUICK:-0}" = 1 ] || same 8x4-d192 --T 30000 --hq 8 --hkv 4
-  [ "${QUICK:-0}" = 1 ] || NSA_CUDA_TARGET=sm80 same 4x4-sm80 --T 30000 --hq 4 --hkv 4 --dqk 128 --dv 128
-  [ "${QUICK:-0}" = 1 ] || NSA_CUDA_TARGET=sm86 same 8x4-sm86-d64 --T 30000 --hq 8 --hkv 4 --dqk 64 --dv 64
-  [ "${QUICK:-0}" = 1 ] || NSA_CUDA_TARGET=sm80 same 64x4-sm80-g16 --T 20000 --hq 64 --hkv 4 --dqk 128 --dv 128
-  [ "${QUICK:-0}" = 1 ] || same 28x4 --T 20000 --hq 28 --hkv 4 --dqk 128 --dv 128
-  [ "${QUICK:-0}" = 1 ] || same 32x1-g32 --T 8000 --hq 32 --hkv 1 --dqk 128 --dv 128
-  [ "${QUICK:-0}" = 1 ] || NSA_CUDA_SLC_PASS_MAX=20000000 same 8x4-slcpass --T 20000 --hq 8 --hkv 4 --dqk 128 --dv 128 --seqlens 5,12000,7995
+  full && same 16x4-packed --T 40000 --hq 16 --hkv 4 --dqk 128 --dv 128 --seqlens 30000,10000
+  full && same 8x4-d192 --T 30000 --hq 8 --hkv 4
+  full && NSA_CUDA_TARGET=sm80 same 4x4-sm80 --T 30000 --hq 4 --hkv 4 --dqk 128 --dv 128
+  full && NSA_CUDA_TARGET=sm86 same 8x4-sm86-d64 --T 30000 --hq 8 --hkv 4 --dqk 64 --dv 64
+  full && NSA_CUDA_TARGET=sm80 same 64x4-sm80-g16 --T 20000 --hq 64 --hkv 4 --dqk 128 --dv 128
+  full && same 28x4 --T 20000 --hq 28 --hkv 4 --dqk 128 --dv 128
+  full && same 32x1-g32 --T 8000 --hq 32 --hkv 1 --dqk 128 --dv 128
+  full && NSA_CUDA_SLC_PASS_MAX=20000000 same 8x4-slcpass --T 20000 --hq 8 --hkv 4 --dqk 128 --dv 128 --seqlens 5,12000,7995
   NSA_CUDA_SCORE_ROWS_MAX=3000000 same 4x4-chunks --T 30000 --hq 4 --hkv 4 --dqk 128 --dv 128 --seqlens 1,63,64,65,9000,20807
 fi
 if has check; then
   chk() { for t in $LATER; do run_t $t 300 run --backend cuda "$@" > /tmp/chk.log 2>&1
     note "[$(el)] check $t $* rc=$? $(grep -iE 'PASS|FAIL|max err' /tmp/chk.log | head -3 | tr -s ' ' | tr '\n' ' ')"; done; }
   chk --T 20000 --hq 4 --hkv 4 --dqk 128 --dv 128 --seqlens 7000,13000
-  if [ "${QUICK:-0}" != 1 ]; then
+  if full; then
   chk --T 65536 --hq 32 --hkv 8 --dqk 128 --dv 128
   chk --T 16384 --hq 8 --hkv 4
   NSA_CUDA_SCORE_ROWS_MAX=3000000 chk --T 24000 --hq 16 --hkv 8 --dqk 128 --dv 128 --seqlens 100,23900

@@ -91,19 +91,14 @@ NSA_MMA_16BIT(__half, "f16", __half2, __floats2half2_rn)
 
 NSA_DEV uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-NSA_DEV void ldsm_x4(uint32_t r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-/* the same from a shared-memory address (a loop can keep it in a register and add constants) */
+/* from a shared-memory address (a loop can keep it in a register and add constants) */
 NSA_DEV void ldsm_x4_a(uint32_t r[4], uint32_t a)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
+NSA_DEV void ldsm_x4(uint32_t r[4], const void *p) { ldsm_x4_a(r, smem_u32(p)); }
 NSA_DEV void ldsm_x4_t(uint32_t r[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -123,15 +118,11 @@ NSA_DEV uint32_t movm_t(uint32_t x)
 
 /* 16-byte global -> shared copy; with pred false the 16 bytes are zero-filled
  * and nothing is read (src must still be a valid address expression). */
-NSA_DEV void cp_async16(void *dst, const void *src, bool pred)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(pred ? 16 : 0));
-}
-NSA_DEV void cp_async16_a(uint32_t dst, const void *src, bool pred)
+NSA_DEV void cp_async16_a(uint32_t dst, const void *src, bool pred) /* dst: a shared-memory address */
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
 }
+NSA_DEV void cp_async16(void *dst, const void *src, bool pred) { cp_async16_a(smem_u32(dst), src, pred); }
 NSA_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> NSA_DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
