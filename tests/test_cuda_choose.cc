@@ -94,6 +94,7 @@ static size_t smem_of(const StageChoice &c, const Choice &ch, const nsa_config &
     case K_SLC_SM80: return slc_sm80_smem(ch.dqkp, ch.dvp, cfg.num_selected, cfg.slc_block);
     case K_SLC_SM80_G16: return slc_sm80_g16_smem(ch.dqkp, ch.dvp, c.slc.panel, c.slc.ns);
     case K_SLC_SM80_BLK: return slc_sm80_blk_smem(ch.dqkp, ch.dvp);
+    case K_SLC_SM90_BLK: return slc_sm90_blk_smem(ch.dqkp, ch.dvp);
     case K_BWD_ATTN_SM80: return bwd_sm80_smem(ch.dqkp, ch.dvp);
     case K_BWD_ATTN_SM90:
         return std::max({bwd_keys90_smem(ch.dqkp, ch.dvp), bwd_rows90_smem(ch.dqkp, ch.dvp), bwd_sm80_smem(ch.dqkp, ch.dvp)});
@@ -235,7 +236,8 @@ static void check_paper_shape()
     expect(CLS_SM86, d128, 1024, NSA_STAGE_SCORES_TOPN, "scores_sm80_g16[bn32,1buf,rows:smem]+topn:fused"); /* two CTAs */
     /* G = 4 (Llama-3-8B's 32 / 8) */
     const nsa_config g4 = config(32, 8, 128, 128, NSA_DTYPE_BF16);
-    expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
+    expect(CLS_SM90, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm90_blk[rows64,bn64]");
+    expect(CLS_SM80, g4, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
     /* the selected rows kernel: 8 rows up to G = 8 (keys on the MMA's M side), 16 above */
     expect(CLS_SM90, g4, 1024, NSA_STAGE_BWD_SLC_ATTN, "bwd_attn_sm80[rows8,bn16,keys64x32]");
     expect(CLS_SM86, config(64, 8, 192, 128, NSA_DTYPE_BF16), 1024, NSA_STAGE_BWD_SLC_ATTN,
@@ -278,11 +280,12 @@ static void check_paper_shape()
         const int want = kq && (G & (G - 1)) ? TC_BM / scores_kq_gp(G) : 0;
         CHECK(ch.sc_tokens == want, "G = %lld: sc_tokens %d, expected %d", (long long)G, ch.sc_tokens, want);
     }
-    /* block-major for every G but 16, on every class, Dqk 192 too */
+    /* block-major for every G but 16, on every class (wgmma on sm90), Dqk 192 too */
     for (Cls cls : classes)
         for (int64_t hq : {4, 8, 28, 32, 128}) {
             const nsa_config c = config(hq, 4, 192, 128, NSA_DTYPE_BF16);
-            expect(cls, c, 1024, NSA_STAGE_SLC_ATTN, "slc_sm80_blk[rows64,bn64]");
+            expect(cls, c, 1024, NSA_STAGE_SLC_ATTN,
+                   cls == CLS_SM90 ? "slc_sm90_blk[rows64,bn64]" : "slc_sm80_blk[rows64,bn64]");
             Choice ch;
             char msg[256];
             CHECK(choose(class_limits(cls), c, 1024, Force{}, &ch, msg, sizeof msg) == NSA_SUCCESS && ch.slc_blk,

@@ -77,7 +77,7 @@ bool parse_target(const char *s, Cls device, Cls *out, char *msg, size_t msg_siz
 static const char *const k_names[K_COUNT] = {
     "-",           "compress_mean",   "compress_linear", "compress_copy", "attn_ref",        "attn_sm80",
     "attn_sm90",   "scores_ref",      "scores_sm80",     "scores_sm80_g16", "scores_sm80_kq", "scores_sm90_g16", "topn",
-    "slc_sm80",    "slc_sm80_g16",    "slc_sm80_blk",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_attn_sm80",   "bwd_attn_sm90",   "bwd_compress_mean",
+    "slc_sm80",    "slc_sm80_g16",    "slc_sm80_blk",    "slc_sm90_blk",    "combine",         "combine_in_win",  "bwd_attn_ref",    "bwd_attn_sm80",   "bwd_attn_sm90",   "bwd_compress_mean",
     "bwd_compress_linear", "bwd_store", "decode_append", "decode_append_one", "decode_split", "decode_sm80", "decode_sm80_wide",
     "decode_sm80_probs",
 };
@@ -113,7 +113,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     static const Kern cmp[] = {K_ATTN_REF, K_ATTN_SM80, K_ATTN_SM90};
     static const Kern sc[] = {K_SCORES_REF, K_SCORES_SM80, K_SCORES_SM80_G16, K_SCORES_SM80_KQ, K_SCORES_SM90_G16};
     static const Kern tn[] = {K_TOPN};
-    static const Kern slc[] = {K_ATTN_REF, K_SLC_SM80, K_SLC_SM80_G16, K_SLC_SM80_BLK};
+    static const Kern slc[] = {K_ATTN_REF, K_SLC_SM80, K_SLC_SM80_G16, K_SLC_SM80_BLK, K_SLC_SM90_BLK};
     static const Kern cb[] = {K_COMBINE, K_COMBINE_IN_WIN};
     static const Kern bwd[] = {K_BWD_ATTN_REF, K_BWD_ATTN_SM80, K_BWD_ATTN_SM90};
     static const Kern dec[] = {K_DECODE_SPLIT, K_DECODE_SM80, K_DECODE_SM80_WIDE, K_DECODE_SM80_PROBS};
@@ -124,7 +124,7 @@ static int stage_kernels(nsa_stage st, const Kern **out)
     case NSA_STAGE_BLOCK_SCORES:
     case NSA_STAGE_SCORES_TOPN: *out = sc; return 5;
     case NSA_STAGE_SELECT_TOPN: *out = tn; return 1;
-    case NSA_STAGE_SLC_ATTN: *out = slc; return 4;
+    case NSA_STAGE_SLC_ATTN: *out = slc; return 5;
     case NSA_STAGE_COMBINE: *out = cb; return 2;
     case NSA_STAGE_BWD_CMP_ATTN:
     case NSA_STAGE_BWD_SLC_ATTN:
@@ -264,6 +264,9 @@ bool takes(Kern k, nsa_stage st, const Limits &lim, const Shape &s, StageChoice 
     case K_SLC_SM80_BLK:
         return s.tc && slc_sm80_blk_takes(s.G, s.dqkp, s.dvp) &&
                (int64_t)slc_sm80_blk_smem(s.dqkp, s.dvp) <= s.limit;
+    case K_SLC_SM90_BLK:
+        return s.tc && lim.cls == CLS_SM90 && slc_sm90_blk_takes(s.G, s.dqkp, s.dvp) &&
+               (int64_t)slc_sm90_blk_smem(s.dqkp, s.dvp) <= s.limit;
     default: return false;
     }
 }
@@ -290,6 +293,7 @@ int preference(nsa_stage st, Kern *out)
     case NSA_STAGE_SELECT_TOPN: out[n++] = K_TOPN; break;
     case NSA_STAGE_SLC_ATTN:
         out[n++] = K_SLC_SM80_G16; /* G = 16: 128 rows share each fetch without partial states */
+        out[n++] = K_SLC_SM90_BLK;
         out[n++] = K_SLC_SM80_BLK;
         out[n++] = K_SLC_SM80;
         out[n++] = K_ATTN_REF;
@@ -307,12 +311,14 @@ const char *why_not(Kern k, const Limits &lim, const Shape &s)
     if (!s.tc && k != K_ATTN_REF && k != K_SCORES_REF)
         return s.dqkp == 0 ? "its heads are wider than the tensor-core kernels take (Dqk, Dv <= 256)"
                            : "the tensor-core kernels take f16 and bf16 inputs only";
-    if ((k == K_ATTN_SM90 || k == K_SCORES_SM90_G16) && lim.cls != CLS_SM90)
+    if ((k == K_ATTN_SM90 || k == K_SCORES_SM90_G16 || k == K_SLC_SM90_BLK) && lim.cls != CLS_SM90)
         return "it needs a device of class sm90 (wgmma and the TMA)";
     if ((k == K_SCORES_SM80_G16 || k == K_SCORES_SM90_G16) && s.G != 16) return "it needs G = 16";
     if (k == K_SCORES_SM80_KQ && !scores_sm80_kq_takes(s.G, s.dqkp)) return "it needs G < 16 and padded Dqk <= 192";
     if (k == K_SLC_SM80_BLK && !slc_sm80_blk_takes(s.G, s.dqkp, s.dvp))
         return "it needs G <= 64 and padded dims 32/32, 64/64, 128/128 or 192/128";
+    if (k == K_SLC_SM90_BLK && !slc_sm90_blk_takes(s.G, s.dqkp, s.dvp))
+        return "it needs G <= 64 and padded dims 64/64, 128/128 or 192/128";
     if (k == K_SLC_SM80_G16 && !slc_sm80_g16_takes(s.G, s.cfg->slc_block, s.cfg->num_selected, s.dqkp, s.dvp))
         return "it needs G = 16, l_s <= 64, 1 <= n <= 32 and padded dims 32/32, 64/64, 128/128 or 192/128";
     return "its tiles do not fit this class's shared memory, or it has no instance for these head dims";
@@ -416,7 +422,8 @@ nsa_status choose(const Limits &lim, const nsa_config &cfg, int64_t max_ns, cons
 
     StageChoice tmp;
     out->slc_unaligned = takes(K_SLC_SM80, NSA_STAGE_SLC_ATTN, lim, s, &tmp) ? K_SLC_SM80 : K_ATTN_REF;
-    out->slc_blk = cfg.num_selected > 0 && out->st[NSA_STAGE_SLC_ATTN].k == K_SLC_SM80_BLK;
+    out->slc_blk = cfg.num_selected > 0 && (out->st[NSA_STAGE_SLC_ATTN].k == K_SLC_SM80_BLK ||
+                                            out->st[NSA_STAGE_SLC_ATTN].k == K_SLC_SM90_BLK);
 
     const StageChoice &sc = out->st[NSA_STAGE_SCORES_TOPN];
     const bool sc_tc = cfg.num_selected > 0 && sc.k != K_SCORES_REF;
@@ -483,7 +490,8 @@ void describe(const StageChoice &c, nsa_stage stage, char *buf, size_t size)
         snprintf(buf, size, "%s%s", n, stage == NSA_STAGE_SCORES_TOPN ? "+topn" : "");
         break;
     case K_SLC_SM80_G16: snprintf(buf, size, "%s[%s,%dbuf]", n, c.slc.panel ? "panels" : "rows", c.slc.ns); break;
-    case K_SLC_SM80_BLK: snprintf(buf, size, "%s[rows%d,bn%d]", n, SBK_BM, SBK_KB); break;
+    case K_SLC_SM80_BLK:
+    case K_SLC_SM90_BLK: snprintf(buf, size, "%s[rows%d,bn%d]", n, SBK_BM, SBK_KB); break;
     case K_BWD_ATTN_SM80:
         snprintf(buf, size, "%s[rows%d,bn%d,keys%dx%d]", n, c.bwd_rows,
                  stage == NSA_STAGE_BWD_SLC_ATTN ? BWD_SLC_KC : BWD_ROWS_BN, BWD_KEYS_BN, BWD_KEYS_BM);

@@ -69,6 +69,7 @@ enum Kern {
     K_SLC_SM80,     /* one token x 16 heads per CTA */
     K_SLC_SM80_G16, /* 8 tokens x 16 heads per CTA sharing block fetches */
     K_SLC_SM80_BLK, /* block-major: the rows that selected a block share its fetch, partial states merged */
+    K_SLC_SM90_BLK, /* the same on wgmma (sm90) */
     K_COMBINE,
     K_COMBINE_IN_WIN, /* COMBINE done by the window kernel's epilogue */
     K_BWD_ATTN_REF,   /* backward of a branch: rows (dq) and keys (dk, dv) kernels, fp32 */
@@ -114,7 +115,7 @@ struct Choice {
     StageChoice st[NSA_STAGE_COUNT]; /* by nsa_stage; SCORES_TOPN and BLOCK_SCORES hold the same scores kernel */
     int dqkp, dvp;   /* padded head dims of the tensor-core kernels (0: none) */
     Kern slc_unaligned; /* selected branch where slc_sm80_g16 cannot load K/V (rows not 16-byte aligned) */
-    bool slc_blk;       /* SLC_ATTN runs slc_sm80_blk (its inverse map and partial states in plan memory) */
+    bool slc_blk;       /* SLC_ATTN runs slc_sm80_blk or slc_sm90_blk (inverse map, partial states in plan memory) */
     bool fused_topn; /* SCORES_TOPN ranks inside the scores kernel; else the backend's own scores rows + topn */
     bool tiles;      /* some kernel walks the plan's tile list */
     bool kc16;       /* some kernel reads the packed 16-bit compressed rows */

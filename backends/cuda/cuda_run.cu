@@ -248,10 +248,11 @@ nsa_status run_slc(const Run &r, char *ran, size_t ran_size)
         LAUNCH(slc_sm80_g16(r.g, r.c->dev, r.ch().slc, dqkp, dvp, q, k, v, idx, o, lse, z, r.s));
         break;
     case K_SLC_SM80: LAUNCH(slc_sm80(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, z, r.s)); break;
-    case K_SLC_SM80_BLK: {
+    case K_SLC_SM80_BLK:
+    case K_SLC_SM90_BLK: {
         SlcMap m = r.p->slc_map; /* the plan's buffers (run() writes their contents, not the record) */
-        LAUNCH(slc_sm80_blk(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, z, m, r.p->blk_pass, r.p->blk_o,
-                            r.p->blk_ml, r.s));
+        auto fn = kern == K_SLC_SM90_BLK ? slc_sm90_blk : slc_sm80_blk;
+        LAUNCH(fn(r.g, r.c->dev, dqkp, dvp, q, k, v, idx, o, lse, z, m, r.p->blk_pass, r.p->blk_o, r.p->blk_ml, r.s));
         break;
     }
     default: LAUNCH(attn_ref(r.g, 1, q, k, v, idx, o, lse, r.s, z)); break;

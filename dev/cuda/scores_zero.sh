@@ -1,6 +1,7 @@
 #!/bin/bash
-# dev/cuda/scores_zero.sh: one device call for the scores stage with its rows in plan memory (issue 14),
-# written for dev/cuda/scores_map_rounds_v1.patch and _v2.patch (base: 2acf3c8; v1, v2: the patches applied).
+# dev/cuda/scores_zero.sh: one device call comparing prebuilt trees of the forward's small-G stages (issue 14):
+# written for the scores map patches (dev/cuda/scores_map_rounds_v1.patch, _v2.patch), used since for the
+# block-major selected kernels (dev/cuda/slc_blk_prologue_v2.patch).
 # Takes prebuilt trees (an x86-64 build elsewhere, carried) named by TREES (default "base new"; the first is
 # the baseline), each .bench/<name> with tools/nsa, core/libnsa.so* and backends/cuda/libnsa_backend_cuda.so.xz
 # (nvcc_archs 90a). Then:
@@ -13,6 +14,9 @@
 #   sdpa    .bench/sdpa_baseline.py's cuDNN forward at the same shapes (issue 14's ratio);
 #   ncu     source counters (instructions executed and stall samples per SASS line) of NCU_KERNELS (default
 #           scores_sm80_kernel), last tree, 64k, NCU_SHAPES (default 32x8 4x4), as CSV under $OUT.
+#   ragged  small and ragged shapes (T < l_s, packed with empty and one-token sequences, G 3, 5, 7, 12, 64, l_s 128,
+#           64/32 dims): same, and nsa run's check against the cpu backend (every token) with each later tree;
+# A tree named dir@force runs .bench/dir with NSA_CUDA_FORCE=force.
 # Steps: STEPS (default "same check bench ncu"). QUICK=1: three same cases (64k 32 / 8 and 4 / 4, chunks), one
 # check, the bench at 32 / 8 and 4 / 4 only (a short call where device time is scarce).
 OUT=${OUT:-/tmp/nsa-out}; mkdir -p "$OUT"; SUM=$OUT/summary.txt; : > "$SUM"
@@ -23,13 +27,16 @@ full() { [ "${QUICK:-0}" != 1 ]; } # the long form
 SHAPES=${BENCH_SHAPES:-32x8 16x4 4x4}; full || SHAPES=${BENCH_SHAPES:-32x8 4x4} # Hq x Hkv, D 128
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$SUM"
 TREES=${TREES:-base new}; set -- $TREES; BASE=$1; shift; LATER="$*"; LAST=${TREES##* }
-for t in $TREES; do
-  xz -dkf .bench/$t/backends/cuda/libnsa_backend_cuda.so.xz || { note "$t: no module"; exit 1; }
+for t in $TREES; do t=${t%@*}
+  [ -f .bench/$t/backends/cuda/libnsa_backend_cuda.so ] || xz -dkf .bench/$t/backends/cuda/libnsa_backend_cuda.so.xz ||
+    { note "$t: no module"; exit 1; }
   mkdir -p /tmp/cache_$t
 done
-run_t() { # tree seconds args...: the tree's nsa with its module and kernel cache, under a time limit
-  local t=$1 to=$2; shift 2
-  NSA_BACKEND_PATH=$PWD/.bench/$t/backends/cuda NSA_CACHE_DIR=/tmp/cache_$t timeout $to .bench/$t/tools/nsa "$@"
+run_t() { # tree seconds args...: the tree's nsa with its module and kernel cache, under a time limit; a tree
+  # named dir@force runs .bench/dir with NSA_CUDA_FORCE=force
+  local t=${1%@*} f= to=$2; case $1 in *@*) f=${1#*@};; esac; shift 2
+  env ${f:+NSA_CUDA_FORCE=$f} NSA_BACKEND_PATH=$PWD/.bench/$t/backends/cuda NSA_CACHE_DIR=/tmp/cache_$t \
+    timeout $to .bench/$t/tools/nsa "$@"
 }
 same() { # label args...: each later tree's outputs against the first's, bitwise
   local l=$1; shift
@@ -54,6 +61,21 @@ if has same; then
   full && same 32x1-g32 --T 8000 --hq 32 --hkv 1 --dqk 128 --dv 128
   full && NSA_CUDA_SLC_PASS_MAX=20000000 same 8x4-slcpass --T 20000 --hq 8 --hkv 4 --dqk 128 --dv 128 --seqlens 5,12000,7995
   NSA_CUDA_SCORE_ROWS_MAX=3000000 same 4x4-chunks --T 30000 --hq 4 --hkv 4 --dqk 128 --dv 128 --seqlens 1,63,64,65,9000,20807
+fi
+if has ragged; then # small and ragged shapes: bitwise against the first tree, and against the cpu backend
+  RAG=("--T 40 --hq 12 --hkv 4 --dqk 128 --dv 128 --w 16"
+       "--seqlens 1,63,64,65,200,3000 --hq 20 --hkv 4"
+       "--seqlens 7,700,1500 --hq 48 --hkv 4 --dqk 64 --dv 64 --ls 128 --l 64 --d 32"
+       "--T 5000 --hq 2 --hkv 2 --dqk 128 --dv 128 --dtype f16"
+       "--seqlens 300,0,900,200 --hq 8 --hkv 2 --dqk 64 --dv 32 --w 0 --dtype f16"
+       "--T 3000 --hq 64 --hkv 1 --dqk 128 --dv 128"
+       "--seqlens 130,2000,5 --hq 28 --hkv 4 --dqk 192 --dv 128 --n 5 --n-local 1")
+  i=0; for a in "${RAG[@]}"; do i=$((i + 1))
+    same "rag$i" $a
+    for t in $LATER; do run_t $t 300 run --backend cuda $a --check-tokens 100000 > /tmp/chk.log 2>&1
+      note "[$(el)] check $t $a rc=$? $(grep -iE 'PASS|FAIL' /tmp/chk.log | head -2 | tr -s ' ' | cut -c1-160 | tr '\n' ' ')"
+      grep -o 'slc_sm[a-z_0-9]*\[[^]]*\]' /tmp/chk.log | sort -u | paste -sd' ' | tee -a "$SUM"; done
+  done
 fi
 if has check; then
   chk() { for t in $LATER; do run_t $t 300 run --backend cuda "$@" > /tmp/chk.log 2>&1

@@ -143,18 +143,7 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
     /* online softmax of tile kt in s (masked, row maxima mx), then
      * O += P V queued */
     auto issue_pv = [&](float(&s)[BN / 8][4], int buf) {
-        const uint64_t vd = sw128_desc(smem_u32(sV + buf * VB), BN * 128);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t a[4];
-            a[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            wg_rs<T, DV>(oacc, a, desc_at(vd, kk * 16 * 128));
-        }
-        wg_commit();
+        wg_pv<T, DV, BN>(oacc, s, sw128_desc(smem_u32(sV + buf * VB), BN * 128));
     };
     auto softmax_pv = [&](float(&s)[BN / 8][4], float(&mx)[2], int buf) {
         warp_softmax_step(s, mx, m, ls, oacc, sl);

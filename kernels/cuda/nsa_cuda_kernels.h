@@ -194,6 +194,11 @@ cudaError_t slc_map_build(const Geom &g, View idx, SlcMap &m, int64_t t0, int64_
 cudaError_t slc_sm80_blk(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
                          MView lse, const SlcSum &z, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml,
                          cudaStream_t s);
+/* slc_sm90_blk.cu: slc_sm80_blk on wgmma (sm90a; slc_sm90_blk_takes), the same
+ * arguments, passes and partial states. */
+cudaError_t slc_sm90_blk(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
+                         MView lse, const SlcSum &z, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml,
+                         cudaStream_t s);
 /* mode 0 compressed (k, v = f32 kc, vc; dk, dv = the dkc, dvc accumulators),
  * 1 selected (map: the inverse map, built), 2 window: adds to dq (may be
  * absent), dk, dv (f32 accumulators). */

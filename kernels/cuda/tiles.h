@@ -368,6 +368,17 @@ inline bool slc_sm80_blk_takes(int64_t G, int dqkp, int dvp)
 {
     return G >= 1 && G <= SBK_BM && dvp <= 128 && attn_sm80_takes(dqkp, dvp);
 }
+/* slc_sm90_blk (the sm90 class): slc_sm80_blk's CTAs with both products on one
+ * warpgroup's wgmma, Q and the K/V tile in 128-byte-swizzled panels (1 KB for
+ * their alignment): 50 KB at 128/128, four CTAs per SM; 66 KB at 192/128. */
+constexpr size_t slc_sm90_blk_smem(int dqkp, int dvp)
+{
+    return 1024 + 2 * ((size_t)(SBK_BM + SBK_KB) * dqkp + (size_t)SBK_KB * dvp);
+}
+inline bool slc_sm90_blk_takes(int64_t G, int dqkp, int dvp)
+{
+    return G >= 1 && G <= SBK_BM && attn_sm90_takes(dqkp, dvp);
+}
 /* Partial states of one pass (o_s / l_s in the 16-bit dtype, DV' columns, and
  * fp32 m, l per (token, head, slot): sbk_state_bytes(DV')) take at most
  * max_bytes of plan memory (default SBK_PASS_BYTES, NSA_CUDA_SLC_PASS_MAX); a

@@ -187,6 +187,26 @@ template <typename T, int N> NSA_DEV void wg_rs(float (&d)[N / 8][4], const uint
         Wg<T>::rs128(d, a, db);
 }
 
+/* O += P V over NK keys: P from the registers that hold S (rounded to T, the
+ * A fragments of one k16 step per pair of 8-key columns), V from shared
+ * memory (vd: its MN-major descriptor, 16 keys = 16 rows of 128 bytes per
+ * step), queued as one wgmma group. */
+template <typename T, int DV, int NK>
+NSA_DEV void wg_pv(float (&o)[DV / 8][4], const float (&s)[NK / 8][4], uint64_t vd)
+{
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < NK / 16; kk++) {
+        uint32_t a[4];
+        a[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        wg_rs<T, DV>(o, a, desc_at(vd, kk * 16 * 128));
+    }
+    wg_commit();
+}
+
 } // namespace nsa_cuda
 
 #endif

@@ -1,0 +1,244 @@
+/*
+ * slc_blk.cuh -- what the block-major selected kernels share (slc_sm80_blk.cu
+ * on mma.sync, every class; slc_sm90_blk.cu on wgmma, the sm90 class): a CTA's
+ * entries of the sorted inverse map and their keys, its runs, the partial
+ * states' stores, the reduce kernel that merges a row's slots, and the host
+ * loop over passes. The algorithm is described in slc_sm80_blk.cu.
+ */
+#ifndef NSA_KERNELS_CUDA_SLC_BLK_CUH
+#define NSA_KERNELS_CUDA_SLC_BLK_CUH
+
+#include "tile_qk.cuh"
+
+namespace nsa_cuda {
+
+/* Per entry of the CTA: its segment (-1: none), token, partial row of its
+ * first head, first key row of its block (in k / v), keys it may see, first
+ * head. */
+struct BlkEnt {
+    int seg[SBK_BM];
+    int64_t tok[SBK_BM], pr[SBK_BM], kb[SBK_BM];
+    int nk[SBK_BM], head0[SBK_BM];
+};
+
+/* Thread tid (< E) reads entry e of the sorted map: its segment, and from the
+ * entry's value alone its token, KV head and slot (so that the Q rows' copies
+ * can start before the chain entry -> token's sequence -> key base is read). */
+NSA_DEV void blk_entry(BlkEnt &se, const Geom &g, int64_t t0, int64_t e, int64_t nent, int sentinel, const int *seg,
+                       const int *ent, int tid, int64_t &et, int64_t &egi, int64_t &eslot)
+{
+    int sg = -1;
+    if (e < nent) {
+        sg = seg[e];
+        if (sg == sentinel) sg = -1;
+    }
+    se.seg[tid] = sg;
+    if (sg >= 0) {
+        const uint32_t val = (uint32_t)ent[e], n = (uint32_t)g.n, hkv = (uint32_t)g.Hkv; /* < 2^31 a pass */
+        const uint32_t q1 = val / n, tt = q1 / hkv;
+        eslot = val - q1 * n;
+        egi = q1 - tt * hkv;
+        et = t0 + tt;
+        se.tok[tid] = et;
+        se.head0[tid] = (int)(egi * g.G);
+        se.pr[tid] = ((int64_t)tt * g.Hq + egi * g.G) * g.n + eslot;
+    }
+}
+
+/* The Q row r of the CTA's rows (entry-major, head fastest): its offset in q, -1 where absent. */
+NSA_DEV int64_t blk_qrow(const BlkEnt &se, int G, int rows, int r, int64_t qst, int64_t qsh)
+{
+    const int i = r / G;
+    return r < rows && se.seg[i] >= 0 ? se.tok[i] * qst + (se.head0[i] + r % G) * qsh : -1;
+}
+
+/* Thread tid's eligible entry: its block's first key row and the keys its token may see. */
+NSA_DEV void blk_entry_keys(BlkEnt &se, const Geom &g, const int *idx, int64_t ist, int64_t ish, int tid, int64_t et,
+                            int64_t egi, int64_t eslot)
+{
+    const int64_t s0 = g.cu_seqlens[g.tok_seq[et]], tl = et - s0;
+    const int64_t j = idx[et * ist + egi * ish + eslot];
+    se.kb[tid] = s0 + j * g.ls;
+    se.nk[tid] = (int)nsa_min64(g.ls, tl - j * g.ls + 1);
+}
+
+/* The end of the run that starts at entry i0 (entries of one block, consecutive): [i0, end). */
+NSA_DEV int blk_run_end(const BlkEnt &se, int i0, int E)
+{
+    const int sg = se.seg[i0];
+    int i1 = i0 + 1;
+    while (i1 < E && se.seg[i1] == sg) i1++;
+    return i1;
+}
+
+/* Rows [ks, ks + cnt) (cnt <= SBK_KB) of a block starting at key row kb, of KV
+ * head gi: K row r to dk(r, c), V row r to dv(r, c) (16-byte chunk c), the
+ * tile's other rows zero. */
+template <typename T, int DQK, int DV, typename DstK, typename DstV>
+NSA_DEV void blk_load_kv(const Geom &g, int64_t gi, int64_t kb, int cnt, DstK dk, DstV dv, const T *k, int64_t kst,
+                         int64_t ksh, const T *v, int64_t vst, int64_t vsh, bool kvvec)
+{
+    constexpr int KB = SBK_KB, NT = SBK_THREADS;
+    const T *kg = k + gi * ksh, *vg = v + gi * vsh;
+    if (kvvec) { /* the launcher checked alignment and rs32_ok */
+        load_rows_vec_to<T, KB, DQK, NT>(dk, kg + kb * kst, (int)kst, cnt, (int)g.Dqk);
+        load_rows_vec_to<T, KB, DV, NT>(dv, vg + kb * vst, (int)vst, cnt, (int)g.Dv);
+    } else {
+        load_tile_to<T, KB, DQK, NT>(dk, kg, g.Dqk, false, [&](int r) -> int64_t { return r < cnt ? (kb + r) * kst : -1; });
+        load_tile_to<T, KB, DV, NT>(dv, vg, g.Dv, false, [&](int r) -> int64_t { return r < cnt ? (kb + r) * vst : -1; });
+    }
+}
+
+/* The thread's scores of a tile (keys ks + ...; the MMA's accumulator layout)
+ * masked to the keys its two rows may see (vis), and their maxima. */
+template <int NJ>
+NSA_DEV void blk_mask(float (&s)[NJ][4], const int (&vis)[2], int ks, int lane, float (&mx)[2])
+{
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = ks + j * 8 + 2 * (lane & 3) + (e & 1);
+            const float x = key < vis[e >> 1] ? s[j][e] : -INFINITY;
+            s[j][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+}
+
+/* The warp's two rows per thread of a run (vis[i] > 0: row i of the thread
+ * belongs to it): their row sums completed over the quad, then o / l in the
+ * dtype and (m, l) stored as the partial state of (token, head, slot). */
+template <typename T, int DV>
+NSA_DEV void blk_store_states(const BlkEnt &se, const Geom &g, int warp, int lane, const int (&rent)[2],
+                              const int (&vis)[2], float (&oacc)[DV / 8][4], const float (&m)[2], float (&ls)[2],
+                              T *part_o, float2 *part_ml)
+{
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
+        ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
+        if (vis[i] == 0) continue;
+        const int r = warp * 16 + (lane >> 2) + 8 * i;
+        const int64_t pr = se.pr[rent[i]] + (int64_t)(r % (int)g.G) * g.n;
+        const float inv = ls[i] > 0.f ? 1.f / ls[i] : 0.f;
+        T *dst = part_o + pr * DV;
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            const int col = j * 8 + 2 * (lane & 3);
+            *reinterpret_cast<uint32_t *>(dst + col) = Mma<T>::pack(oacc[j][2 * i] * inv, oacc[j][2 * i + 1] * inv);
+        }
+        if ((lane & 3) == 0) part_ml[pr] = make_float2(m[i], ls[i]);
+    }
+}
+
+/* One warp per (token, query head) of the pass: the slots' partial states
+ * merged in slot order. The lanes fetch the slots' indices and (m, l) at once;
+ * the sums then run over the slots in order (L, and each column's o). */
+constexpr int SBK_RED_WARPS = 4;
+template <typename T, int DV>
+__global__ void __launch_bounds__(SBK_RED_WARPS * 32)
+    slc_blk_reduce_kernel(const Geom g, int64_t t0, int64_t t1, const int *idx, int64_t ist, int64_t ish,
+                          const T *part_o, const float2 *part_ml, float *o, int64_t ost, int64_t osh, float *lse,
+                          int64_t lst, int64_t lsh, const SlcSum z)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * SBK_RED_WARPS + warp;
+    if (row >= (t1 - t0) * g.Hq) return;
+    const int64_t tt = row / g.Hq, h = row % g.Hq, t = t0 + tt, gi = h / g.G;
+    const int64_t tl = t - g.cu_seqlens[g.tok_seq[t]];
+    const int *ir = idx + t * ist + gi * ish;
+    const int64_t pr0 = row * g.n;
+    auto eligible = [&](int64_t s) {
+        if (s >= g.n) return false;
+        const int64_t j = ir[s];
+        return j >= 0 && j * g.ls <= tl;
+    };
+    float M = -INFINITY;
+    for (int64_t s0 = 0; s0 < g.n; s0 += 32)
+        if (eligible(s0 + lane)) M = fmaxf(M, part_ml[pr0 + s0 + lane].x);
+    for (int o2 = 16; o2 > 0; o2 >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o2));
+    const float Mu = M == -INFINITY ? 0.f : M;
+    float L = 0.f;
+    constexpr int NC = (DV + 127) / 128; /* float4 column groups per lane */
+    float4 acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t s0 = 0; s0 < g.n; s0 += 32) {
+        const bool ok = eligible(s0 + lane);
+        float fl = 0.f;
+        if (ok) {
+            const float2 ml = part_ml[pr0 + s0 + lane];
+            fl = ml.y * exp2f(ml.x - Mu);
+        }
+        const unsigned okm = __ballot_sync(0xffffffffu, ok);
+        const int cnt = (int)nsa_min64(32, g.n - s0);
+#pragma unroll 4
+        for (int u = 0; u < cnt; u++) {
+            const float flu = __shfl_sync(0xffffffffu, fl, u); /* the slot's weight 2^(m_s - M) l_s */
+            if (!((okm >> u) & 1u)) continue;
+            L += flu;
+            const T *src = part_o + (pr0 + s0 + u) * DV;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const int col = c * 128 + 4 * lane;
+                if (col < DV) {
+                    const uint2 x = __ldcs(reinterpret_cast<const uint2 *>(src + col)); /* read once: streaming */
+                    const T *e = reinterpret_cast<const T *>(&x);
+                    acc[c].x += flu * to_f(e[0]);
+                    acc[c].y += flu * to_f(e[1]);
+                    acc[c].z += flu * to_f(e[2]);
+                    acc[c].w += flu * to_f(e[3]);
+                }
+            }
+        }
+    }
+    const float inv = L != 0.f ? 1.0f / L : 0.f;
+    float *orow = o + t * ost + h * osh;
+    const float2 gw = slc_sum_gates(z, t, h);
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        const int col = c * 128 + 4 * lane;
+        const float r[4] = {acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv};
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (col + u < g.Dv) slc_store(z, gw, orow + col + u, r[u]);
+    }
+    if (lse && lane == 0) lse[t * lst + h * lsh] = L != 0.f ? (M + log2f(L)) * NSA_LN2 : -INFINITY;
+}
+
+/* A block-major launch: per pass of tokens [t0, t1), the pass's map built,
+ * the attention kernel kern (slc_blk_kernel or slc_blk_sm90_kernel) over its
+ * sorted entries in CTAs of SBK_BM / G, then the reduce into o and lse. */
+template <typename T, int DV, typename Kernel>
+static cudaError_t blk_launch(Kernel kern, size_t smem, const Dev &dev, const Geom &g, View q, View k, View v, View idx,
+                              MView o, MView lse, const SlcSum &z, SlcMap &map, int64_t pass_tokens, void *part_o,
+                              float *part_ml, cudaStream_t s)
+{
+    static_assert(sizeof(T) == 2, "tensor-core path: 16-bit storage");
+    cudaError_t e = launch_smem(kern, dev, smem);
+    if (e != cudaSuccess) return e;
+    const bool qvec = vec_ok(q.p, q.st, q.sh, g.Dqk);
+    const bool kvvec = vec_ok(k.p, k.st, k.sh, g.Dqk) && vec_ok(v.p, v.st, v.sh, g.Dv) && rs32_ok(k.st, SBK_KB) &&
+                       rs32_ok(v.st, SBK_KB);
+    const int E = (int)(SBK_BM / g.G);
+    const int sentinel = (int)(g.Hkv * map.nb);
+    for (int64_t t0 = 0; t0 < g.T; t0 += pass_tokens) {
+        const int64_t t1 = nsa_min64(g.T, t0 + pass_tokens), nent = (t1 - t0) * g.Hkv * g.n;
+        if ((e = slc_map_build(g, idx, map, t0, t1, true, s)) != cudaSuccess) return e;
+        kern<<<(unsigned)((nent + E - 1) / E), SBK_THREADS, smem, s>>>(
+            g, t0, nent, sentinel, map.seg_out, map.list_out, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh,
+            (const T *)v.p, v.st, v.sh, qvec, kvvec, (const int *)idx.p, idx.st, idx.sh, (T *)part_o, (float2 *)part_ml);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        const int64_t rows = (t1 - t0) * g.Hq;
+        slc_blk_reduce_kernel<T, DV><<<(unsigned)((rows + SBK_RED_WARPS - 1) / SBK_RED_WARPS), SBK_RED_WARPS * 32, 0, s>>>(
+            g, t0, t1, (const int *)idx.p, idx.st, idx.sh, (const T *)part_o, (const float2 *)part_ml, (float *)o.p, o.st, o.sh,
+            (float *)lse.p, lse.st, lse.sh, z);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+} // namespace nsa_cuda
+
+#endif
