@@ -12,19 +12,25 @@
 
 namespace nsa_cuda {
 
-/* Per entry of the CTA: its segment (-1: none), token, partial row of its
- * first head, first key row of its block (in k / v), keys it may see, first
- * head. */
+/* Per entry of the CTA, in shared memory: its segment (-1: none), token,
+ * partial row of its first head, first key row of its block (in k / v), keys
+ * it may see, first head. A view of separate arrays (NSA_BLK_ENTRIES), not one
+ * shared struct: the struct costs slc_blk_kernel 60 bytes of register spills
+ * at 128/128 (ptxas, sm_90a). */
 struct BlkEnt {
-    int seg[SBK_BM];
-    int64_t tok[SBK_BM], pr[SBK_BM], kb[SBK_BM];
-    int nk[SBK_BM], head0[SBK_BM];
+    int *seg;
+    int64_t *tok, *pr, *kb;
+    int *nk, *head0;
 };
+#define NSA_BLK_ENTRIES(se)                                                                                    \
+    __shared__ int se##_seg[SBK_BM], se##_nk[SBK_BM], se##_head0[SBK_BM];                                    \
+    __shared__ int64_t se##_tok[SBK_BM], se##_pr[SBK_BM], se##_kb[SBK_BM];                                   \
+    const BlkEnt se = {se##_seg, se##_tok, se##_pr, se##_kb, se##_nk, se##_head0}
 
 /* Thread tid (< E) reads entry e of the sorted map: its segment, and from the
  * entry's value alone its token, KV head and slot (so that the Q rows' copies
  * can start before the chain entry -> token's sequence -> key base is read). */
-NSA_DEV void blk_entry(BlkEnt &se, const Geom &g, int64_t t0, int64_t e, int64_t nent, int sentinel, const int *seg,
+NSA_DEV void blk_entry(const BlkEnt &se, const Geom &g, int64_t t0, int64_t e, int64_t nent, int sentinel, const int *seg,
                        const int *ent, int tid, int64_t &et, int64_t &egi, int64_t &eslot)
 {
     int sg = -1;
@@ -53,7 +59,7 @@ NSA_DEV int64_t blk_qrow(const BlkEnt &se, int G, int rows, int r, int64_t qst, 
 }
 
 /* Thread tid's eligible entry: its block's first key row and the keys its token may see. */
-NSA_DEV void blk_entry_keys(BlkEnt &se, const Geom &g, const int *idx, int64_t ist, int64_t ish, int tid, int64_t et,
+NSA_DEV void blk_entry_keys(const BlkEnt &se, const Geom &g, const int *idx, int64_t ist, int64_t ish, int tid, int64_t et,
                             int64_t egi, int64_t eslot)
 {
     const int64_t s0 = g.cu_seqlens[g.tok_seq[et]], tl = et - s0;

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(SBK_THREADS, SBK_MIN_CTAS)
     T *sQ = (T *)smem_raw;
     T *sK = sQ + BM * SQ;
     T *sV = sK + KB * SQ;
-    __shared__ BlkEnt se;
+    NSA_BLK_ENTRIES(se);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = (int)g.G, E = BM / G, rows = E * G;

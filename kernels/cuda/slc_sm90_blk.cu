@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(SBK_THREADS, SBK_MIN_CTAS)
     unsigned char *const sQ = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     unsigned char *const sK = sQ + QB;
     unsigned char *const sV = sK + KBY;
-    __shared__ BlkEnt se;
+    NSA_BLK_ENTRIES(se);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = (int)g.G, E = BM / G, rows = E * G;
