@@ -129,16 +129,7 @@ __global__ void __launch_bounds__(TC_THREADS, MINB)
     };
     /* S = Q K^T of tile kt (buffer buf), queued as one wgmma group */
     auto issue_qk = [&](float(&s)[BN / 8][4], int buf) {
-        const uint64_t kd = sw128_desc(smem_u32(sK + buf * KB), 16);
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < DQK / 16; kk++) {
-            const uint32_t off = (kk & 3) * 32; /* 16 dims into the 128-byte row */
-            wg_ss<T, BN>(s, desc_at(qd, (kk >> 2) * BM * 128 + off), desc_at(kd, (kk >> 2) * BN * 128 + off), kk > 0);
-        }
-        wg_commit();
+        wg_qk<T, BN, DQK, BM>(s, qd, sw128_desc(smem_u32(sK + buf * KB), 16));
     };
     /* online softmax of tile kt in s (masked, row maxima mx), then
      * O += P V queued */

@@ -88,16 +88,7 @@ __global__ void __launch_bounds__(SBK_THREADS, SBK_MIN_CTAS)
             fence_async_smem();
             __syncthreads();
             float s[KB / 8][4];
-#pragma unroll
-            for (int j = 0; j < KB / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < DQK / 16; kk++) {
-                const uint32_t off = (kk & 3) * 32; /* 16 dims into the 128-byte row */
-                wg_ss<T, KB>(s, desc_at(qd, (kk >> 2) * BM * 128 + off), desc_at(kd, (kk >> 2) * KB * 128 + off),
-                             kk > 0);
-            }
-            wg_commit();
+            wg_qk<T, KB, DQK, BM>(s, qd, kd);
             wg_wait<0>();
             wg_hold(s);
             float mx[2];

@@ -187,6 +187,23 @@ template <typename T, int N> NSA_DEV void wg_rs(float (&d)[N / 8][4], const uint
         Wg<T>::rs128(d, a, db);
 }
 
+/* S = Q K^T over DQK dims, queued as one wgmma group: Q and K both K-major in
+ * 128-byte-swizzled panels of 64 dims (qd, kd: their descriptors; QROWS, N
+ * rows a panel), one m64nNk16 per 16 dims. */
+template <typename T, int N, int DQK, int QROWS>
+NSA_DEV void wg_qk(float (&s)[N / 8][4], uint64_t qd, uint64_t kd)
+{
+#pragma unroll
+    for (int j = 0; j < N / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; kk++) {
+        const uint32_t off = (kk & 3) * 32; /* 16 dims into the 128-byte row */
+        wg_ss<T, N>(s, desc_at(qd, (kk >> 2) * QROWS * 128 + off), desc_at(kd, (kk >> 2) * N * 128 + off), kk > 0);
+    }
+    wg_commit();
+}
+
 /* O += P V over NK keys: P from the registers that hold S (rounded to T, the
  * A fragments of one k16 step per pair of 8-key columns), V from shared
  * memory (vd: its MN-major descriptor, 16 keys = 16 rows of 128 bytes per
