@@ -7,7 +7,9 @@
 # WIN_COMBINE; NSA_CUDA_FORCE=combine:combine keeps every branch's output in the
 # workspace and runs the combine kernel. Each case runs both and compares
 # o.npy and the LSEs byte for byte, over each selected kernel (slc_sm80_g16 at
-# G = 16, slc_sm80_blk below it, slc_sm80 forced, the reference at f32), a
+# G = 16, the block-major kernels below it: slc_sm90_blk on the sm90 class where
+# the padded dims are 64/64, 128/128 or 192/128, slc_sm80_blk otherwise;
+# slc_sm80 forced, the reference at f32), a
 # packed batch without the window branch (the combine kernel resumes from the
 # fused sum) and the sm80 class. Exits 77 (skipped) where no CUDA device is.
 set -u
@@ -23,8 +25,8 @@ common=(--backend cuda --iters 1 --warmup 0)
 # NAME|extra environment (or -)|nsa run flags
 cases=(
   "G 16 slc_sm80_g16 (NSA_CUDA_SLC_COMBINE=1), Dqk 192|NSA_CUDA_SLC_COMBINE=1|--T 3000 --hq 32 --hkv 2 --dqk 192 --dv 128 --seqlens 1000,0,2000"
-  "G 7 slc_sm80_blk|-|--T 2500 --hq 28 --hkv 4 --dqk 128 --dv 128 --seqlens 700,1800"
-  "G 4 slc_sm80_blk f16, no window, packed|-|--T 1400 --hq 8 --hkv 2 --dqk 64 --dv 32 --w 0 --dtype f16 --seqlens 300,0,900,200"
+  "G 7 block-major (slc_sm90_blk on sm90)|-|--T 2500 --hq 28 --hkv 4 --dqk 128 --dv 128 --seqlens 700,1800"
+  "G 4 slc_sm80_blk (dims 64/32) f16, no window, packed|-|--T 1400 --hq 8 --hkv 2 --dqk 64 --dv 32 --w 0 --dtype f16 --seqlens 300,0,900,200"
   "G 4 slc_sm80 forced|NSA_CUDA_FORCE=slc_attn:slc_sm80|--T 1200 --hq 16 --hkv 4 --dqk 128 --dv 64 --seqlens 500,700"
   "f32 (reference kernels)|-|--T 700 --hq 8 --hkv 2 --dqk 32 --dv 48 --dtype f32 --seqlens 200,500"
   "sm80 class, G 8|NSA_CUDA_TARGET=sm80|--T 2100 --hq 16 --hkv 2 --dqk 128 --dv 128"

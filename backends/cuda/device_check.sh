@@ -42,9 +42,10 @@
 #            BASE_ROUNDS times (default 2), for the ';'-separated nsa flags of BASE_SHAPES
 #            (default D 128, Dqk 192, and G = 4 at D 128), per class in BASE_CLASSES (sm90)
 #   sdpa     tools/dense_baseline.py: PyTorch's cuDNN and FlashAttention-2 dense causal attention, 64k
-#   slcpass  slc_sm80_blk in passes (NSA_CUDA_SLC_PASS_MAX): small corpus; T = 8192, G = 4 bitwise as one pass
+#   slcpass  the block-major kernel (slc_sm90_blk on sm90, else slc_sm80_blk) in passes (NSA_CUDA_SLC_PASS_MAX):
+#            small corpus; T = 8192, G = 4 bitwise as one pass
 #   gpucorpus the gpu corpus (model sizes, G 1..16, T up to 8192) per class in GPU_CLASSES (sm90 sm80), GPU_MODES
-#   slcncu   ncu: slc_sm80_blk's kernels (map build, sort, attention, reduce) at 64k, G = 4, time per kernel name
+#   slcncu   ncu: the block-major kernels (map build, sort, attention, reduce) at 64k, G = 4, time per kernel name
 #   bwdncu   ncu: the backward's rows / keys kernels (BWDNCU_REGEX) at 64k per Dqk (BWDNCU_DQK), default and under
 #            each NSA_CUDA_FORCE of BWDNCU_FORCES, time per kernel name (not in the default)
 #   groups   nsa bench per GQA shape (GROUP_SHAPES "hq hkv dqk;..."; GROUP_T) with the 64k profile, also with
@@ -339,7 +340,7 @@ if has bwdbench; then # the backward per stage (NSA_CUDA_PROFILE) and in total a
     fi
   done; done; done
 fi
-if has slcpass; then # slc_sm80_blk in passes (NSA_CUDA_SLC_PASS_MAX): the small corpus, and bitwise the one-pass result
+if has slcpass; then # the block-major kernel in passes (NSA_CUDA_SLC_PASS_MAX): the small corpus, and bitwise the one-pass result
   NSA_CUDA_SLC_PASS_MAX=200000 timeout 200 $B/tests/test_oracle cuda f16,bf16,fixed small > /tmp/sp.log 2>&1
   rc=$?; note "[$(el)] parity-cuda small corpus, NSA_CUDA_SLC_PASS_MAX=200000: rc=$rc $(grep -cE '^FAIL|:F:' /tmp/sp.log) failures, $(grep -hE '^parity-cuda' /tmp/sp.log | grep -oE '[0-9]+ passed' | tr '\n' ' ')"
   grep -E "^FAIL|:F:" -A1 /tmp/sp.log | head -4 | tee -a "$SUM"
@@ -361,7 +362,7 @@ if has gpucorpus; then # the gpu corpus (tests/common/corpus.c: model sizes, G =
     grep -E "^parity-cuda|:F:" "$OUT/gpucorpus_$cls.log" | head -6 | tee -a "$SUM"
   done
 fi
-if has slcncu; then # slc_sm80_blk's kernels at 64k, G = 4 (Hq 32, Hkv 8): time per kernel name summed over the passes
+if has slcncu; then # the block-major kernels at 64k, G = 4 (Hq 32, Hkv 8): time per kernel name summed over the passes
   timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:'slc_blk|slc_map|Radix|Scan' \
     $NSA run --backend cuda --T 65536 --hq 32 --hkv 8 --dqk 128 --dv 128 --iters 1 --warmup 0 --check-tokens 0 \
     > "$OUT/slcncu.log" 2>&1
