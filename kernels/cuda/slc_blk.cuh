@@ -2,8 +2,9 @@
  * slc_blk.cuh -- what the block-major selected kernels share (slc_sm80_blk.cu
  * on mma.sync, every class; slc_sm90_blk.cu on wgmma, the sm90 class): a CTA's
  * entries of the sorted inverse map and their keys, its runs, the partial
- * states' stores, the reduce kernel that merges a row's slots, and the host
- * loop over passes. The algorithm is described in slc_sm80_blk.cu.
+ * states' stores, and the host loop over passes (its reduce, slc_blk_reduce,
+ * is compiled once, in slc_sm80_blk.cu). The algorithm is described in
+ * slc_sm80_blk.cu.
  */
 #ifndef NSA_KERNELS_CUDA_SLC_BLK_CUH
 #define NSA_KERNELS_CUDA_SLC_BLK_CUH
@@ -138,80 +139,11 @@ NSA_DEV void blk_store_states(const BlkEnt &se, const Geom &g, int warp, int lan
     }
 }
 
-/* One warp per (token, query head) of the pass: the slots' partial states
- * merged in slot order. The lanes fetch the slots' indices and (m, l) at once;
- * the sums then run over the slots in order (L, and each column's o). */
-constexpr int SBK_RED_WARPS = 4;
-template <typename T, int DV>
-__global__ void __launch_bounds__(SBK_RED_WARPS * 32)
-    slc_blk_reduce_kernel(const Geom g, int64_t t0, int64_t t1, const int *idx, int64_t ist, int64_t ish,
-                          const T *part_o, const float2 *part_ml, float *o, int64_t ost, int64_t osh, float *lse,
-                          int64_t lst, int64_t lsh, const SlcSum z)
-{
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * SBK_RED_WARPS + warp;
-    if (row >= (t1 - t0) * g.Hq) return;
-    const int64_t tt = row / g.Hq, h = row % g.Hq, t = t0 + tt, gi = h / g.G;
-    const int64_t tl = t - g.cu_seqlens[g.tok_seq[t]];
-    const int *ir = idx + t * ist + gi * ish;
-    const int64_t pr0 = row * g.n;
-    auto eligible = [&](int64_t s) {
-        if (s >= g.n) return false;
-        const int64_t j = ir[s];
-        return j >= 0 && j * g.ls <= tl;
-    };
-    float M = -INFINITY;
-    for (int64_t s0 = 0; s0 < g.n; s0 += 32)
-        if (eligible(s0 + lane)) M = fmaxf(M, part_ml[pr0 + s0 + lane].x);
-    for (int o2 = 16; o2 > 0; o2 >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o2));
-    const float Mu = M == -INFINITY ? 0.f : M;
-    float L = 0.f;
-    constexpr int NC = (DV + 127) / 128; /* float4 column groups per lane */
-    float4 acc[NC];
-#pragma unroll
-    for (int c = 0; c < NC; c++) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int64_t s0 = 0; s0 < g.n; s0 += 32) {
-        const bool ok = eligible(s0 + lane);
-        float fl = 0.f;
-        if (ok) {
-            const float2 ml = part_ml[pr0 + s0 + lane];
-            fl = ml.y * exp2f(ml.x - Mu);
-        }
-        const unsigned okm = __ballot_sync(0xffffffffu, ok);
-        const int cnt = (int)nsa_min64(32, g.n - s0);
-#pragma unroll 4
-        for (int u = 0; u < cnt; u++) {
-            const float flu = __shfl_sync(0xffffffffu, fl, u); /* the slot's weight 2^(m_s - M) l_s */
-            if (!((okm >> u) & 1u)) continue;
-            L += flu;
-            const T *src = part_o + (pr0 + s0 + u) * DV;
-#pragma unroll
-            for (int c = 0; c < NC; c++) {
-                const int col = c * 128 + 4 * lane;
-                if (col < DV) {
-                    const uint2 x = __ldcs(reinterpret_cast<const uint2 *>(src + col)); /* read once: streaming */
-                    const T *e = reinterpret_cast<const T *>(&x);
-                    acc[c].x += flu * to_f(e[0]);
-                    acc[c].y += flu * to_f(e[1]);
-                    acc[c].z += flu * to_f(e[2]);
-                    acc[c].w += flu * to_f(e[3]);
-                }
-            }
-        }
-    }
-    const float inv = L != 0.f ? 1.0f / L : 0.f;
-    float *orow = o + t * ost + h * osh;
-    const float2 gw = slc_sum_gates(z, t, h);
-#pragma unroll
-    for (int c = 0; c < NC; c++) {
-        const int col = c * 128 + 4 * lane;
-        const float r[4] = {acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv};
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (col + u < g.Dv) slc_store(z, gw, orow + col + u, r[u]);
-    }
-    if (lse && lane == 0) lse[t * lst + h * lsh] = L != 0.f ? (M + log2f(L)) * NSA_LN2 : -INFINITY;
-}
+/* slc_sm80_blk.cu: the pass's reduce, one warp per (token, query head) of
+ * tokens [t0, t1) merging its slots' partial states (dvp: their columns) into
+ * o and lse; both block-major kernels launch it. */
+cudaError_t slc_blk_reduce(const Geom &g, int dvp, int64_t t0, int64_t t1, View idx, const void *part_o,
+                           const float *part_ml, MView o, MView lse, const SlcSum &z, cudaStream_t s);
 
 /* A block-major launch: per pass of tokens [t0, t1), the pass's map built,
  * the attention kernel kern (slc_blk_kernel or slc_blk_sm90_kernel) over its
@@ -236,11 +168,7 @@ static cudaError_t blk_launch(Kernel kern, size_t smem, const Dev &dev, const Ge
             g, t0, nent, sentinel, map.seg_out, map.list_out, (const T *)q.p, q.st, q.sh, (const T *)k.p, k.st, k.sh,
             (const T *)v.p, v.st, v.sh, qvec, kvvec, (const int *)idx.p, idx.st, idx.sh, (T *)part_o, (float2 *)part_ml);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        const int64_t rows = (t1 - t0) * g.Hq;
-        slc_blk_reduce_kernel<T, DV><<<(unsigned)((rows + SBK_RED_WARPS - 1) / SBK_RED_WARPS), SBK_RED_WARPS * 32, 0, s>>>(
-            g, t0, t1, (const int *)idx.p, idx.st, idx.sh, (const T *)part_o, (const float2 *)part_ml, (float *)o.p, o.st, o.sh,
-            (float *)lse.p, lse.st, lse.sh, z);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        if ((e = slc_blk_reduce(g, DV, t0, t1, idx, part_o, part_ml, o, lse, z, s)) != cudaSuccess) return e;
     }
     return cudaSuccess;
 }

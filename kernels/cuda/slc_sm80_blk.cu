@@ -126,6 +126,110 @@ static cudaError_t launch_blk(const Dev &dev, const Geom &g, View q, View k, Vie
                              pass_tokens, part_o, part_ml, s);
 }
 
+/* One warp per (token, query head) of the pass: the slots' partial states
+ * merged in slot order. The lanes fetch the slots' indices and (m, l) at once;
+ * the sums then run over the slots in order (L, and each column's o). */
+constexpr int SBK_RED_WARPS = 4;
+template <typename T, int DV>
+__global__ void __launch_bounds__(SBK_RED_WARPS * 32)
+    slc_blk_reduce_kernel(const Geom g, int64_t t0, int64_t t1, const int *idx, int64_t ist, int64_t ish,
+                          const T *part_o, const float2 *part_ml, float *o, int64_t ost, int64_t osh, float *lse,
+                          int64_t lst, int64_t lsh, const SlcSum z)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * SBK_RED_WARPS + warp;
+    if (row >= (t1 - t0) * g.Hq) return;
+    const int64_t tt = row / g.Hq, h = row % g.Hq, t = t0 + tt, gi = h / g.G;
+    const int64_t tl = t - g.cu_seqlens[g.tok_seq[t]];
+    const int *ir = idx + t * ist + gi * ish;
+    const int64_t pr0 = row * g.n;
+    auto eligible = [&](int64_t s) {
+        if (s >= g.n) return false;
+        const int64_t j = ir[s];
+        return j >= 0 && j * g.ls <= tl;
+    };
+    float M = -INFINITY;
+    for (int64_t s0 = 0; s0 < g.n; s0 += 32)
+        if (eligible(s0 + lane)) M = fmaxf(M, part_ml[pr0 + s0 + lane].x);
+    for (int o2 = 16; o2 > 0; o2 >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o2));
+    const float Mu = M == -INFINITY ? 0.f : M;
+    float L = 0.f;
+    constexpr int NC = (DV + 127) / 128; /* float4 column groups per lane */
+    float4 acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t s0 = 0; s0 < g.n; s0 += 32) {
+        const bool ok = eligible(s0 + lane);
+        float fl = 0.f;
+        if (ok) {
+            const float2 ml = part_ml[pr0 + s0 + lane];
+            fl = ml.y * exp2f(ml.x - Mu);
+        }
+        const unsigned okm = __ballot_sync(0xffffffffu, ok);
+        const int cnt = (int)nsa_min64(32, g.n - s0);
+#pragma unroll 4
+        for (int u = 0; u < cnt; u++) {
+            const float flu = __shfl_sync(0xffffffffu, fl, u); /* the slot's weight 2^(m_s - M) l_s */
+            if (!((okm >> u) & 1u)) continue;
+            L += flu;
+            const T *src = part_o + (pr0 + s0 + u) * DV;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const int col = c * 128 + 4 * lane;
+                if (col < DV) {
+                    const uint2 x = __ldcs(reinterpret_cast<const uint2 *>(src + col)); /* read once: streaming */
+                    const T *e = reinterpret_cast<const T *>(&x);
+                    acc[c].x += flu * to_f(e[0]);
+                    acc[c].y += flu * to_f(e[1]);
+                    acc[c].z += flu * to_f(e[2]);
+                    acc[c].w += flu * to_f(e[3]);
+                }
+            }
+        }
+    }
+    const float inv = L != 0.f ? 1.0f / L : 0.f;
+    float *orow = o + t * ost + h * osh;
+    const float2 gw = slc_sum_gates(z, t, h);
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        const int col = c * 128 + 4 * lane;
+        const float r[4] = {acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv};
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (col + u < g.Dv) slc_store(z, gw, orow + col + u, r[u]);
+    }
+    if (lse && lane == 0) lse[t * lst + h * lsh] = L != 0.f ? (M + log2f(L)) * NSA_LN2 : -INFINITY;
+}
+
+template <typename T, int DV>
+static cudaError_t reduce_t(const Geom &g, int64_t t0, int64_t t1, View idx, const void *part_o, const float *part_ml,
+                            MView o, MView lse, const SlcSum &z, cudaStream_t s)
+{
+    const int64_t rows = (t1 - t0) * g.Hq;
+    slc_blk_reduce_kernel<T, DV><<<(unsigned)((rows + SBK_RED_WARPS - 1) / SBK_RED_WARPS), SBK_RED_WARPS * 32, 0, s>>>(
+        g, t0, t1, (const int *)idx.p, idx.st, idx.sh, (const T *)part_o, (const float2 *)part_ml, (float *)o.p, o.st,
+        o.sh, (float *)lse.p, lse.st, lse.sh, z);
+    return cudaGetLastError();
+}
+template <typename T>
+static cudaError_t reduce_dv(const Geom &g, int dvp, int64_t t0, int64_t t1, View idx, const void *part_o,
+                             const float *part_ml, MView o, MView lse, const SlcSum &z, cudaStream_t s)
+{
+    switch (dvp) {
+    case 32: return reduce_t<T, 32>(g, t0, t1, idx, part_o, part_ml, o, lse, z, s);
+    case 64: return reduce_t<T, 64>(g, t0, t1, idx, part_o, part_ml, o, lse, z, s);
+    case 128: return reduce_t<T, 128>(g, t0, t1, idx, part_o, part_ml, o, lse, z, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+cudaError_t slc_blk_reduce(const Geom &g, int dvp, int64_t t0, int64_t t1, View idx, const void *part_o,
+                           const float *part_ml, MView o, MView lse, const SlcSum &z, cudaStream_t s)
+{
+    if (g.dtype == 1) return reduce_dv<__half>(g, dvp, t0, t1, idx, part_o, part_ml, o, lse, z, s);
+    if (g.dtype == 2) return reduce_dv<__nv_bfloat16>(g, dvp, t0, t1, idx, part_o, part_ml, o, lse, z, s);
+    return cudaErrorInvalidValue;
+}
+
 cudaError_t slc_sm80_blk(const Geom &g, const Dev &dev, int dqkp, int dvp, View q, View k, View v, View idx, MView o,
                          MView lse, const SlcSum &z, SlcMap &map, int64_t pass_tokens, void *part_o, float *part_ml,
                          cudaStream_t s)
